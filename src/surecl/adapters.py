@@ -1,0 +1,141 @@
+"""The dual learner: ``fast`` LoRA adapters trained by SGD, ``slow`` LoRA adapters = EMA of fast.
+
+Both adapters live on one PEFT model. The slow adapter is never trainable; after every
+optimizer step it moves toward the fast one with one fused ``torch._foreach_lerp_`` over the
+adapter tensors only (no copy of the base model). Evaluation activates ``slow``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import TaskType, get_peft_model
+
+from surecl.config import DualConfig, LoraConfig
+
+FAST, SLOW = "fast", "slow"
+
+
+class DualLoRA:
+    """Owns the PEFT model, its fast (and optionally slow) adapter and the EMA between them."""
+
+    def __init__(self, base: torch.nn.Module, lora: LoraConfig, dual: DualConfig, is_seq2seq: bool):
+        self.dual = dual
+        self.peft_config = PeftLoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            task_type=TaskType.SEQ_2_SEQ_LM if is_seq2seq else TaskType.CAUSAL_LM,
+        )
+        try:
+            self.model = get_peft_model(base, self.peft_config, adapter_name=FAST)
+        except ValueError as exc:
+            from surecl.errors import SureclError
+
+            raise SureclError(f"lora.target_modules: {str(exc).splitlines()[0]}") from None
+        self._lora_dtype_fp32()
+        self.steps = 0
+        if dual.enabled:
+            self.model.add_adapter(SLOW, self.peft_config)
+            self._lora_dtype_fp32()
+            self.fast_params, self.slow_params = self._pairs()
+            with torch.no_grad():
+                torch._foreach_copy_(self.slow_params, self.fast_params)
+            # Bias-corrected EMA keeps a raw average that starts at zero (Adam-style).
+            self._raw = [torch.zeros_like(p) for p in self.slow_params] if dual.bias_correction else None
+        else:
+            self.fast_params = [p for n, p in self.model.named_parameters() if f".{FAST}." in n]
+            self.slow_params = []
+            self._raw = None
+        self.activate(FAST)
+
+    def _lora_dtype_fp32(self) -> None:
+        """LoRA weights (and so optimizer state) stay fp32 even when the base is bf16."""
+        for n, p in self.model.named_parameters():
+            if "lora_" in n and p.dtype != torch.float32:
+                p.data = p.data.float()
+
+    def _pairs(self) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+        named = dict(self.model.named_parameters())
+        fast = sorted(n for n in named if f".{FAST}." in n)
+        return [named[n] for n in fast], [named[n.replace(f".{FAST}.", f".{SLOW}.")] for n in fast]
+
+    @property
+    def eval_adapter(self) -> str:
+        return SLOW if self.dual.enabled else FAST
+
+    def activate(self, name: str) -> None:
+        """Make ``name`` the active adapter; only fast parameters ever require grad."""
+        self.model.set_adapter(name)
+        for p in self.fast_params:
+            p.requires_grad_(True)
+        for p in self.slow_params:
+            p.requires_grad_(False)
+
+    @contextlib.contextmanager
+    def evaluating(self, name: str | None = None) -> Iterator[torch.nn.Module]:
+        """Eval mode with the given (default: evaluation) adapter; restores fast + train mode."""
+        was_training = self.model.training
+        self.activate(name or self.eval_adapter)
+        self.model.eval()
+        try:
+            yield self.model
+        finally:
+            self.activate(FAST)
+            self.model.train(was_training)
+
+    @torch.no_grad()
+    def ema_step(self) -> None:
+        """slow <- beta * slow + (1 - beta) * fast (optionally bias-corrected), after each step."""
+        self.steps += 1
+        if not self.dual.enabled:
+            return
+        beta = self.dual.beta
+        if self._raw is None:
+            torch._foreach_lerp_(self.slow_params, self.fast_params, 1.0 - beta)
+        else:
+            torch._foreach_lerp_(self._raw, self.fast_params, 1.0 - beta)
+            torch._foreach_copy_(self.slow_params, self._raw)
+            torch._foreach_div_(self.slow_params, 1.0 - beta**self.steps)
+
+    def reset_fast(self) -> None:
+        """Fresh fast adapter (random A, zero B) for per-task fine-tuning."""
+        from peft.tuners.lora import LoraLayer
+
+        for module in self.model.modules():
+            if isinstance(module, LoraLayer) and FAST in module.lora_A:
+                module.reset_lora_parameters(FAST, True)
+        self._lora_dtype_fp32()
+
+    def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
+        """A detached copy of one adapter's tensors, keyed by parameter name."""
+        return {n: p.detach().clone() for n, p in self.model.named_parameters() if f".{name}." in n}
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        return {f"ema_raw.{i}": t.detach().clone() for i, t in enumerate(self._raw or [])}
+
+    @torch.no_grad()
+    def load_adapter_state(self, state: dict[str, torch.Tensor]) -> None:
+        named = dict(self.model.named_parameters())
+        for n, t in state.items():
+            if n.startswith("ema_raw."):
+                self._raw[int(n.split(".")[1])].copy_(t)
+            else:
+                named[n].copy_(t)
+
+    def save_pretrained(self, folder, name: str) -> None:
+        """Write one adapter in PEFT format, loadable with ``PeftModel.from_pretrained``."""
+        self.model.save_pretrained(str(folder), selected_adapters=[name], safe_serialization=True)
+
+    @torch.no_grad()
+    def sync_slow_to_fast(self) -> None:
+        """Restart the slow adapter (and EMA clock) from the current fast one."""
+        self.steps = 0
+        if self.dual.enabled:
+            torch._foreach_copy_(self.slow_params, self.fast_params)
+            if self._raw is not None:
+                torch._foreach_zero_(self._raw)

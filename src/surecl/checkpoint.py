@@ -1,0 +1,184 @@
+"""Atomic, pickle-free persistence: JSON for metadata, safetensors for tensors.
+
+Every file is written to a temporary name in the same folder and renamed into place, so a
+crash leaves either the old file or the new one. A checkpoint is a folder
+``checkpoints/stage-NNNN`` holding ``tensors.safetensors`` and ``meta.json``; ``meta.json``
+is written last and records the tensor file's SHA-256, so a partial or corrupt checkpoint is
+detected and the previous good one is used instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+if TYPE_CHECKING:
+    from surecl.trainer import ContinualRun
+
+FORMAT = 1
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    _atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode("utf-8"))
+
+
+def write_text(path: Path, text: str) -> None:
+    _atomic_write_bytes(Path(path), text.encode("utf-8"))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_adapter(adapters, folder: Path, name: str) -> None:
+    """PEFT-format adapter folder ``folder/name``, replaced atomically."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=folder))
+    try:
+        adapters.save_pretrained(tmp, name)
+        written = tmp / name if (tmp / name).is_dir() else tmp
+        target = folder / name
+        old = None
+        if target.exists():
+            old = folder / f".{name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+        os.replace(written, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- run checkpoints
+
+
+def _optimizer_tensors(optimizer) -> tuple[dict, dict[str, torch.Tensor]]:
+    sd = optimizer.state_dict()
+    tensors = {}
+    for idx, slots in sd["state"].items():
+        for key, value in slots.items():
+            tensors[f"opt/{idx}/{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
+    return {"param_groups": sd["param_groups"]}, tensors
+
+
+def _restore_optimizer(optimizer, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        _, idx, slot = key.split("/", 2)
+        state.setdefault(int(idx), {})[slot] = value
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def save(run: ContinualRun) -> Path | None:
+    """Write the checkpoint after the last finished stage; keep the previous one as fallback."""
+    if not run.accelerator.is_main_process:
+        return None
+    root = run.out_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"stage-{run.state.next_stage:04d}"
+    tensors: dict[str, torch.Tensor] = {}
+    tensors.update({f"adapter/{k}": v.cpu() for k, v in run.adapters.adapter_state("fast").items()})
+    if run.cfg.dual.enabled:
+        tensors.update({f"adapter/{k}": v.cpu() for k, v in run.adapters.adapter_state("slow").items()})
+    tensors.update({f"adapter/{k}": v.cpu() for k, v in run.adapters.extra_state().items()})
+    opt_meta, opt_tensors = _optimizer_tensors(run.optimizer)
+    tensors.update({k: v.cpu() for k, v in opt_tensors.items()})
+    method_meta, method_tensors = run.method.state_dict()
+    tensors.update({f"method/{k}": v.cpu() for k, v in method_tensors.items()})
+    tensors["rng/torch"] = torch.get_rng_state()
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    version, internal, gauss = run.rng.getstate()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+    try:
+        save_file(tensors, str(tmp / "tensors.safetensors"))
+        meta = {
+            "format": FORMAT,
+            "sha256": _sha256(tmp / "tensors.safetensors"),
+            "state": {"next_stage": run.state.next_stage, "accuracy": run.state.accuracy, "global_step": run.state.global_step, "seconds": run.state.seconds, "ema_steps": run.adapters.steps},
+            "policy": run.policy.state_dict(),
+            "method": method_meta,
+            "optimizer": opt_meta,
+            "rng": {"batches": [version, list(internal), gauss]},
+            "config": run.cfg.to_dict(),
+            "tasks": [t.name for t in run.tasks],
+        }
+        write_json(tmp / "meta.json", meta)
+        target = root / name
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    # Keep the newest two complete checkpoints.
+    done = sorted(p for p in root.glob("stage-*") if p.is_dir())
+    for old in done[:-2]:
+        shutil.rmtree(old, ignore_errors=True)
+    return root / name
+
+
+def _valid(folder: Path) -> dict | None:
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        if meta.get("format") != FORMAT or meta.get("sha256") != _sha256(folder / "tensors.safetensors"):
+            return None
+        return meta
+    except (OSError, ValueError):
+        return None
+
+
+def load_latest(run: ContinualRun) -> Path | None:
+    """Restore the newest valid checkpoint into ``run``; say so when a newer one was damaged."""
+    root = run.out_dir / "checkpoints"
+    if not root.is_dir():
+        return None
+    for folder in sorted((p for p in root.glob("stage-*") if p.is_dir()), reverse=True):
+        meta = _valid(folder)
+        if meta is None:
+            run.log(f"checkpoint {folder.name} is incomplete or corrupt; trying the previous one")
+            continue
+        if meta["tasks"] != [t.name for t in run.tasks] or meta["config"] != run.cfg.to_dict():
+            from surecl.errors import SureclError
+
+            raise SureclError(f"{run.out_dir}: holds a run with a different config or task stream; use another --out")
+        tensors = load_file(str(folder / "tensors.safetensors"))
+        group = lambda prefix: {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}  # noqa: E731
+        run.adapters.load_adapter_state({k: v.to(run.device) for k, v in group("adapter/").items()})
+        _restore_optimizer(run.optimizer, meta["optimizer"], group("opt/"))
+        run.method.load_state_dict(meta["method"], group("method/"))
+        run.policy.load_state_dict(meta["policy"])
+        torch.set_rng_state(tensors["rng/torch"])
+        version, internal, gauss = meta["rng"]["batches"]
+        run.rng.setstate((version, tuple(internal), gauss))
+        st = meta["state"]
+        run.state.next_stage, run.state.accuracy, run.state.global_step = st["next_stage"], st["accuracy"], st["global_step"]
+        run.state.seconds = st["seconds"]
+        run.adapters.steps = st["ema_steps"]
+        return folder
+    return None

@@ -1,0 +1,369 @@
+"""Typed run configuration: the single source for CLI overrides, YAML presets and validation.
+
+A run is described by one :class:`RunConfig` tree of dataclasses. Presets are YAML files in
+``surecl/presets`` holding a partial tree; ``key.sub=value`` overrides on the command line set
+single leaves. Unknown keys and wrongly typed values are rejected with a one-line
+:class:`~surecl.errors.SureclError` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from surecl.errors import SureclError
+
+
+@dataclass
+class ModelConfig:
+    """Which model to adapt and how to hold its frozen weights."""
+
+    name: str = "smollm2-135m"
+    """``smollm2-135m`` (embedded), ``tiny`` (random, built in code), or a HF name / local path."""
+    dtype: str = "auto"
+    """Dtype of the frozen base: ``auto`` (bf16 where supported), ``bf16``, ``fp32``."""
+    trust_remote_code: bool = False
+    max_length: int = 256
+    """Prompt tokens kept per example (the sentence is truncated, the answer never)."""
+
+
+@dataclass
+class DataConfig:
+    """The task stream."""
+
+    benchmark: str = "embedded"
+    """``embedded`` (offline default), ``tiny`` (fixture), or a path to a CL_Benchmark folder."""
+    order: str = "default"
+    """A task order: ``1``..``6`` for CL_Benchmark, ``default`` for the benchmark's own order."""
+    tasks: list[str] = field(default_factory=list)
+    """Explicit task names in training order; overrides ``order``."""
+    jsonl: list[str] = field(default_factory=list)
+    """User tasks, one JSONL file each (see README); appended after benchmark tasks."""
+    n_train: int = 0
+    """Training examples kept per task (0 = all)."""
+    n_test: int = 0
+    """Test examples kept per task (0 = all)."""
+    balanced: bool = True
+    """Subsample train/test class-balanced."""
+    allow_missing: bool = False
+    """Run the available tasks of an order when the folder lacks some, instead of failing."""
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapter shape (paper: rank 8, alpha 32, dropout 0.1 on Q and V)."""
+
+    r: int = 8
+    alpha: int = 32
+    dropout: float = 0.1
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+
+
+@dataclass
+class ReplayConfig:
+    """What the buffer keeps and how often it is replayed."""
+
+    policy: str = "none"
+    """``none``, ``reservoir`` (online, task-agnostic), ``random`` or ``surprise`` (per-task quota)."""
+    buffer_size: float = 0.02
+    """S: below 1 a fraction of all training examples of the stream, else an absolute count."""
+    score_time: str = "before"
+    """When surprise is computed for a task: ``before`` or ``after`` training on it."""
+    insert_time: str = "before"
+    """When a task's selection enters the buffer: ``before`` or ``after`` training on it."""
+    reduction: str = "mean"
+    """Token reduction of the NLL: ``mean`` (paper) or ``sum``."""
+    scope: str = "sequence"
+    """Tokens scored: ``sequence`` (prompt + answer) or ``label`` (answer only)."""
+    aging: bool = False
+    """Re-score replayed items with the loss of the step that replays them."""
+    every: int = 2
+    """Replay every k-th optimizer step (paper: 2)."""
+    batch_size: int = 4
+    """Replayed examples joined to the current batch on a replay step."""
+
+
+@dataclass
+class DualConfig:
+    """Fast/slow dual learner: slow = EMA(beta) of fast after every optimizer step."""
+
+    enabled: bool = False
+    beta: float = 0.995
+    bias_correction: bool = False
+    """Divide out the weight still on the initial adapter (Adam-style), for short runs."""
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation of the fast adapter."""
+
+    epochs: int = 1
+    batch_size: int = 8
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    scheduler: str = "constant"
+    """``constant`` or ``linear`` decay over a task's steps (restarted per task)."""
+    grad_clip: float = 1.0
+    max_steps_per_task: int = 0
+    """Cap on optimizer steps per task (0 = no cap)."""
+
+
+@dataclass
+class EvalConfig:
+    """How accuracy is measured."""
+
+    mode: str = "generate"
+    """``generate`` (greedy decoding, normalised exact match; paper) or ``rank`` (label likelihood)."""
+    batch_size: int = 32
+    max_new_tokens: int = 0
+    """0 = longest label of the task plus one."""
+
+
+@dataclass
+class RunConfig:
+    """A whole continual run."""
+
+    method: str = "sequential"
+    """Training regime: ``sequential`` (continual), ``mtl`` (joint upper bound), ``per_task``."""
+    preset: str = ""
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    dual: DualConfig = field(default_factory=DualConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log_every: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.dtype": ("auto", "bf16", "fp32"),
+    "replay.policy": ("none", "reservoir", "random", "surprise"),
+    "replay.score_time": ("before", "after"),
+    "replay.insert_time": ("before", "after"),
+    "replay.reduction": ("mean", "sum"),
+    "replay.scope": ("sequence", "label"),
+    "train.scheduler": ("constant", "linear"),
+    "eval.mode": ("generate", "rank"),
+}
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Check ranges and choices; raise a one-line SureclError naming the key."""
+    from surecl.methods import METHODS  # local: methods import config
+
+    if cfg.method not in METHODS:
+        raise SureclError(f"method: unknown method {cfg.method!r} (choose from {', '.join(sorted(METHODS))})")
+    for key, allowed in CHOICES.items():
+        value = get_key(cfg, key)
+        if value not in allowed:
+            raise SureclError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+    checks = [
+        ("replay.buffer_size", cfg.replay.buffer_size >= 0 and math.isfinite(cfg.replay.buffer_size), "must be >= 0"),
+        ("replay.every", cfg.replay.every >= 1, "must be >= 1"),
+        ("replay.batch_size", cfg.replay.batch_size >= 1, "must be >= 1"),
+        ("dual.beta", 0.0 < cfg.dual.beta < 1.0, "must be in (0, 1)"),
+        ("train.epochs", cfg.train.epochs >= 1, "must be >= 1"),
+        ("train.batch_size", cfg.train.batch_size >= 1, "must be >= 1"),
+        ("train.lr", cfg.train.lr > 0 and math.isfinite(cfg.train.lr), "must be > 0"),
+        ("train.grad_clip", cfg.train.grad_clip >= 0, "must be >= 0"),
+        ("train.max_steps_per_task", cfg.train.max_steps_per_task >= 0, "must be >= 0"),
+        ("train.warmup_steps", cfg.train.warmup_steps >= 0, "must be >= 0"),
+        ("data.n_train", cfg.data.n_train >= 0, "must be >= 0"),
+        ("data.n_test", cfg.data.n_test >= 0, "must be >= 0"),
+        ("lora.r", cfg.lora.r >= 1, "must be >= 1"),
+        ("lora.alpha", cfg.lora.alpha > 0, "must be > 0"),
+        ("lora.dropout", 0.0 <= cfg.lora.dropout < 1.0, "must be in [0, 1)"),
+        ("lora.target_modules", len(cfg.lora.target_modules) > 0, "must name at least one module"),
+        ("model.max_length", cfg.model.max_length >= 8, "must be >= 8"),
+        ("eval.batch_size", cfg.eval.batch_size >= 1, "must be >= 1"),
+        ("eval.max_new_tokens", cfg.eval.max_new_tokens >= 0, "must be >= 0"),
+        ("log_every", cfg.log_every >= 1, "must be >= 1"),
+    ]
+    for key, ok, why in checks:
+        if not ok:
+            raise SureclError(f"{key}: {get_key(cfg, key)!r} {why}")
+    if cfg.replay.buffer_size > 0 and cfg.replay.buffer_size >= 1 and cfg.replay.buffer_size != int(cfg.replay.buffer_size):
+        raise SureclError(f"replay.buffer_size: {cfg.replay.buffer_size!r} must be a fraction below 1 or a whole count")
+    if cfg.replay.score_time == "after" and cfg.replay.insert_time == "before":
+        raise SureclError("replay.insert_time: 'before' needs replay.score_time=before (scores do not exist yet)")
+    if cfg.replay.policy in ("reservoir", "random") and cfg.replay.aging:
+        raise SureclError(f"replay.aging: policy {cfg.replay.policy} keeps no scores to age; use policy=surprise")
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------
+# generic tree handling
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def get_key(cfg: Any, dotted: str) -> Any:
+    obj = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _coerce(value: Any, typ: Any, key: str) -> Any:
+    """Convert a YAML/CLI value to the declared type, or raise naming the key."""
+    origin = typing.get_origin(typ)
+    if origin in (list, tuple):
+        (inner,) = typing.get_args(typ)[:1]
+        if isinstance(value, str):
+            value = [v for v in (s.strip() for s in value.split(",")) if v]
+        if not isinstance(value, (list, tuple)):
+            raise SureclError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, inner, key) for v in value]
+    if origin in (typing.Union, types.UnionType):
+        raise SureclError(f"{key}: unsupported type")  # no unions in the tree
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise SureclError(f"{key}: expected true or false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise SureclError(f"{key}: expected an integer, got {value!r}")
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise SureclError(f"{key}: expected an integer, got {value!r}") from None
+        if not f.is_integer():
+            raise SureclError(f"{key}: expected an integer, got {value!r}")
+        return int(f)
+    if typ is float:
+        if isinstance(value, bool):
+            raise SureclError(f"{key}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise SureclError(f"{key}: expected a number, got {value!r}") from None
+    if typ is str:
+        if isinstance(value, (dict, list)):
+            raise SureclError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    raise SureclError(f"{key}: unsupported type {typ}")
+
+
+def _apply_mapping(obj: Any, mapping: dict[str, Any], prefix: str, source: str) -> None:
+    types_ = _field_types(type(obj))
+    for name, value in mapping.items():
+        key = f"{prefix}{name}"
+        if name not in types_:
+            known = ", ".join(types_)
+            raise SureclError(f"{source}: unknown config key {key!r} (known here: {known})")
+        typ = types_[name]
+        if dataclasses.is_dataclass(typ):
+            if not isinstance(value, dict):
+                raise SureclError(f"{source}: {key} must be a mapping")
+            _apply_mapping(getattr(obj, name), value, key + ".", source)
+        else:
+            setattr(obj, name, _coerce(value, typ, key))
+
+
+def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply ``key.sub=value`` strings (YAML-parsed values) to ``cfg`` in place."""
+    for item in overrides:
+        if "=" not in item:
+            raise SureclError(f"override {item!r} must look like key.sub=value")
+        dotted, raw = item.split("=", 1)
+        dotted = dotted.strip()
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        if value is None:
+            value = raw
+        nested: dict[str, Any] = {}
+        cursor = nested
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            cursor = cursor.setdefault(part, {})
+        cursor[parts[-1]] = value
+        _apply_mapping(cfg, nested, "", "override")
+    return cfg
+
+
+def preset_names() -> list[str]:
+    folder = resources.files("surecl") / "presets"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_yaml(path_or_preset: str) -> tuple[dict[str, Any], str]:
+    """Read a preset by name or a YAML file by path; return its mapping and a display name."""
+    path = Path(path_or_preset)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise SureclError(f"config file {path} does not exist")
+        text_source = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise SureclError(f"{path}: not UTF-8 text") from None
+    else:
+        if path_or_preset not in preset_names():
+            raise SureclError(
+                f"unknown preset {path_or_preset!r} (choose from {', '.join(preset_names())}, or give a .yaml path)"
+            )
+        text_source = f"preset {path_or_preset}"
+        text = (resources.files("surecl") / "presets" / f"{path_or_preset}.yaml").read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        where = f" line {line + 1}" if line is not None else ""
+        raise SureclError(f"{text_source}:{where} invalid YAML") from None
+    if not isinstance(data, dict):
+        raise SureclError(f"{text_source}: top level must be a mapping of config keys")
+    return data, text_source
+
+
+META_KEYS = ("description", "kind")
+DEFAULT_PRESET = "slow_surprise"
+
+
+def build_config(config: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Default tree <- presets/YAML files (comma-separated, applied in order) <- overrides.
+
+    A preset is of ``kind: method`` (what to run: replay, dual, method) or ``kind: setting``
+    (where: model, data, sizes). Without any method preset, ``slow_surprise`` comes first.
+    """
+    cfg = RunConfig()
+    names = [c.strip() for c in (config or "").split(",") if c.strip()]
+    loaded = [(name, *load_yaml(name)) for name in names]
+    if not any(data.get("kind", "method") == "method" for _, data, _ in loaded):
+        loaded.insert(0, (DEFAULT_PRESET, *load_yaml(DEFAULT_PRESET)))
+    for name, data, source in loaded:
+        body = {k: v for k, v in data.items() if k not in META_KEYS}
+        _apply_mapping(cfg, body, "", source)
+        if data.get("kind", "method") == "method" and not body.get("preset"):
+            cfg.preset = Path(name).stem
+    apply_overrides(cfg, overrides or [])
+    return validate(cfg)
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """Rebuild a config saved in results/checkpoints."""
+    cfg = RunConfig()
+    _apply_mapping(cfg, data, "", "saved config")
+    return validate(cfg)

@@ -1,0 +1,156 @@
+"""Reader for the O-LoRA ``CL_Benchmark`` folder layout and its task orders 1-6.
+
+Layout: ``<root>/<group>/<Task>/{train,test,labels}.json`` with rows ``{"label", "sentence"}``
+and ``<root>/instruction_config.json`` mapping each group to its instruction. The same reader
+loads the embedded default benchmark, which is written in this layout.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from surecl.data.task import Example, Task
+from surecl.errors import SureclError
+
+# O-LoRA scripts (orders 1-3) and the N-LoRA fork (orders 4-6).
+ORDERS: dict[str, list[str]] = {
+    "1": ["dbpedia", "amazon", "yahoo", "agnews"],
+    "2": ["dbpedia", "amazon", "agnews", "yahoo"],
+    "3": ["yahoo", "amazon", "agnews", "dbpedia"],
+    "4": ["MNLI", "CB", "WiC", "COPA", "QQP", "BoolQA", "RTE", "IMDB", "yelp", "amazon", "SST-2", "dbpedia", "agnews", "MultiRC", "yahoo"],
+    "5": ["MultiRC", "BoolQA", "WiC", "MNLI", "CB", "COPA", "QQP", "RTE", "IMDB", "SST-2", "dbpedia", "agnews", "yelp", "amazon", "yahoo"],
+    "6": ["yelp", "amazon", "MNLI", "CB", "COPA", "QQP", "RTE", "IMDB", "SST-2", "dbpedia", "agnews", "yahoo", "MultiRC", "BoolQA", "WiC"],
+}
+BENCHMARK_OF_ORDER = {"1": "Standard CL", "2": "Standard CL", "3": "Standard CL", "4": "LNT", "5": "LNT", "6": "LNT"}
+
+
+def read_json(path: Path) -> Any:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SureclError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SureclError(f"{path}: not UTF-8 (byte {exc.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SureclError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+
+
+def parse_rows(rows: Any, source: str) -> list[Example]:
+    """Rows of ``{"label": str, "sentence": str}``; anything else is named by row number."""
+    if not isinstance(rows, list):
+        raise SureclError(f"{source}: expected a JSON list of rows")
+    out = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise SureclError(f"{source} row {i}: expected an object with 'sentence' and 'label'")
+        for key in ("sentence", "label"):
+            if key not in row:
+                raise SureclError(f"{source} row {i}: missing '{key}'")
+            if not isinstance(row[key], str):
+                raise SureclError(f"{source} row {i}: '{key}' must be a string")
+        out.append(Example(sentence=row["sentence"], label=row["label"].strip()))
+    return out
+
+
+def _instructions(root: Path) -> dict[str, str]:
+    path = root / "instruction_config.json"
+    if not path.is_file():
+        raise SureclError(f"{root}: not a CL_Benchmark folder (no instruction_config.json)")
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise SureclError(f"{path}: expected an object mapping groups to instructions")
+    out = {}
+    for group, value in data.items():
+        entry = value[0] if isinstance(value, list) and value else value
+        if isinstance(entry, dict):
+            entry = entry.get("instruction")
+        if not isinstance(entry, str):
+            raise SureclError(f"{path}: group {group!r} has no instruction string")
+        out[group] = entry
+    return out
+
+
+def index_tasks(root: Path) -> dict[str, Path]:
+    """Task name -> its folder, for every ``<group>/<Task>`` holding a labels.json."""
+    found: dict[str, Path] = {}
+    for labels in sorted(root.glob("*/*/labels.json")):
+        found[labels.parent.name] = labels.parent
+    return found
+
+
+def available_tasks(root: Path) -> list[str]:
+    return sorted(index_tasks(root))
+
+
+def load_task(folder: Path, instructions: dict[str, str]) -> Task:
+    group = folder.parent.name
+    name = folder.name
+    labels = read_json(folder / "labels.json")
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise SureclError(f"{folder / 'labels.json'}: expected a JSON list of label strings")
+    # COPA has no instruction upstream; the options line still tells the model what to answer.
+    instruction = instructions.get(group, instructions.get(name, ""))
+    if not instruction and group not in ("COPA",) and name != "COPA":
+        raise SureclError(f"{folder.parent.parent / 'instruction_config.json'}: no instruction for group {group!r}")
+    splits = {}
+    for split in ("train", "test"):
+        path = folder / f"{split}.json"
+        if not path.is_file():
+            raise SureclError(f"{path}: missing {split} split")
+        splits[split] = parse_rows(read_json(path), str(path))
+    task = Task(
+        name=name,
+        instruction=instruction,
+        labels=[x.strip() for x in labels],
+        train=splits["train"],
+        test=splits["test"],
+        group=group,
+    )
+    task.check(str(folder))
+    return task
+
+
+def resolve_order(root: Path, order: str, tasks: list[str], allow_missing: bool) -> list[str]:
+    """Task names to train on, in order; missing ones are one clear error unless allowed."""
+    if tasks:
+        wanted = list(tasks)
+    elif order in ORDERS:
+        wanted = list(ORDERS[order])
+    elif order == "default":
+        manifest = root / "MANIFEST.json"
+        if manifest.is_file():
+            wanted = list(read_json(manifest).get("order", []))
+        else:
+            wanted = available_tasks(root)
+    else:
+        raise SureclError(f"data.order: unknown order {order!r} (choose from {', '.join(ORDERS)} or default)")
+    dupes = sorted({t for t in wanted if wanted.count(t) > 1})
+    if dupes:
+        raise SureclError(f"task named twice in the order: {', '.join(dupes)}")
+    have = index_tasks(root)
+    missing = [t for t in wanted if t not in have]
+    if missing and not allow_missing:
+        raise SureclError(
+            f"{root}: lacks task(s) {', '.join(missing)} named by the order "
+            "(set data.allow_missing=true to run the available ones)"
+        )
+    kept = [t for t in wanted if t in have]
+    if not kept:
+        raise SureclError(f"{root}: none of the tasks {', '.join(wanted)} is present")
+    return kept
+
+
+def load_benchmark(root: Path, order: str = "default", tasks: list[str] | None = None, allow_missing: bool = False) -> list[Task]:
+    root = Path(root)
+    if not root.is_dir():
+        raise SureclError(f"data.benchmark: folder {root} does not exist")
+    names = resolve_order(root, order, tasks or [], allow_missing)
+    instructions = _instructions(root)
+    folders = index_tasks(root)
+    return [load_task(folders[name], instructions) for name in names]

@@ -1,0 +1,113 @@
+"""Prompting, tokenisation (once per dataset) and length-bucketed batches.
+
+Prompt (O-LoRA): ``instruction + "Option: " + ", ".join(labels) + " \\n" + sentence + "\\nAnswer:"``.
+For a causal model a training sequence is prompt + " " + label + EOS and the loss is on the
+answer; for a seq2seq model the prompt is the encoder input and label + EOS the target.
+Causal batches are left-padded so that every answer ends at the last position: the loss then
+needs logits for the last few positions only (``logits_to_keep``), which saves the large
+vocabulary projection over the prompt.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from surecl.data.task import Example, Task
+
+
+def prompt_parts(task: Task, sentence: str) -> tuple[str, str, str]:
+    return task.instruction + "Option: " + ", ".join(task.labels) + " \n", sentence, "\nAnswer:"
+
+
+def build_prompt(task: Task, sentence: str) -> str:
+    return "".join(prompt_parts(task, sentence))
+
+
+@dataclass
+class Encoded:
+    """One tokenised example: ``prompt`` ids and ``answer`` ids (label + EOS)."""
+
+    prompt: list[int]
+    answer: list[int]
+    label: str
+
+    def __len__(self) -> int:
+        return len(self.prompt) + len(self.answer)
+
+
+class TaskEncoder:
+    """Tokenises a task's examples once; truncates the sentence, never the instruction or answer."""
+
+    def __init__(self, tokenizer, max_length: int):
+        self.tok = tokenizer
+        self.max_length = max_length
+        self._answers: dict[str, list[int]] = {}
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def answer_ids(self, label: str) -> list[int]:
+        if label not in self._answers:
+            self._answers[label] = self._ids(" " + label) + [self.tok.eos_token_id]
+        return self._answers[label]
+
+    def prompt_ids(self, task: Task, sentence: str) -> list[int]:
+        head, body, tail = prompt_parts(task, sentence)
+        bos = [self.tok.bos_token_id] if getattr(self.tok, "add_bos_token", False) and self.tok.bos_token_id is not None else []
+        head_ids, tail_ids = bos + self._ids(head), self._ids(tail)
+        room = max(self.max_length - len(head_ids) - len(tail_ids), 1)
+        return head_ids + self._ids(body)[:room] + tail_ids
+
+    def encode(self, task: Task, rows: list[Example]) -> list[Encoded]:
+        return [Encoded(self.prompt_ids(task, ex.sentence), self.answer_ids(ex.label), ex.label) for ex in rows]
+
+
+def bucketed_batches(lengths: list[int], batch_size: int, rng: random.Random, bucket: int = 32) -> list[list[int]]:
+    """Shuffle, sort by length inside windows of ``bucket`` batches, then shuffle the batches.
+
+    Keeps padding small while the order stays random across epochs and seeds.
+    """
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    window = batch_size * bucket
+    batches: list[list[int]] = []
+    for start in range(0, len(order), window):
+        chunk = sorted(order[start : start + window], key=lambda i: lengths[i])
+        batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(items: list[Encoded], pad_id: int, is_seq2seq: bool, with_answer: bool = True) -> dict[str, torch.Tensor]:
+    """Tensors for a batch. Causal: left-padded ``prompt+answer`` (or prompt only), explicit
+    position ids, ``n_answer`` per row. Seq2seq: padded encoder input and ``-100``-padded labels."""
+    if is_seq2seq:
+        width = max(len(e.prompt) for e in items)
+        ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(items), width), dtype=torch.long)
+        for r, e in enumerate(items):
+            ids[r, : len(e.prompt)] = torch.tensor(e.prompt)
+            mask[r, : len(e.prompt)] = 1
+        out = {"input_ids": ids, "attention_mask": mask}
+        if with_answer:
+            aw = max(len(e.answer) for e in items)
+            labels = torch.full((len(items), aw), -100, dtype=torch.long)
+            for r, e in enumerate(items):
+                labels[r, : len(e.answer)] = torch.tensor(e.answer)
+            out["labels"] = labels
+            out["n_answer"] = torch.tensor([len(e.answer) for e in items])
+        return out
+    seqs = [e.prompt + e.answer if with_answer else e.prompt for e in items]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, width - len(s) :] = torch.tensor(s)
+        mask[r, width - len(s) :] = 1
+    out = {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)}
+    if with_answer:
+        out["n_answer"] = torch.tensor([len(e.answer) for e in items])
+    return out

@@ -1,0 +1,70 @@
+"""User tasks from JSONL files.
+
+One file per task. The first line may be a header ``{"task": name, "instruction": str,
+"labels": [..]}``; every other line is ``{"sentence": str, "label": str, "split": "train"|"test"}``.
+Without a header the task is named after the file, the labels are those seen, and the
+instruction is a generic one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from surecl.data.cl_benchmark import parse_rows
+from surecl.data.task import Task
+from surecl.errors import SureclError
+
+GENERIC_INSTRUCTION = "Classify the following text. Choose one from the option.\n"
+
+
+def load_jsonl_task(path: str | Path) -> Task:
+    path = Path(path)
+    if not path.is_file():
+        raise SureclError(f"data.jsonl: file {path} does not exist")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SureclError(f"{path}: not UTF-8 (byte {exc.start})") from None
+    header: dict = {}
+    rows: dict[str, list] = {"train": [], "test": []}
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SureclError(f"{path} line {lineno}: malformed JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise SureclError(f"{path} line {lineno}: expected a JSON object")
+        if "task" in obj and "sentence" not in obj:
+            if header:
+                raise SureclError(f"{path} line {lineno}: a second header line")
+            header = obj
+            continue
+        split = obj.get("split", "train")
+        if split not in rows:
+            raise SureclError(f"{path} line {lineno}: split must be 'train' or 'test', got {split!r}")
+        rows[split].append((lineno, obj))
+    splits = {}
+    for split, items in rows.items():
+        examples = parse_rows([o for _, o in items], f"{path} {split}")
+        splits[split] = examples
+    labels = header.get("labels")
+    if labels is None:
+        labels = sorted({ex.label for ex in splits["train"] + splits["test"]})
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise SureclError(f"{path}: header 'labels' must be a list of strings")
+    instruction = header.get("instruction", GENERIC_INSTRUCTION)
+    if not isinstance(instruction, str):
+        raise SureclError(f"{path}: header 'instruction' must be a string")
+    task = Task(
+        name=str(header.get("task", path.stem)),
+        instruction=instruction,
+        labels=labels,
+        train=splits["train"],
+        test=splits["test"],
+        group="jsonl",
+    )
+    task.check(str(path))
+    return task

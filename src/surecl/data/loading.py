@@ -1,0 +1,38 @@
+"""From a :class:`~surecl.config.DataConfig` to a subsampled task stream."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from surecl.config import RunConfig
+from surecl.data.cl_benchmark import load_benchmark
+from surecl.data.jsonl import load_jsonl_task
+from surecl.data.task import Task, prepare_stream
+from surecl.data.tiny import tiny_stream
+from surecl.errors import SureclError
+
+
+def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
+    data = cfg.data
+    if data.benchmark == "tiny":
+        tasks = tiny_stream()
+        if data.tasks:
+            by_name = {t.name: t for t in tasks}
+            unknown = [n for n in data.tasks if n not in by_name]
+            if unknown:
+                raise SureclError(f"data.tasks: the tiny benchmark has no task {', '.join(unknown)}")
+            tasks = [by_name[n] for n in data.tasks]
+    elif data.benchmark == "none":
+        tasks = []
+    else:
+        if data.benchmark == "embedded":
+            from surecl.data.embedded import ensure_embedded_benchmark
+
+            root = ensure_embedded_benchmark(cache_dir)
+        else:
+            root = Path(data.benchmark)
+        tasks = load_benchmark(root, data.order, data.tasks, data.allow_missing)
+    tasks += [load_jsonl_task(p) for p in data.jsonl]
+    if not tasks:
+        raise SureclError("data: the stream has no tasks (set data.benchmark or data.jsonl)")
+    return prepare_stream(tasks, data.n_train, data.n_test, data.balanced, cfg.seed)

@@ -1,0 +1,100 @@
+"""Tasks and streams: the unit a continual learner sees one after another."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from surecl.errors import SureclError
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One labelled input; ``sentence`` is the task input, ``label`` one of the task's labels."""
+
+    sentence: str
+    label: str
+
+
+@dataclass
+class Task:
+    """A named classification task with an instruction, its label options and two splits."""
+
+    name: str
+    instruction: str
+    labels: list[str]
+    train: list[Example]
+    test: list[Example]
+    group: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def check(self, source: str = "") -> None:
+        """Reject tasks a run cannot use, naming the task (and file) in one line."""
+        where = f"{source}: " if source else ""
+        if not _SAFE_NAME.match(self.name) or ".." in self.name:
+            raise SureclError(f"{where}task name {self.name!r} must be letters, digits, '.', '_', '+', '-' (no path separators)")
+        if not self.labels:
+            raise SureclError(f"{where}task {self.name} has no labels")
+        if len(set(self.labels)) != len(self.labels):
+            raise SureclError(f"{where}task {self.name} lists a label twice")
+        if not self.train:
+            raise SureclError(f"{where}task {self.name} has an empty train split")
+        if not self.test:
+            raise SureclError(f"{where}task {self.name} has an empty test split")
+        known = set(self.labels)
+        for split, rows in (("train", self.train), ("test", self.test)):
+            for i, ex in enumerate(rows):
+                if ex.label not in known:
+                    raise SureclError(f"{where}task {self.name} {split} row {i}: label {ex.label!r} is not in its labels {self.labels}")
+
+
+def subsample(rows: list[Example], n: int, rng: random.Random, balanced: bool) -> list[Example]:
+    """Keep ``n`` rows (all if n <= 0 or n >= len); class-balanced by round-robin over labels."""
+    if n <= 0 or n >= len(rows):
+        out = list(rows)
+        rng.shuffle(out)
+        return out
+    if not balanced:
+        return rng.sample(rows, n)
+    by_label: dict[str, list[Example]] = defaultdict(list)
+    for ex in rows:
+        by_label[ex.label].append(ex)
+    pools = [by_label[k] for k in sorted(by_label)]
+    for pool in pools:
+        rng.shuffle(pool)
+    out: list[Example] = []
+    depth = 0
+    while len(out) < n:
+        for pool in pools:
+            if depth < len(pool) and len(out) < n:
+                out.append(pool[depth])
+        depth += 1
+    rng.shuffle(out)
+    return out
+
+
+def prepare_stream(tasks: list[Task], n_train: int, n_test: int, balanced: bool, seed: int) -> list[Task]:
+    """Subsample each task with a per-task seeded RNG, so a task's sample does not depend on order."""
+    names = [t.name for t in tasks]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise SureclError(f"task named twice in the stream: {', '.join(dupes)}")
+    out = []
+    for task in tasks:
+        rng = random.Random(f"{seed}:{task.name}")
+        out.append(
+            Task(
+                name=task.name,
+                instruction=task.instruction,
+                labels=list(task.labels),
+                train=subsample(task.train, n_train, rng, balanced),
+                test=subsample(task.test, n_test, rng, balanced),
+                group=task.group,
+                meta=dict(task.meta),
+            )
+        )
+    return out

@@ -1,0 +1,9 @@
+"""User-facing errors.
+
+Anything a user can cause (bad file, bad option, missing data) raises :class:`SureclError`
+with a one-line message; the CLI prints it and exits with code 2 instead of a traceback.
+"""
+
+
+class SureclError(Exception):
+    """An error caused by the user's input or environment, reported in one line."""

