@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +92,7 @@ def _optimizer_tensors(optimizer) -> tuple[dict, dict[str, torch.Tensor]]:
 def _restore_optimizer(optimizer, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
-        _, idx, slot = key.split("/", 2)
+        idx, slot = key.split("/", 1)
         state.setdefault(int(idx), {})[slot] = value
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
@@ -153,6 +154,10 @@ def _valid(folder: Path) -> dict | None:
         return None
 
 
+def _with_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
 def load_latest(run: ContinualRun) -> Path | None:
     """Restore the newest valid checkpoint into ``run``; say so when a newer one was damaged."""
     root = run.out_dir / "checkpoints"
@@ -168,7 +173,7 @@ def load_latest(run: ContinualRun) -> Path | None:
 
             raise SureclError(f"{run.out_dir}: holds a run with a different config or task stream; use another --out")
         tensors = load_file(str(folder / "tensors.safetensors"))
-        group = lambda prefix: {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}  # noqa: E731
+        group = partial(_with_prefix, tensors)
         run.adapters.load_adapter_state({k: v.to(run.device) for k, v in group("adapter/").items()})
         _restore_optimizer(run.optimizer, meta["optimizer"], group("opt/"))
         run.method.load_state_dict(meta["method"], group("method/"))

@@ -47,9 +47,9 @@ class DataConfig:
     """Explicit task names in training order; overrides ``order``."""
     jsonl: list[str] = field(default_factory=list)
     """User tasks, one JSONL file each (see README); appended after benchmark tasks."""
-    n_train: int = 0
+    n_train: int = 250
     """Training examples kept per task (0 = all)."""
-    n_test: int = 0
+    n_test: int = 100
     """Test examples kept per task (0 = all)."""
     balanced: bool = True
     """Subsample train/test class-balanced."""
@@ -97,8 +97,10 @@ class DualConfig:
 
     enabled: bool = False
     beta: float = 0.995
-    bias_correction: bool = False
-    """Divide out the weight still on the initial adapter (Adam-style), for short runs."""
+    bias_correction: bool = True
+    """Divide out the weight still on the initial adapter (Adam-style). Once a run has many
+    more than 1/(1-beta) steps this equals the paper's EMA; in short runs it stops the slow
+    adapter from sitting near its random start. ``false`` gives the paper's exact recursion."""
 
 
 @dataclass

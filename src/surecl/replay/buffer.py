@@ -46,7 +46,7 @@ class QuotaBuffer:
 
     def rebalance(self) -> None:
         m = quota(self.capacity, len(self.by_task))
-        for task, entries in self.by_task.items():
+        for entries in self.by_task.values():
             entries.sort(key=lambda e: (-e.score, e.index))
             del entries[m:]
         self._flat = [e for t in sorted(self.by_task) for e in self.by_task[t]]

@@ -142,5 +142,6 @@ def buffer_capacity(cfg: ReplayConfig, total_train: int) -> int:
     if cfg.policy == "none":
         return 0
     if cfg.buffer_size < 1:
-        return int(cfg.buffer_size * total_train)
+        # round first: 0.29 * 100 is 28.999999999999996 in binary floating point
+        return int(round(cfg.buffer_size * total_train, 9))
     return int(cfg.buffer_size)

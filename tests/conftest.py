@@ -1,0 +1,32 @@
+"""Shared fixtures: one tiny random Llama per session, built offline into a temporary cache."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from surecl.config import ModelConfig  # noqa: E402
+from surecl.model import LoadedModel, load_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory):
+    """A private cache folder, so tests never read or write the user's cache or ../shared."""
+    return tmp_path_factory.mktemp("surecl_cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tiny_cache) -> LoadedModel:
+    return load_model(ModelConfig(name="tiny"), torch.device("cpu"), tiny_cache)
+
+
+@pytest.fixture
+def fresh_tiny(tiny_loaded) -> torch.nn.Module:
+    """An untouched copy of the tiny base (PEFT wraps its argument in place)."""
+    return copy.deepcopy(tiny_loaded.model)

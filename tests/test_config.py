@@ -1,0 +1,151 @@
+"""Configuration: every preset builds and validates; overrides are typed; bad input is refused
+with a one-line SureclError naming the key."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from surecl.config import (
+    DEFAULT_PRESET,
+    META_KEYS,
+    build_config,
+    config_from_dict,
+    get_key,
+    load_yaml,
+    preset_names,
+    validate,
+)
+from surecl.errors import SureclError
+from surecl.replay.policies import buffer_capacity
+
+PRESETS = preset_names()
+METHOD_PRESETS = [n for n in PRESETS if load_yaml(n)[0].get("kind", "method") == "method"]
+
+
+def _leaves(mapping: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in mapping.items():
+        if prefix == "" and k in META_KEYS:
+            continue
+        if isinstance(v, dict):
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def test_preset_list_is_complete():
+    assert {"tiny", "surprise", "slow_surprise", "reservoir", "random", "surprise_sa", "surprise_sbua"} <= set(PRESETS)
+    assert DEFAULT_PRESET in METHOD_PRESETS
+    assert "tiny" not in METHOD_PRESETS
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_builds_and_applies_its_values(name):
+    cfg = build_config(name)
+    assert validate(cfg) is cfg
+    for key, value in _leaves(load_yaml(name)[0]).items():
+        assert get_key(cfg, key) == value, key
+    assert cfg.preset == (name if name in METHOD_PRESETS else DEFAULT_PRESET)
+    # a saved config rebuilds to the same tree
+    assert config_from_dict(cfg.to_dict()).to_dict() == cfg.to_dict()
+
+
+@pytest.mark.parametrize("name", METHOD_PRESETS)
+def test_every_method_preset_combines_with_tiny(name):
+    cfg = build_config("tiny," + name)
+    validate(cfg)
+    method = _leaves(load_yaml(name)[0])
+    tiny = _leaves(load_yaml("tiny")[0])
+    for key, value in method.items():
+        assert get_key(cfg, key) == value, key
+    for key, value in tiny.items():
+        if key not in method:
+            assert get_key(cfg, key) == value, key
+    assert cfg.model.name == "tiny" and cfg.data.benchmark == "tiny"
+    assert cfg.preset == name
+
+
+def test_setting_preset_alone_gets_the_default_method():
+    cfg = build_config("tiny")
+    default = _leaves(load_yaml(DEFAULT_PRESET)[0])
+    for key, value in default.items():
+        if key not in _leaves(load_yaml("tiny")[0]):
+            assert get_key(cfg, key) == value, key
+    assert cfg.replay.policy == "surprise" and cfg.dual.enabled is True
+
+
+def test_overrides_are_typed():
+    cfg = build_config(
+        "tiny,surprise",
+        [
+            "replay.buffer_size=300",
+            "dual.beta=0.99",
+            "replay.every=3",
+            "replay.aging=true",
+            "lora.target_modules=q_proj,v_proj",
+            "train.lr=1e-4",
+        ],
+    )
+    assert cfg.replay.buffer_size == 300 and isinstance(cfg.replay.buffer_size, float)
+    assert cfg.dual.beta == 0.99 and isinstance(cfg.dual.beta, float)
+    assert cfg.replay.every == 3 and isinstance(cfg.replay.every, int)
+    assert cfg.replay.aging is True
+    assert cfg.lora.target_modules == ["q_proj", "v_proj"]
+    assert cfg.train.lr == pytest.approx(1e-4) and isinstance(cfg.train.lr, float)
+    assert buffer_capacity(cfg.replay, 10_000) == 300
+
+
+def test_overrides_come_after_presets():
+    cfg = build_config("tiny,surprise_sa", ["replay.score_time=before"])
+    assert cfg.replay.score_time == "before" and cfg.replay.insert_time == "after"
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["replay.bogus=1"], "replay.bogus"),
+        (["nonsense=1"], "nonsense"),
+        (["train.lr=abc"], "train.lr"),
+        (["replay.every=2.5"], "replay.every"),
+        (["replay.aging=maybe"], "replay.aging"),
+        (["dual.beta=1.5"], "dual.beta"),
+        (["dual.beta=0"], "dual.beta"),
+        (["replay.buffer_size=-1"], "replay.buffer_size"),
+        (["replay.buffer_size=2.5"], "replay.buffer_size"),
+        (["replay.every=0"], "replay.every"),
+        (["replay.policy=fancy"], "replay.policy"),
+        (["replay.score_time=after", "replay.insert_time=before"], "replay.insert_time"),
+        (["replay.policy=random", "replay.aging=true"], "replay.aging"),
+        (["train.lr"], "train.lr"),
+    ],
+)
+def test_bad_overrides_raise_naming_the_key(overrides, key):
+    with pytest.raises(SureclError, match=re.escape(key)) as info:
+        build_config("tiny,surprise", overrides)
+    assert "\n" not in str(info.value)
+
+
+def test_score_after_insert_before_is_refused_even_from_a_preset_combination():
+    with pytest.raises(SureclError, match="score_time"):
+        build_config("tiny,surprise_sa", ["replay.insert_time=before"])
+
+
+def test_unknown_preset():
+    with pytest.raises(SureclError, match="no_such_preset") as info:
+        build_config("tiny,no_such_preset")
+    assert "\n" not in str(info.value)
+
+
+def test_missing_yaml_file(tmp_path):
+    with pytest.raises(SureclError, match="does not exist"):
+        build_config(str(tmp_path / "absent.yaml"))
+
+
+def test_yaml_file_with_unknown_key_names_it(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("kind: method\nreplay: {policy: surprise, frobnicate: 2}\n", encoding="utf-8")
+    with pytest.raises(SureclError, match=re.escape("replay.frobnicate")):
+        build_config(f"tiny,{path}")

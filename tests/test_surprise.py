@@ -1,0 +1,150 @@
+"""Surprise scoring: the batched, length-sorted, left-padded scorer against a naive loop."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from surecl.config import ModelConfig
+from surecl.data.encode import Encoded, TaskEncoder, collate
+from surecl.data.tiny import tiny_stream
+from surecl.model import base_dtype
+from surecl.replay.surprise import score_examples
+
+
+@pytest.fixture(scope="module")
+def items(tiny_loaded) -> list[Encoded]:
+    tasks = tiny_stream(n_train=8, n_test=1)
+    encoder = TaskEncoder(tiny_loaded.tokenizer, max_length=64)
+    out = encoder.encode(tasks[0], tasks[0].train) + encoder.encode(tasks[3], tasks[3].train[:5])
+    random.Random(0).shuffle(out)
+    return out
+
+
+def naive_scores(model, items: list[Encoded], scope: str, reduction: str) -> list[float]:
+    """Each example alone, unpadded, NLL computed by hand."""
+    out = []
+    with torch.no_grad():
+        for e in items:
+            seq = e.prompt + e.answer
+            ids = torch.tensor([seq])
+            logits = model(input_ids=ids).logits[0].float()
+            if scope == "sequence":
+                pred, target = logits[:-1], ids[0, 1:]  # every token after the first
+            else:
+                k = len(e.answer)
+                pred, target = logits[len(seq) - k - 1 : len(seq) - 1], ids[0, len(seq) - k :]
+                assert target.tolist() == e.answer
+            nll = F.cross_entropy(pred, target, reduction="sum")
+            out.append(float(nll / len(target)) if reduction == "mean" else float(nll))
+    return out
+
+
+def test_fixture_items_differ_in_length_and_are_unsorted(items, tiny_loaded):
+    lengths = [len(e) for e in items]
+    assert len(set(lengths)) >= 3
+    assert lengths != sorted(lengths)
+    eos = tiny_loaded.tokenizer.eos_token_id
+    assert all(e.answer[-1] == eos and len(e.answer) >= 2 for e in items)
+
+
+def test_tiny_model_is_fp32(tiny_loaded):
+    assert all(p.dtype == torch.float32 for p in tiny_loaded.model.parameters())
+    # the tiny base is held in fp32 whatever dtype is asked for
+    for dtype in ("auto", "bf16", "fp32"):
+        assert base_dtype(ModelConfig(name="tiny", dtype=dtype), torch.device("cpu")) == torch.float32
+
+
+@pytest.mark.parametrize("scope", ["sequence", "label"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_batched_scores_match_naive_loop(tiny_loaded, items, scope, reduction):
+    model = tiny_loaded.model
+    got = score_examples(
+        model, items, pad_id=tiny_loaded.tokenizer.pad_token_id, is_seq2seq=False, scope=scope, reduction=reduction, batch_size=4
+    )
+    expected = naive_scores(model, items, scope, reduction)
+    assert len(got) == len(items)
+    assert got == pytest.approx(expected, abs=1e-4, rel=1e-5)
+    assert len(set(round(v, 4) for v in got)) > 1  # examples are told apart
+
+
+def test_sum_is_mean_times_scored_tokens(tiny_loaded, items):
+    pad = tiny_loaded.tokenizer.pad_token_id
+    for scope, count in (("sequence", lambda e: len(e) - 1), ("label", lambda e: len(e.answer))):
+        mean = score_examples(tiny_loaded.model, items, pad_id=pad, is_seq2seq=False, scope=scope, reduction="mean")
+        total = score_examples(tiny_loaded.model, items, pad_id=pad, is_seq2seq=False, scope=scope, reduction="sum")
+        for e, m, s in zip(items, mean, total, strict=True):
+            assert s == pytest.approx(m * count(e), rel=1e-5)
+
+
+def test_batch_size_does_not_change_scores(tiny_loaded, items):
+    pad = tiny_loaded.tokenizer.pad_token_id
+    for scope in ("sequence", "label"):
+        one = score_examples(tiny_loaded.model, items, pad_id=pad, is_seq2seq=False, scope=scope, batch_size=1)
+        seven = score_examples(tiny_loaded.model, items, pad_id=pad, is_seq2seq=False, scope=scope, batch_size=7)
+        assert seven == pytest.approx(one, abs=1e-4)
+
+
+def test_scores_follow_item_order(tiny_loaded, items):
+    pad = tiny_loaded.tokenizer.pad_token_id
+    forward = score_examples(tiny_loaded.model, items, pad_id=pad, is_seq2seq=False, batch_size=4)
+    backward = score_examples(tiny_loaded.model, items[::-1], pad_id=pad, is_seq2seq=False, batch_size=4)
+    assert backward[::-1] == pytest.approx(forward, abs=1e-4)
+
+
+def test_scores_through_a_trained_lora_model_match_naive_loop(fresh_tiny, tiny_loaded, items):
+    """What the trainer scores: the PEFT-wrapped model with a non-zero fast adapter."""
+    from surecl.adapters import DualLoRA
+    from surecl.config import DualConfig, LoraConfig
+
+    dl = DualLoRA(fresh_tiny, LoraConfig(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"]), DualConfig(), is_seq2seq=False)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in dl.fast_params:
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    dl.model.eval()
+    pad = tiny_loaded.tokenizer.pad_token_id
+    base = score_examples(tiny_loaded.model, items, pad_id=pad, is_seq2seq=False, scope="label")
+    for scope in ("sequence", "label"):
+        got = score_examples(dl.model, items, pad_id=pad, is_seq2seq=False, scope=scope, batch_size=5)
+        assert got == pytest.approx(naive_scores(dl.model, items, scope, "mean"), abs=1e-4, rel=1e-5)
+    assert got != pytest.approx(base, abs=1e-3)  # the adapter really changed the scores
+
+
+def test_collate_left_pads_with_positions_from_zero(items, tiny_loaded):
+    pad = tiny_loaded.tokenizer.pad_token_id
+    batch = collate(items[:5], pad, is_seq2seq=False)
+    width = max(len(e) for e in items[:5])
+    assert batch["input_ids"].shape == (5, width)
+    for r, e in enumerate(items[:5]):
+        seq, n_pad = e.prompt + e.answer, width - len(e)
+        assert batch["input_ids"][r].tolist() == [pad] * n_pad + seq
+        assert batch["attention_mask"][r].tolist() == [0] * n_pad + [1] * len(seq)
+        assert batch["position_ids"][r, n_pad:].tolist() == list(range(len(seq)))
+        assert int(batch["n_answer"][r]) == len(e.answer)
+
+
+class _WidthSpy(torch.nn.Module):
+    """Forwards to the real model and records each batch's (rows, width)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.shapes: list[tuple[int, int]] = []
+
+    def forward(self, **kwargs):
+        self.shapes.append(tuple(kwargs["input_ids"].shape))
+        return self.model(**kwargs)
+
+
+def test_batches_are_length_sorted(tiny_loaded, items):
+    spy = _WidthSpy(tiny_loaded.model)
+    got = score_examples(spy, items, pad_id=tiny_loaded.tokenizer.pad_token_id, is_seq2seq=False, batch_size=4)
+    lengths = sorted(len(e) for e in items)
+    chunks = [lengths[i : i + 4] for i in range(0, len(lengths), 4)]
+    # batch widths of the sorted order: the least padding possible for this batch size
+    assert spy.shapes == [(len(c), max(c)) for c in chunks]
+    assert got == pytest.approx(naive_scores(tiny_loaded.model, items, "sequence", "mean"), abs=1e-4, rel=1e-5)
