@@ -103,7 +103,8 @@ def save(run: ContinualRun) -> Path | None:
         return None
     root = run.out_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    name = f"stage-{run.state.next_stage:04d}"
+    st = run.state
+    name = f"stage-{st.next_stage:04d}" + (f"-step-{st.step:06d}" if st.batches is not None else "")
     tensors: dict[str, torch.Tensor] = {}
     tensors.update({f"adapter/{k}": v.cpu() for k, v in run.adapters.adapter_state("fast").items()})
     if run.cfg.dual.enabled:
@@ -122,7 +123,10 @@ def save(run: ContinualRun) -> Path | None:
         meta = {
             "format": FORMAT,
             "sha256": _sha256(tmp / "tensors.safetensors"),
-            "state": {"next_stage": run.state.next_stage, "accuracy": run.state.accuracy, "global_step": run.state.global_step, "seconds": run.state.seconds, "ema_steps": run.adapters.steps},
+            "state": {
+                "next_stage": st.next_stage, "accuracy": st.accuracy, "global_step": st.global_step, "seconds": st.seconds,
+                "batches": st.batches, "step": st.step, "log_bytes": st.log_bytes, "ema_steps": run.adapters.steps,
+            },
             "policy": run.policy.state_dict(),
             "method": method_meta,
             "optimizer": opt_meta,
@@ -130,6 +134,9 @@ def save(run: ContinualRun) -> Path | None:
             "config": run.cfg.to_dict(),
             "tasks": [t.name for t in run.tasks],
         }
+        from surecl.trainer import fault_point
+
+        fault_point(f"checkpoint:{name}")
         write_json(tmp / "meta.json", meta)
         target = root / name
         if target.exists():
@@ -182,8 +189,8 @@ def load_latest(run: ContinualRun) -> Path | None:
         version, internal, gauss = meta["rng"]["batches"]
         run.rng.setstate((version, tuple(internal), gauss))
         st = meta["state"]
-        run.state.next_stage, run.state.accuracy, run.state.global_step = st["next_stage"], st["accuracy"], st["global_step"]
-        run.state.seconds = st["seconds"]
+        for key in ("next_stage", "accuracy", "global_step", "seconds", "batches", "step", "log_bytes"):
+            setattr(run.state, key, st[key])
         run.adapters.steps = st["ema_steps"]
         return folder
     return None

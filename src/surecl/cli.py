@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from surecl.errors import SureclError
@@ -32,8 +33,12 @@ def check_out_dir(out: Path) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise SureclError(f"--out: {probe} is a file, not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise SureclError(f"--out: {probe} is not writable")
+    try:  # os.access says yes to root even on read-only file systems: try for real
+        fd, tmp = tempfile.mkstemp(prefix=".surecl-probe-", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError:
+        raise SureclError(f"--out: {probe} is not writable") from None
 
 
 def _finished(out: Path, cfg) -> bool:

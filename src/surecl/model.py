@@ -136,12 +136,13 @@ def tiny_folder(cache_dir: Path) -> Path:
             bos_token_id=3,
             tie_word_embeddings=True,
         )
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config)
-        # Frozen random embeddings double as the output layer: at the usual 0.02 scale the
-        # logits cannot peak, so nothing would be learnable through LoRA.
-        with torch.no_grad():
-            model.get_input_embeddings().weight.normal_(0.0, 0.5)
+        with torch.random.fork_rng():  # leave the caller's RNG stream untouched
+            torch.manual_seed(0)
+            model = LlamaForCausalLM(config)
+            # Frozen random embeddings double as the output layer: at the usual 0.02 scale
+            # the logits cannot peak, so nothing would be learnable through LoRA.
+            with torch.no_grad():
+                model.get_input_embeddings().weight.normal_(0.0, 0.5)
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
 
@@ -151,7 +152,9 @@ def tiny_folder(cache_dir: Path) -> Path:
 
 def load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None = None) -> LoadedModel:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # surecl shows its own progress
     cache_dir = cache_dir or default_cache_dir()
     if cfg.name == SMOLLM2:
         path = smollm2_folder(cache_dir)

@@ -16,24 +16,24 @@ def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_se
     if is_seq2seq:
         labels = batch["labels"]
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels, use_cache=False)
-        logits = out.logits.float()
-        nll = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
-        valid = (labels != -100).to(nll.dtype)
-        return (nll * valid).sum(1), valid.sum(1)
-    ids, mask = batch["input_ids"], batch["attention_mask"]
-    width = ids.shape[1]
-    if scope == "label":
+        logits, targets = out.logits, labels.clamp(min=0)
+        valid = (labels != -100).float()
+    elif scope == "label":
+        ids, mask = batch["input_ids"], batch["attention_mask"]
         # Answers end at the last position (left padding): keep logits for the last k+1 positions.
         k = int(batch["n_answer"].max())
         out = model(input_ids=ids, attention_mask=mask, position_ids=batch["position_ids"], use_cache=False, logits_to_keep=k + 1)
-        logits = out.logits[:, -(k + 1) : -1].float()
-        targets = ids[:, width - k :]
+        logits = out.logits[:, -(k + 1) : -1]
+        targets = ids[:, ids.shape[1] - k :]
         offsets = torch.arange(k, device=ids.device).unsqueeze(0)
-        valid = (offsets >= (k - batch["n_answer"].to(ids.device)).unsqueeze(1)).to(logits.dtype)
+        valid = (offsets >= (k - batch["n_answer"].to(ids.device)).unsqueeze(1)).float()
     else:
+        ids, mask = batch["input_ids"], batch["attention_mask"]
         out = model(input_ids=ids, attention_mask=mask, position_ids=batch["position_ids"], use_cache=False)
-        logits = out.logits[:, :-1].float()
+        logits = out.logits[:, :-1]
         targets = ids[:, 1:]
-        valid = (mask[:, 1:] * mask[:, :-1]).to(logits.dtype)
-    nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+        valid = (mask[:, 1:] * mask[:, :-1]).float()
+    # fp32 log-softmax a few rows at a time: a whole-sequence batch of fp32 logits over a large
+    # vocabulary would cost gigabytes (32 x 128 x 49k floats = 0.8 GB, twice).
+    nll = torch.cat([F.cross_entropy(logits[r : r + 4].float().transpose(1, 2), targets[r : r + 4], reduction="none") for r in range(0, logits.shape[0], 4)])
     return (nll * valid).sum(1), valid.sum(1)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import signal
 import sys
 import time
 import warnings
@@ -53,6 +55,18 @@ class RunState:
     accuracy: list[list[float | None]] = field(default_factory=list)
     global_step: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: {"train": 0.0, "score": 0.0, "eval": 0.0})
+    batches: list[list[int]] | None = None
+    """The running stage's batch plan (indices into its pool); None between stages."""
+    step: int = 0
+    """Next step of the running stage."""
+    log_bytes: int = 0
+    """Length of log.jsonl when the checkpoint was taken (a resumed run truncates to it)."""
+
+
+def fault_point(name: str) -> None:
+    """Fault injection for the crash tests: ``SURECL_KILL_AT=name`` SIGKILLs the process here."""
+    if os.environ.get("SURECL_KILL_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class ContinualRun:
@@ -64,7 +78,7 @@ class ContinualRun:
         self.progress = progress
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         self.device = self.accelerator.device
-        torch.manual_seed(cfg.seed)
+        self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.rng = random.Random(f"batches:{cfg.seed}")
         self.tasks: list[Task] = load_stream(cfg, cache_dir=cache_dir)
         loaded = load_model(cfg.model, self.device, cache_dir or default_cache_dir())
@@ -74,6 +88,9 @@ class ContinualRun:
         self.train_sets: list[list[Encoded]] = [encoder.encode(t, t.train) for t in self.tasks]
         self.test_sets: list[list[Encoded]] = [encoder.encode(t, t.test) for t in self.tasks]
         self.label_answers = [{lab: encoder.answer_ids(lab) for lab in t.labels} for t in self.tasks]
+        # Seeded right before the adapters are drawn, so a cold cache (which builds or converts
+        # the base model first) gives the same LoRA init as a warm one.
+        torch.manual_seed(cfg.seed)
         self.adapters = DualLoRA(loaded.model, cfg.lora, cfg.dual, self.is_seq2seq)
         self.model = self.adapters.model
         self.method = METHODS[cfg.method](self)
@@ -125,22 +142,44 @@ class ContinualRun:
 
     # ------------------------------------------------------------------ scoring
 
+    def sharded(self, fn, items: list) -> list:
+        """Run ``fn`` on this process's share of ``items`` and gather the results in order.
+
+        With one process this is ``fn(items)``; with several, rank r takes items r, r+W, ...
+        and every rank receives the full result list, so buffer decisions (made from it) are
+        identical on all ranks.
+        """
+        if self.world == 1:
+            return fn(items)
+        from accelerate.utils import gather_object
+
+        parts = gather_object([fn(items[self.rank :: self.world])])
+        out = [None] * len(items)
+        for r, part in enumerate(parts):
+            out[r :: self.world] = part
+        return out
+
     def _score(self, items: list[Encoded]) -> list[float]:
         """Surprise of ``items`` under the current fast adapter, without dropout or grad."""
-        was_training = self.model.training
-        self.model.eval()
+        model = self.accelerator.unwrap_model(self.model)
+        was_training = model.training
+        model.eval()
         try:
-            return score_examples(
-                self.model, items, pad_id=self.tokenizer.pad_token_id, is_seq2seq=self.is_seq2seq,
-                scope=self.cfg.replay.scope, reduction=self.cfg.replay.reduction,
-                batch_size=self.cfg.eval.batch_size, device=self.device,
+            return self.sharded(
+                lambda part: score_examples(
+                    model, part, pad_id=self.tokenizer.pad_token_id, is_seq2seq=self.is_seq2seq,
+                    scope=self.cfg.replay.scope, reduction=self.cfg.replay.reduction,
+                    batch_size=self.cfg.eval.batch_size, device=self.device,
+                ),
+                items,
             )
         finally:
-            self.model.train(was_training)
+            model.train(was_training)
 
     def surprise_of_task(self, task: int) -> list[float]:
         """Surprise of every training example of ``task`` (the policies' scorer)."""
         start = time.perf_counter()
+        fault_point(f"score:{task}")
         scores = self._score(self.train_sets[task])
         self.state.seconds["score"] += time.perf_counter() - start
         return scores
@@ -150,29 +189,55 @@ class ContinualRun:
     def _batch(self, items: list[Encoded]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device) for k, v in collate(items, self.tokenizer.pad_token_id, self.is_seq2seq).items()}
 
-    def train_stage(self, stage: Stage, log_file) -> None:
+    def plan_batches(self, stage: Stage) -> list[list[int]]:
+        """The stage's batches (indices into its example pool), fixed at stage start so a
+        resumed run replays exactly the same order."""
         cfg = self.cfg
-        pool = [(t, i) for t in stage.tasks for i in range(len(self.train_sets[t]))]
-        lengths = [len(self.train_sets[t][i]) for t, i in pool]
+        lengths = [len(self.train_sets[t][i]) for t, i in self._pool(stage)]
         batches: list[list[int]] = []
         for _ in range(cfg.train.epochs):
             batches.extend(bucketed_batches(lengths, cfg.train.batch_size, self.rng))
-        total = self.steps_in_stage(stage)
-        batches = batches[:total]
+        return batches[: self.steps_in_stage(stage)]
+
+    def _pool(self, stage: Stage) -> list[tuple[int, int]]:
+        return [(t, i) for t in stage.tasks for i in range(len(self.train_sets[t]))]
+
+    def train_stage(self, stage: Stage, log_file) -> None:
+        cfg = self.cfg
+        pool = self._pool(stage)
+        batches = self.state.batches
+        total = len(batches)
         self.model.train()
-        bar = tqdm(total=total, desc=f"train {self._stage_name(stage)}", disable=not self.progress or not self.accelerator.is_main_process, leave=False)
+        bar = tqdm(total=total, initial=self.state.step, desc=f"train {self._stage_name(stage)}", disable=not self.progress or not self.accelerator.is_main_process, leave=False)
         start = time.perf_counter()
-        for step, batch_idx in enumerate(batches):
+        for step in range(self.state.step, total):
+            fault_point(f"step:{stage.row}:{step}")
+            batch_idx = batches[step]
             current = [pool[k] for k in batch_idx]
             replayed = self.policy.sample(cfg.replay.batch_size) if step % cfg.replay.every == 0 else []
             items = [self.train_sets[t][i] for t, i in current] + [self.train_sets[e.task][e.index] for e in replayed]
-            batch = self._batch(items)
+            # The loss is the token mean over the whole mixed batch. With W processes each
+            # takes every W-th item and scales by W / (all answer tokens), so DDP's gradient
+            # average equals the single-process gradient.
+            n_tokens = sum(len(e.answer) for e in items)
+            local = items[self.rank :: self.world] if self.world > 1 else items
+            weight = float(self.world) if local else 0.0
+            batch = self._batch(local or items[:1])
             for group in self.optimizer.param_groups:
                 group["lr"] = self._lr_at(step, total)
             nll, count = token_nll(self.model, batch, scope="label", is_seq2seq=self.is_seq2seq)
-            loss = self.method.loss(nll.sum() / count.sum())
+            loss = self.method.loss(weight * nll.sum() / n_tokens)
+            if self.world > 1:
+                shown = self.accelerator.reduce(loss.detach(), "sum") / self.world
+            else:
+                shown = loss.detach()
+            if os.environ.get("SURECL_NAN_AT") == f"{stage.row}:{step}":  # fault injection (tests)
+                loss = loss * float("nan")
             if not torch.isfinite(loss):
-                raise SureclError(f"non-finite loss ({loss.item()}) at task {self._stage_name(stage)} step {step}; lower train.lr")
+                raise SureclError(
+                    f"non-finite loss ({shown.item()}) at task {self._stage_name(stage)} step {step}; the last checkpoint "
+                    "is intact: lower train.lr (or fix the data) and rerun the same command to resume"
+                )
             self.accelerator.backward(loss)
             if cfg.train.grad_clip:
                 self.accelerator.clip_grad_norm_(self.adapters.fast_params, cfg.train.grad_clip)
@@ -185,9 +250,15 @@ class ContinualRun:
             self.policy.observe(stage.row, [i for t, i in current if t == stage.row])
             self.method.after_step()
             if log_file is not None and step % cfg.log_every == 0:
-                log_file.write(json.dumps({"stage": stage.row, "step": step, "global_step": self.state.global_step, "loss": round(loss.item(), 6), "replayed": len(replayed), "buffer": len(self.policy), "lr": self.optimizer.param_groups[0]["lr"]}) + "\n")
-            bar.set_postfix(loss=f"{loss.item():.3f}", buf=len(self.policy))
+                log_file.write(json.dumps({"stage": stage.row, "step": step, "global_step": self.state.global_step, "loss": round(shown.item(), 6), "replayed": len(replayed), "buffer": len(self.policy), "lr": self.optimizer.param_groups[0]["lr"]}) + "\n")
+            bar.set_postfix(loss=f"{shown.item():.3f}", buf=len(self.policy))
             bar.update(1)
+            self.state.step = step + 1
+            every = cfg.train.checkpoint_every
+            if every and self.state.step % every == 0 and self.state.step < total:
+                self.state.seconds["train"] += time.perf_counter() - start
+                start = time.perf_counter()
+                self._checkpoint(log_file)
         bar.close()
         self.state.seconds["train"] += time.perf_counter() - start
 
@@ -198,7 +269,7 @@ class ContinualRun:
         policy scores labels with a mean. Otherwise (whole sequence, or sum) they are re-scored
         with the scorer itself, so aged and fresh entries stay comparable.
         """
-        if self.cfg.replay.scope == "label" and self.cfg.replay.reduction == "mean":
+        if self.world == 1 and self.cfg.replay.scope == "label" and self.cfg.replay.reduction == "mean":
             return (nll / count.clamp(min=1)).detach()[offset:].tolist()
         return self._score([self.train_sets[e.task][e.index] for e in replayed])
 
@@ -208,14 +279,19 @@ class ContinualRun:
         items = self.test_sets[j]
         gold = [e.label for e in items]
         with self.adapters.evaluating(), self.method.eval_context(j):
+            model = self.accelerator.unwrap_model(self.model)
+            bs = self.cfg.eval.batch_size
             if self.cfg.eval.mode == "rank":
-                preds = rank_answers(self.model, items, self.label_answers[j], pad_id=self.tokenizer.pad_token_id, is_seq2seq=self.is_seq2seq, batch_size=self.cfg.eval.batch_size, device=self.device)
-            else:
-                longest = max(len(a) for a in self.label_answers[j].values())
-                preds = generate_answers(
-                    self.accelerator.unwrap_model(self.model), self.tokenizer, items, is_seq2seq=self.is_seq2seq,
-                    max_new_tokens=self.cfg.eval.max_new_tokens or longest + 1, batch_size=self.cfg.eval.batch_size, device=self.device,
+                answers = self.label_answers[j]
+                predict = lambda part: rank_answers(  # noqa: E731
+                    model, part, answers, pad_id=self.tokenizer.pad_token_id, is_seq2seq=self.is_seq2seq, batch_size=bs, device=self.device
                 )
+            else:
+                new_tokens = self.cfg.eval.max_new_tokens or max(len(a) for a in self.label_answers[j].values()) + 1
+                predict = lambda part: generate_answers(  # noqa: E731
+                    model, self.tokenizer, part, is_seq2seq=self.is_seq2seq, max_new_tokens=new_tokens, batch_size=bs, device=self.device
+                )
+            preds = self.sharded(predict, items)
         return accuracy(preds, gold)
 
     def evaluate_stage(self, stage: Stage) -> None:
@@ -240,20 +316,33 @@ class ContinualRun:
                 self.log(f"resumed from {restored} at stage {self.state.next_stage}/{len(self.stages)}")
         wall = time.perf_counter()
         log_path = self.out_dir / "log.jsonl"
-        with open(log_path, "a", encoding="utf-8") as log_file:
+        if self.accelerator.is_main_process and log_path.exists() and self.state.log_bytes < log_path.stat().st_size:
+            with open(log_path, "r+b") as f:  # drop lines of steps after the checkpoint
+                f.truncate(self.state.log_bytes)
+        # Only the main process logs; the others write to the null device.
+        with open(log_path if self.accelerator.is_main_process else os.devnull, "a", encoding="utf-8") as log_file:
             for s in range(self.state.next_stage, len(self.stages)):
                 stage = self.stages[s]
-                self.method.before_task(stage)
-                self.policy.before_task(stage.row, len(self.train_sets[stage.row]), self.surprise_of_task)
+                if self.state.batches is None:  # not resuming inside this stage
+                    self.method.before_task(stage)
+                    self.policy.before_task(stage.row, len(self.train_sets[stage.row]), self.surprise_of_task)
+                    self.state.batches, self.state.step = self.plan_batches(stage), 0
                 self.train_stage(stage, log_file)
+                self.state.batches, self.state.step = None, 0
                 self.policy.after_task(stage.row, len(self.train_sets[stage.row]), self.surprise_of_task)
                 self.method.after_task(stage)
                 self.evaluate_stage(stage)
                 self.state.next_stage = s + 1
-                log_file.flush()
-                checkpoint.save(self)
+                fault_point(f"stage_end:{s}")
+                self._checkpoint(log_file)
         self.state.seconds["total"] = self.state.seconds.get("total", 0.0) + time.perf_counter() - wall
         return self.finish()
+
+    def _checkpoint(self, log_file) -> None:
+        log_file.flush()
+        self.state.log_bytes = log_file.tell()
+        checkpoint.save(self)
+        self.accelerator.wait_for_everyone()
 
     def results(self) -> dict:
         a = self.state.accuracy
@@ -297,4 +386,5 @@ def run(cfg: RunConfig, out_dir: Path, *, resume: bool = True, progress: bool = 
     """Run (or resume) one continual run into ``out_dir``; return the results dict."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*use_cache=True.*")
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         return ContinualRun(cfg, out_dir, progress=progress, cache_dir=cache_dir).run(resume=resume)

@@ -1,0 +1,39 @@
+"""Buffer cost as tasks and data grow: insertion (per task) and sampling (per step).
+
+A replay step must cost the same whatever the number of tasks or examples seen; only the
+per-task insertion touches the new task's data. Run: ``python bench/buffer_scaling.py``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from surecl.replay.buffer import Entry, QuotaBuffer, ReservoirBuffer, sample
+
+
+def main() -> None:
+    rng = random.Random(0)
+    print(f"{'tasks':>5} {'per task':>8} {'seen':>8} {'insert ms':>10} {'sample us':>10} {'reservoir offer us':>19}")
+    for n_tasks, per_task in ((4, 1000), (15, 1000), (15, 10000), (100, 1000), (100, 10000)):
+        buf, res = QuotaBuffer(300), ReservoirBuffer(300)
+        insert = []
+        for t in range(n_tasks):
+            scores = [rng.random() for _ in range(per_task)]
+            s = time.perf_counter()
+            buf.add_task(t, scores)
+            insert.append(time.perf_counter() - s)
+        s = time.perf_counter()
+        for _ in range(2000):
+            sample(buf.entries, 32, rng)
+        per_sample = (time.perf_counter() - s) / 2000
+        s = time.perf_counter()
+        for i in range(20000):
+            res.offer(Entry(i % n_tasks, i), rng)
+        per_offer = (time.perf_counter() - s) / 20000
+        print(f"{n_tasks:5d} {per_task:8d} {n_tasks * per_task:8d} {1e3 * sorted(insert)[len(insert) // 2]:10.3f} "
+              f"{1e6 * per_sample:10.2f} {1e6 * per_offer:19.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Shared set-up for the benchmarks: the embedded model and real prompts, timing helpers."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from surecl.config import ModelConfig
+from surecl.data.cl_benchmark import load_benchmark
+from surecl.data.embedded import ensure_embedded_benchmark
+from surecl.data.encode import TaskEncoder
+from surecl.data.task import prepare_stream
+from surecl.model import load_model
+
+
+def load(dtype: str):
+    return load_model(ModelConfig(dtype=dtype), torch.device("cpu"))
+
+
+def real_items(tokenizer, n: int, max_length: int = 128):
+    """``n`` encoded training examples from the embedded benchmark (mixed tasks and lengths)."""
+    tasks = prepare_stream(load_benchmark(ensure_embedded_benchmark(quiet=True)), n // 4 + 1, 1, True, 0)
+    enc = TaskEncoder(tokenizer, max_length)
+    items = [e for t in tasks for e in enc.encode(t, t.train)]
+    return items[:n]
+
+
+def median_time(fn, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_rate(dtype: torch.dtype, n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of a square matmul in ``dtype`` on this machine, measured now."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    t = median_time(lambda: a @ b, repeats)
+    return 2 * n**3 / t
+
+
+def n_matmul_params(model) -> int:
+    """Parameters taking part in per-token matmuls (embedding lookups excluded)."""
+    emb = model.get_input_embeddings().weight
+    return sum(p.numel() for p in model.parameters() if p.dim() == 2 and p is not emb)

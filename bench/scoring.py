@@ -1,0 +1,74 @@
+"""Surprise scoring: surecl's scorer vs the ways users would otherwise write it.
+
+1. per-example fp32 loop (the reference code's way: one sequence at a time, full precision);
+2. padded batched fp32 loop (plain ``transformers``: right-padded batches, HF ``labels`` loss);
+3. surecl: ``score_examples`` (length-sorted batches, ``inference_mode``, base in bf16 where
+   the CPU supports it).
+
+Prints tokens/s, the ratios, and achieved FLOP/s as a fraction of a matmul rate measured in
+the same process. Run: ``python bench/scoring.py [n_examples]``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+from common import load, matmul_rate, median_time, n_matmul_params, real_items
+
+from surecl.replay.surprise import score_examples
+
+
+def per_example(model, items):
+    with torch.no_grad():
+        for e in items:
+            ids = torch.tensor([e.prompt + e.answer])
+            logits = model(input_ids=ids).logits[0, :-1].float()
+            F.cross_entropy(logits, ids[0, 1:])
+
+
+def padded_batched(model, items, pad_id, bs=32):
+    with torch.no_grad():
+        for s in range(0, len(items), bs):
+            chunk = items[s : s + bs]
+            width = max(len(e) for e in chunk)
+            ids = torch.full((len(chunk), width), pad_id)
+            mask = torch.zeros_like(ids)
+            for r, e in enumerate(chunk):
+                seq = e.prompt + e.answer
+                ids[r, : len(seq)] = torch.tensor(seq)
+                mask[r, : len(seq)] = 1
+            labels = ids.masked_fill(mask == 0, -100)
+            model(input_ids=ids, attention_mask=mask, labels=labels)
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 96
+    fp32 = load("fp32")
+    fast = load("auto")
+    items = real_items(fp32.tokenizer, n)
+    tokens = sum(len(e) for e in items)
+    pad = fp32.tokenizer.pad_token_id
+    flop_per_token = 2 * n_matmul_params(fp32.model)
+    rows = [
+        ("per-example fp32 loop", median_time(lambda: per_example(fp32.model, items), 1)),
+        ("padded batched fp32 (bs 32)", median_time(lambda: padded_batched(fp32.model, items, pad), 2)),
+        (
+            f"surecl score_examples ({next(fast.model.parameters()).dtype})",
+            median_time(lambda: score_examples(fast.model, items, pad_id=pad, is_seq2seq=False, batch_size=32), 2),
+        ),
+    ]
+    dtype = next(fast.model.parameters()).dtype
+    peak = matmul_rate(dtype)
+    print(f"{n} examples, {tokens} tokens; matmul rate {peak / 1e9:.1f} GFLOP/s ({dtype}, 1024^3, same process)")
+    base = rows[0][1]
+    for name, t in rows:
+        rate = tokens / t
+        print(f"{name:40s} {t:8.2f} s {rate:9.1f} tok/s  x{base / t:5.2f} vs per-example  "
+              f"{rate * flop_per_token / 1e9:7.1f} GFLOP/s ({100 * rate * flop_per_token / peak:5.1f}% of matmul)")
+    print(f"surecl vs padded batched fp32: x{rows[1][1] / rows[2][1]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
