@@ -27,7 +27,9 @@ def real_items(tokenizer, n: int, max_length: int = 128):
     return items[:n]
 
 
-def median_time(fn, repeats: int = 3) -> float:
+def median_time(fn, repeats: int = 3, warmup: int = 0) -> float:
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

@@ -14,7 +14,7 @@ import statistics
 import time
 
 import torch
-from common import load, real_items
+from common import load, median_time, real_items
 from peft import LoraConfig, get_peft_model
 
 from surecl.adapters import DualLoRA
@@ -82,25 +82,15 @@ def sure_step_fn(items, pad_id, timings):
     return step
 
 
-def timed(step, n=STEPS):
-    step()  # warm-up
-    times = []
-    for _ in range(n):
-        s = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - s)
-    return statistics.median(times)
-
-
 def main() -> None:
     probe = load("fp32")
     items = real_items(probe.tokenizer, 12)  # 8 current + 4 replayed, as batch 8 / replay 4
     del probe
     tokens = sum(len(e) for e in items)
     pad = 0
-    plain = timed(plain_step_fn(items, pad))
+    plain = median_time(plain_step_fn(items, pad), STEPS, warmup=1)
     timings: list[tuple[float, float, float]] = []
-    sure = timed(sure_step_fn(items, pad, timings))
+    sure = median_time(sure_step_fn(items, pad, timings), STEPS, warmup=1)
     book = statistics.median(t[0] for t in timings[1:])
     ema = statistics.median(t[2] for t in timings[1:])
     print(f"batch of {len(items)} sequences, {tokens} tokens, median of {STEPS} steps")
