@@ -80,13 +80,22 @@ def cmd_sweep(args) -> int:
     methods = [m for m in args.methods.split(",") if m]
     orders = [o for o in args.orders.split(",") if o]
     seeds = [int(s) for s in args.seeds.split(",") if s]
+    grid = [[]]  # ablations: every combination of --grid key=v1,v2 values
+    for spec in args.grid:
+        if "=" not in spec:
+            raise SureclError(f"--grid {spec!r} must look like key.sub=v1,v2")
+        key, values = spec.split("=", 1)
+        grid = [g + [f"{key}={v}"] for g in grid for v in values.split(",") if v]
     plan = []
     for method in methods:
-        for order in orders:
-            for seed in seeds:
-                overrides = list(args.overrides) + [f"data.order={order}", f"seed={seed}"]
-                cfg = build_config(args.config or method, overrides + ([f"preset={method}"] if args.config else []))
-                plan.append((cfg, root / method / f"order{order}" / f"seed{seed}"))
+        for point in grid:
+            # the table row: the preset, plus the grid values when there is a grid
+            row = " ".join([method, *point])
+            for order in orders:
+                for seed in seeds:
+                    overrides = list(args.overrides) + point + [f"data.order={order}", f"seed={seed}", f"preset={row}"]
+                    cfg = build_config(f"{args.config},{method}" if args.config else method, overrides)
+                    plan.append((cfg, root / "/".join([method, *point]) / f"order{order}" / f"seed{seed}"))
     for k, (cfg, out) in enumerate(plan, 1):
         if _finished(out, cfg):
             print(f"[{k}/{len(plan)}] {out}: finished, skipped", file=sys.stderr)
@@ -150,8 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--methods", default="seq_lora,reservoir,surprise,slow_surprise", help="comma-separated presets")
     s.add_argument("--orders", default="default")
     s.add_argument("--seeds", default="0")
-    s.add_argument("--config", help="YAML applied to every run (its preset key is set per method)")
+    s.add_argument("--config", help="presets/YAML applied to every run before the method preset (e.g. tiny)")
     s.add_argument("--out", default="runs/sweep")
+    s.add_argument("--grid", action="append", default=[], metavar="key.sub=v1,v2",
+                   help="ablation axis (repeatable), e.g. replay.buffer_size=150,300,500 or dual.beta=0.99,0.995")
     s.add_argument("--metric", default="fp")
     s.add_argument("--quiet", action="store_true")
     s.add_argument("overrides", nargs="*", metavar="key.sub=value")
