@@ -97,3 +97,16 @@ def test_rerun_resumes_from_checkpoint_and_matches(tmp_path, cache_dir):
     again = run(cfg, out, progress=False, cache_dir=cache_dir)
     assert again["accuracy_matrix"] == full["accuracy_matrix"]
     assert json.loads((out / "buffer.json").read_text()) == buffer_before
+
+
+def test_ewc_penalty_pulls_toward_the_previous_task(tmp_path, cache_dir):
+    """With a huge lambda the adapters barely move after the first task: the first task is
+    kept far better than without the penalty (and the second is learned worse)."""
+    kept, learned = {}, {}
+    for lam in (0, 1e8):
+        cfg = build_config("tiny,ewc", ["data.tasks=[colors,animals]", f"train.ewc_lambda={lam}"])
+        res = run(cfg, tmp_path / f"ewc{lam}", progress=False, cache_dir=cache_dir)
+        kept[lam], learned[lam] = res["accuracy_matrix"][1]
+        assert res["accuracy_matrix"][0][0] >= 90.0
+    assert kept[1e8] > kept[0] + 50, kept
+    assert learned[1e8] < learned[0], learned

@@ -118,6 +118,10 @@ class TrainConfig:
     grad_clip: float = 1.0
     max_steps_per_task: int = 0
     """Cap on optimizer steps per task (0 = no cap)."""
+    ewc_lambda: float = 1000.0
+    """EWC penalty strength (method ``ewc``)."""
+    ewc_samples: int = 200
+    """Training examples per task used to estimate the EWC Fisher."""
     checkpoint_every: int = 50
     """Also checkpoint every this many steps inside a task (0 = only between tasks)."""
 
@@ -188,6 +192,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("train.max_steps_per_task", cfg.train.max_steps_per_task >= 0, "must be >= 0"),
         ("train.warmup_steps", cfg.train.warmup_steps >= 0, "must be >= 0"),
         ("train.checkpoint_every", cfg.train.checkpoint_every >= 0, "must be >= 0"),
+        ("train.ewc_lambda", cfg.train.ewc_lambda >= 0, "must be >= 0"),
+        ("train.ewc_samples", cfg.train.ewc_samples >= 1, "must be >= 1"),
         ("data.n_train", cfg.data.n_train >= 0, "must be >= 0"),
         ("data.n_test", cfg.data.n_test >= 0, "must be >= 0"),
         ("lora.r", cfg.lora.r >= 1, "must be >= 1"),

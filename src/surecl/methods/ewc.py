@@ -1,0 +1,67 @@
+"""Elastic Weight Consolidation (Kirkpatrick et al., 2017) on the fast LoRA parameters.
+
+After each task the diagonal Fisher information of the adapter parameters is estimated from
+squared per-batch gradients of the task's loss; while later tasks train, the loss gets
+``lambda/2 * sum_k F_k (theta - theta*_k)^2`` summed over past tasks, merged into one running
+Fisher-weighted anchor so the per-step cost does not grow with the number of tasks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from surecl.methods.base import Method, Stage
+from surecl.nll import token_nll
+
+
+class EWC(Method):
+    name = "ewc"
+
+    def __init__(self, run) -> None:
+        super().__init__(run)
+        self.fisher: list[torch.Tensor] = []
+        self.anchor: list[torch.Tensor] = []
+
+    def loss(self, loss: torch.Tensor) -> torch.Tensor:
+        if not self.fisher:
+            return loss
+        params = self.run.adapters.fast_params
+        penalty = sum((f * (p - a) ** 2).sum() for f, p, a in zip(self.fisher, params, self.anchor))
+        return loss + 0.5 * self.run.cfg.train.ewc_lambda * penalty
+
+    def after_task(self, stage: Stage) -> None:
+        run = self.run
+        params = run.adapters.fast_params
+        fisher = [torch.zeros_like(p) for p in params]
+        items = run.train_sets[stage.row][: run.cfg.train.ewc_samples]
+        bs = run.cfg.train.batch_size
+        n_batches = 0
+        for start in range(0, len(items), bs):
+            batch = run._batch(items[start : start + bs])
+            nll, count = token_nll(run.model, batch, scope="label", is_seq2seq=run.is_seq2seq)
+            grads = torch.autograd.grad(nll.sum() / count.sum(), params, allow_unused=True)
+            for f, g in zip(fisher, grads):
+                if g is not None:
+                    f.add_(g.detach() ** 2)
+            n_batches += 1
+        fisher = [f / max(n_batches, 1) for f in fisher]
+        current = [p.detach().clone() for p in params]
+        if not self.fisher:
+            self.fisher, self.anchor = fisher, current
+            return
+        # One quadratic with the same gradient as the sum of both: F = F1 + F2,
+        # anchor = (F1 a1 + F2 a2) / F.
+        total = [f1 + f2 for f1, f2 in zip(self.fisher, fisher)]
+        self.anchor = [(f1 * a1 + f2 * a2) / t.clamp(min=1e-12) for f1, a1, f2, a2, t in zip(self.fisher, self.anchor, fisher, current, total)]
+        self.fisher = total
+
+    def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        tensors = {f"fisher/{i}": f for i, f in enumerate(self.fisher)}
+        tensors.update({f"anchor/{i}": a for i, a in enumerate(self.anchor)})
+        return {"n": len(self.fisher)}, tensors
+
+    def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+        n = meta.get("n", 0)
+        device = self.run.device
+        self.fisher = [tensors[f"fisher/{i}"].to(device) for i in range(n)]
+        self.anchor = [tensors[f"anchor/{i}"].to(device) for i in range(n)]
