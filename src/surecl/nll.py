@@ -8,7 +8,6 @@ callers choose the reduction (mean = the paper's surprise, sum = its ablation) a
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_seq2seq: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,7 +32,14 @@ def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_se
         logits = out.logits[:, :-1]
         targets = ids[:, 1:]
         valid = (mask[:, 1:] * mask[:, :-1]).float()
-    # fp32 log-softmax a few rows at a time: a whole-sequence batch of fp32 logits over a large
-    # vocabulary would cost gigabytes (32 x 128 x 49k floats = 0.8 GB, twice).
-    nll = torch.cat([F.cross_entropy(logits[r : r + 4].float().transpose(1, 2), targets[r : r + 4], reduction="none") for r in range(0, logits.shape[0], 4)])
+    # NLL = logsumexp(logits) - logit[target], in fp32 a few rows at a time: a whole-sequence
+    # batch of fp32 logits over a large vocabulary would cost gigabytes (32 x 128 x 49k floats
+    # = 0.8 GB), and logsumexp reads the logits without writing a log-softmax of the same size
+    # (2.4x faster than cross_entropy over the vocabulary axis here, bench/scoring.py).
+    parts = []
+    for r in range(0, logits.shape[0], 4):
+        chunk = logits[r : r + 4]
+        target_logit = chunk.gather(2, targets[r : r + 4].unsqueeze(2)).squeeze(2).float()
+        parts.append(torch.logsumexp(chunk.float(), dim=-1) - target_logit)
+    nll = torch.cat(parts)
     return (nll * valid).sum(1), valid.sum(1)
