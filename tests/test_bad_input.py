@@ -73,6 +73,10 @@ CASES = {
     "not a benchmark folder": ([], lambda root: (root / "instruction_config.json").unlink(), ["instruction_config.json"]),
     "jsonl missing": (["data.jsonl=[/nonexistent.jsonl]"], None, ["/nonexistent.jsonl", "does not exist"]),
     "config file missing": (["--config", "/nonexistent.yaml"], None, ["/nonexistent.yaml", "does not exist"]),
+    "text stream scored by accuracy": (["data.kind=text"], None, ["eval.mode", "perplexity"]),
+    "perplexity of a labelled stream": (["eval.mode=perplexity"], None, ["eval.mode", "data.kind='classify'"]),
+    "unknown data kind": (["data.kind=audio"], None, ["data.kind", "'audio'"]),
+    "online policy on whole sequences": (["replay.policy=online_surprise"], None, ["replay.scope", "online_surprise"]),
 }
 
 

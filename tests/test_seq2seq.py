@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from surecl.config import build_config
+from surecl.errors import SureclError
 from surecl.model import tiny_folder
 from surecl.trainer import run
 
@@ -34,3 +36,10 @@ def test_tiny_t5_learns_a_task_through_lora(tmp_path):
     assert a[0][0] >= 90.0, a
     assert res["buffer"]["size"] > 0
     assert (tmp_path / "run" / "adapters" / "fast" / "adapter_config.json").is_file()
+
+
+def test_text_stream_needs_a_causal_model(tmp_path):
+    path = tiny_t5(tmp_path / "t5", tmp_path / "cache")
+    cfg = build_config("tiny,cpt,seq_lora", [f"model.name={path}", "lora.target_modules=[q,v]", "data.tasks=[colors]"])
+    with pytest.raises(SureclError, match="needs a causal LM"):
+        run(cfg, tmp_path / "run", progress=False, cache_dir=tmp_path / "cache")

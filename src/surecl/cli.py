@@ -113,7 +113,7 @@ def cmd_report(args) -> int:
     if args.metric not in ("fp", "ap", "forgetting", "bwt", "avg_incremental"):
         raise SureclError(f"--metric: unknown metric {args.metric!r}")
     orders, rows = aggregate(runs, args.metric)
-    md = table_markdown(orders, rows, args.metric)
+    md = table_markdown(orders, rows, args.metric, runs[0].get("metric", "accuracy"))
     print(md)
     if args.csv:
         write_text(Path(args.csv), table_csv(orders, rows))

@@ -40,13 +40,17 @@ class DataConfig:
     """The task stream."""
 
     benchmark: str = "embedded"
-    """``embedded`` (offline default), ``tiny`` (fixture), or a path to a CL_Benchmark folder."""
+    """``embedded`` (offline default), ``tiny`` (fixture), ``none`` (only ``data.jsonl`` tasks), or a path to a CL_Benchmark folder."""
     order: str = "default"
     """A task order: ``1``..``6`` for CL_Benchmark, ``default`` for the benchmark's own order."""
     tasks: list[str] = field(default_factory=list)
     """Explicit task names in training order; overrides ``order``."""
     jsonl: list[str] = field(default_factory=list)
     """User tasks, one JSONL file each (see README); appended after benchmark tasks."""
+    kind: str = "classify"
+    """``classify`` (instruction + options -> label) or ``text``: continual pre-training on raw
+    documents (benchmark tasks keep their inputs only), next-token loss on every token,
+    evaluated by perplexity (needs eval.mode=perplexity; preset ``cpt`` sets both)."""
     n_train: int = 120
     """Training examples kept per task (0 = all). The default sizes keep the embedded run in
     minutes on a 2-core CPU; the paper uses 1000 (LNT) or 5000 (Standard CL) / 500 test."""
@@ -73,7 +77,8 @@ class ReplayConfig:
     """What the buffer keeps and how often it is replayed."""
 
     policy: str = "none"
-    """``none``, ``reservoir`` (online, task-agnostic), ``random`` or ``surprise`` (per-task quota)."""
+    """``none``, ``reservoir`` (online, task-agnostic), ``random`` or ``surprise`` (per-task quota),
+    ``online_surprise`` (boundary-free: training-loss surprise, equal quota per answer label)."""
     buffer_size: float = 0.02
     """S: below 1 a fraction of all training examples of the stream, else an absolute count."""
     score_time: str = "before"
@@ -131,7 +136,10 @@ class EvalConfig:
     """How accuracy is measured."""
 
     mode: str = "generate"
-    """``generate`` (greedy decoding, normalised exact match; paper) or ``rank`` (label likelihood)."""
+    """``generate`` (greedy decoding, normalised exact match; paper), ``rank`` (label
+    likelihood), or ``perplexity`` (the metric of ``data.kind=text`` streams; lower is better)."""
+    before: bool = False
+    """Also evaluate every task before any training (the "without fine-tuning" row)."""
     batch_size: int = 32
     max_new_tokens: int = 0
     """0 = longest label of the task plus one."""
@@ -160,13 +168,14 @@ class RunConfig:
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("auto", "bf16", "fp32"),
-    "replay.policy": ("none", "reservoir", "random", "surprise"),
+    "replay.policy": ("none", "reservoir", "random", "surprise", "online_surprise"),
     "replay.score_time": ("before", "after"),
     "replay.insert_time": ("before", "after"),
     "replay.reduction": ("mean", "sum"),
     "replay.scope": ("sequence", "label"),
     "train.scheduler": ("constant", "linear"),
-    "eval.mode": ("generate", "rank"),
+    "eval.mode": ("generate", "rank", "perplexity"),
+    "data.kind": ("classify", "text"),
 }
 
 
@@ -215,6 +224,13 @@ def validate(cfg: RunConfig) -> RunConfig:
             raise SureclError(f"data.tasks: task name {name!r} must not contain path separators or start with '.'")
     if cfg.replay.score_time == "after" and cfg.replay.insert_time == "before":
         raise SureclError("replay.insert_time: 'before' needs replay.score_time=before (scores do not exist yet)")
+    if cfg.replay.policy == "online_surprise" and cfg.replay.scope != "label":
+        raise SureclError("replay.scope: online_surprise scores from the training loss, which is on the answer tokens; set replay.scope=label")
+    if (cfg.data.kind == "text") != (cfg.eval.mode == "perplexity"):
+        raise SureclError(
+            f"eval.mode: {cfg.eval.mode!r} does not fit data.kind={cfg.data.kind!r}; text streams are "
+            "evaluated by perplexity and only they are (use --config cpt, or set both)"
+        )
     if cfg.replay.policy in ("reservoir", "random") and cfg.replay.aging:
         raise SureclError(f"replay.aging: policy {cfg.replay.policy} keeps no scores to age; use policy=surprise")
     return cfg

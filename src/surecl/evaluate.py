@@ -1,5 +1,5 @@
 """Accuracy of the current model on a task: greedy generation with normalised exact match
-(the paper's protocol) or ranking the label options by likelihood.
+(the paper's protocol) or ranking the label options by likelihood; perplexity for text streams.
 
 Generation is batched over length-sorted, left-padded prompts with the KV cache, for at most
 (longest answer + 1) new tokens, stopping when every row emitted EOS.
@@ -7,6 +7,7 @@ Generation is batched over length-sorted, left-padded prompts with the KV cache,
 
 from __future__ import annotations
 
+import math
 import re
 import string
 
@@ -99,6 +100,12 @@ def option_logprobs(model, items: list[Encoded], options: dict[str, list[int]], 
             score = score + later.sum(1)
         result[idx] = score.view(b, n_opt).cpu()
     return result
+
+
+def perplexity(nll_sums: list[float], n_tokens: list[int]) -> float:
+    """Corpus perplexity: exp(total NLL / total tokens) over a task's test documents."""
+    total = sum(n_tokens)
+    return math.exp(sum(nll_sums) / total) if total else float("nan")
 
 
 def accuracy(predictions: list[str], gold: list[str]) -> float:

@@ -9,6 +9,10 @@ where not evaluated). With N tasks:
 * BWT = mean_{j<N-1} (a[N-1][j] - a[j][j])  (Lopez-Paz & Ranzato), i.e. -forgetting over
   the first N-1 tasks
 * average incremental accuracy = mean_i mean_{j<=i} a[i][j]
+
+For a lower-is-better metric (perplexity of a text stream) the signs flip so that the names
+keep their meaning: forgetting = FP - AP and BWT = mean_{j<N-1} (a[j][j] - a[N-1][j]), both
+positive when earlier tasks got worse / better respectively.
 """
 
 from __future__ import annotations
@@ -31,14 +35,17 @@ def average_performance(a: Matrix) -> float | None:
     return _mean([a[j][j] for j in range(len(a))])
 
 
-def forgetting(a: Matrix) -> float | None:
+def forgetting(a: Matrix, higher_is_better: bool = True) -> float | None:
     ap, fp = average_performance(a), final_performance(a)
-    return None if ap is None or fp is None else ap - fp
+    if ap is None or fp is None:
+        return None
+    return ap - fp if higher_is_better else fp - ap
 
 
-def backward_transfer(a: Matrix) -> float | None:
+def backward_transfer(a: Matrix, higher_is_better: bool = True) -> float | None:
     n = len(a)
-    diffs = [a[n - 1][j] - a[j][j] for j in range(n - 1) if a[n - 1][j] is not None and a[j][j] is not None]
+    sign = 1.0 if higher_is_better else -1.0
+    diffs = [sign * (a[n - 1][j] - a[j][j]) for j in range(n - 1) if a[n - 1][j] is not None and a[j][j] is not None]
     return fmean(diffs) if diffs else None
 
 
@@ -47,11 +54,11 @@ def average_incremental_accuracy(a: Matrix) -> float | None:
     return _mean(rows)
 
 
-def summarise(a: Matrix) -> dict[str, float | None]:
+def summarise(a: Matrix, higher_is_better: bool = True) -> dict[str, float | None]:
     return {
         "fp": final_performance(a),
         "ap": average_performance(a),
-        "forgetting": forgetting(a),
-        "bwt": backward_transfer(a),
+        "forgetting": forgetting(a, higher_is_better),
+        "bwt": backward_transfer(a, higher_is_better),
         "avg_incremental": average_incremental_accuracy(a),
     }

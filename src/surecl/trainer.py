@@ -17,6 +17,7 @@ or several processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -39,7 +40,7 @@ from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate
 from surecl.data.loading import load_stream
 from surecl.data.task import Task
 from surecl.errors import SureclError
-from surecl.evaluate import accuracy, generate_answers, rank_answers
+from surecl.evaluate import accuracy, generate_answers, perplexity, rank_answers
 from surecl.methods import METHODS, Stage
 from surecl.model import default_cache_dir, load_model
 from surecl.nll import token_nll
@@ -61,6 +62,8 @@ class RunState:
     """Next step of the running stage."""
     log_bytes: int = 0
     """Length of log.jsonl when the checkpoint was taken (a resumed run truncates to it)."""
+    initial: list[float] | None = None
+    """Every task evaluated before any training (``eval.before``)."""
 
 
 def fault_point(name: str) -> None:
@@ -83,6 +86,8 @@ class ContinualRun:
         self.tasks: list[Task] = load_stream(cfg, cache_dir=cache_dir)
         loaded = load_model(cfg.model, self.device, cache_dir or default_cache_dir())
         self.tokenizer, self.is_seq2seq, self.model_path = loaded.tokenizer, loaded.is_seq2seq, loaded.path
+        if cfg.data.kind == "text" and self.is_seq2seq:
+            raise SureclError(f"data.kind=text (continual pre-training) needs a causal LM; {cfg.model.name} is encoder-decoder")
         encoder = TaskEncoder(self.tokenizer, cfg.model.max_length)
         # Tokenised once per dataset; the hot loop only indexes these lists.
         self.train_sets: list[list[Encoded]] = [encoder.encode(t, t.train) for t in self.tasks]
@@ -247,7 +252,14 @@ class ContinualRun:
             self.state.global_step += 1
             if replayed and cfg.replay.aging:
                 self.policy.age(replayed, self._rescore(replayed, nll, count, len(current)))
-            self.policy.observe(stage.row, [i for t, i in current if t == stage.row])
+            if self.policy.needs_step_scores:
+                scores = self._step_scores(nll, count, len(current), bool(local))
+                mine = [k for k, (t, _) in enumerate(current) if t == stage.row]
+                self.policy.observe(
+                    stage.row, [current[k][1] for k in mine], [scores[k] for k in mine], [self.train_sets[stage.row][current[k][1]].label for k in mine]
+                )
+            else:
+                self.policy.observe(stage.row, [i for t, i in current if t == stage.row])
             self.method.after_step()
             if log_file is not None and step % cfg.log_every == 0:
                 log_file.write(json.dumps({"stage": stage.row, "step": step, "global_step": self.state.global_step, "loss": round(shown.item(), 6), "replayed": len(replayed), "buffer": len(self.policy), "lr": self.optimizer.param_groups[0]["lr"]}) + "\n")
@@ -262,6 +274,24 @@ class ContinualRun:
         bar.close()
         self.state.seconds["train"] += time.perf_counter() - start
 
+    def _step_scores(self, nll: torch.Tensor, count: torch.Tensor, n: int, has_local: bool) -> list[float]:
+        """Training-loss surprise of the step's first ``n`` items (the current batch), in order:
+        their answer-token NLL from this step's forward (mean or sum per ``replay.reduction``).
+        With several processes each holds every W-th item; the pieces are gathered."""
+        values = nll / count.clamp(min=1) if self.cfg.replay.reduction == "mean" else nll
+        values = values.detach().float().cpu().tolist()
+        if self.world == 1:
+            return values[:n]
+        from accelerate.utils import gather_object
+
+        local = [(self.rank + k * self.world, v) for k, v in enumerate(values)] if has_local else []
+        out = [0.0] * n
+        for part in gather_object([local]):
+            for pos, v in part:
+                if pos < n:
+                    out[pos] = v
+        return out
+
     def _rescore(self, replayed, nll: torch.Tensor, count: torch.Tensor, offset: int) -> list[float]:
         """Fresh surprise of replayed entries on the scale the buffer ranks by.
 
@@ -275,12 +305,22 @@ class ContinualRun:
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate_task(self, j: int) -> float:
+    def evaluate_task(self, j: int, method_weights: bool = True) -> float:
+        """Accuracy (percent) on task ``j``'s test split, or its perplexity for text streams."""
         items = self.test_sets[j]
         gold = [e.label for e in items]
-        with self.adapters.evaluating(), self.method.eval_context(j):
+        context = self.method.eval_context(j) if method_weights else contextlib.nullcontext()
+        with self.adapters.evaluating(), context:
             model = self.accelerator.unwrap_model(self.model)
             bs = self.cfg.eval.batch_size
+            if self.cfg.eval.mode == "perplexity":
+                nll = self.sharded(
+                    lambda part: score_examples(
+                        model, part, pad_id=self.tokenizer.pad_token_id, is_seq2seq=False, scope="label", reduction="sum", batch_size=bs, device=self.device
+                    ),
+                    items,
+                )
+                return perplexity(nll, [len(e.answer) for e in items])
             if self.cfg.eval.mode == "rank":
                 answers = self.label_answers[j]
                 predict = lambda part: rank_answers(  # noqa: E731
@@ -293,6 +333,13 @@ class ContinualRun:
                 )
             preds = self.sharded(predict, items)
         return accuracy(preds, gold)
+
+    def evaluate_before(self) -> None:
+        """The before-training row: every task under the initial weights (base + zero LoRA)."""
+        start = time.perf_counter()
+        self.state.initial = [round(self.evaluate_task(j, method_weights=False), 4) for j in range(len(self.tasks))]
+        self.state.seconds["eval"] += time.perf_counter() - start
+        self.log("before training: " + ", ".join(f"{t.name} {v:.1f}" for t, v in zip(self.tasks, self.state.initial)))
 
     def evaluate_stage(self, stage: Stage) -> None:
         start = time.perf_counter()
@@ -321,6 +368,9 @@ class ContinualRun:
                 f.truncate(self.state.log_bytes)
         # Only the main process logs; the others write to the null device.
         with open(log_path if self.accelerator.is_main_process else os.devnull, "a", encoding="utf-8") as log_file:
+            if self.cfg.eval.before and self.state.initial is None:
+                self.evaluate_before()
+                self._checkpoint(log_file)
             for s in range(self.state.next_stage, len(self.stages)):
                 stage = self.stages[s]
                 if self.state.batches is None:  # not resuming inside this stage
@@ -346,12 +396,15 @@ class ContinualRun:
 
     def results(self) -> dict:
         a = self.state.accuracy
-        summary = metrics.summarise(a)
+        lower = self.cfg.eval.mode == "perplexity"
+        summary = metrics.summarise(a, higher_is_better=not lower)
         if not self.method.continual:
             summary.update(ap=None, forgetting=None, bwt=None, avg_incremental=None)
         return {
             "tasks": [t.name for t in self.tasks],
+            "metric": "perplexity" if lower else "accuracy",
             "accuracy_matrix": a,
+            "initial": self.state.initial,
             **summary,
             "buffer": {"capacity": self.policy.capacity, "size": len(self.policy), "per_task": self._buffer_counts()},
             "config": self.cfg.to_dict(),

@@ -3,6 +3,9 @@
 Prompt (O-LoRA): ``instruction + "Option: " + ", ".join(labels) + " \\n" + sentence + "\\nAnswer:"``.
 For a causal model a training sequence is prompt + " " + label + EOS and the loss is on the
 answer; for a seq2seq model the prompt is the encoder input and label + EOS the target.
+A ``text`` task (continual pre-training) has no prompt: a document is one start token (BOS,
+or EOS for tokenizers without one) as the "prompt" and its tokens as the "answer", so the same
+loss, scorer and buffer train on, and score, every token of the document.
 Causal batches are left-padded so that every answer ends at the last position: the loss then
 needs logits for the last few positions only (``logits_to_keep``), which saves the large
 vocabulary projection over the prompt.
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from surecl.data.task import Example, Task
+from surecl.errors import SureclError
 
 
 def prompt_parts(task: Task, sentence: str) -> tuple[str, str, str]:
@@ -61,7 +65,17 @@ class TaskEncoder:
         room = max(self.max_length - len(head_ids) - len(tail_ids), 1)
         return head_ids + self._ids(body)[:room] + tail_ids
 
+    def document(self, text: str) -> Encoded:
+        start = self.tok.bos_token_id if self.tok.bos_token_id is not None else self.tok.eos_token_id
+        return Encoded([start], self._ids(text)[: self.max_length - 1], "")
+
     def encode(self, task: Task, rows: list[Example]) -> list[Encoded]:
+        if task.kind == "text":
+            out = [self.document(ex.sentence) for ex in rows]
+            for i, e in enumerate(out):
+                if not e.answer:
+                    raise SureclError(f"task {task.name} row {i}: the text has no tokens")
+            return out
         return [Encoded(self.prompt_ids(task, ex.sentence), self.answer_ids(ex.label), ex.label) for ex in rows]
 
 

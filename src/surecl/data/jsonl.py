@@ -4,6 +4,9 @@ One file per task. The first line may be a header ``{"task": name, "instruction"
 "labels": [..]}``; every other line is ``{"sentence": str, "label": str, "split": "train"|"test"}``.
 Without a header the task is named after the file, the labels are those seen, and the
 instruction is a generic one.
+
+For continual pre-training (``data.kind=text``) a line is ``{"text": str, "split": ...}``
+(``sentence`` is accepted too) and there are no labels.
 """
 
 from __future__ import annotations
@@ -12,13 +15,27 @@ import json
 from pathlib import Path
 
 from surecl.data.cl_benchmark import parse_rows
-from surecl.data.task import Task
+from surecl.data.task import Example, Task
 from surecl.errors import SureclError
 
 GENERIC_INSTRUCTION = "Classify the following text. Choose one from the option.\n"
 
 
-def load_jsonl_task(path: str | Path) -> Task:
+def _text_rows(items: list[tuple[int, dict]], path: Path) -> list[Example]:
+    out = []
+    for lineno, obj in items:
+        text = obj.get("text", obj.get("sentence"))
+        if text is None:
+            raise SureclError(f"{path} line {lineno}: missing 'text'")
+        if not isinstance(text, str):
+            raise SureclError(f"{path} line {lineno}: 'text' must be a string")
+        if not text.strip():
+            raise SureclError(f"{path} line {lineno}: empty text")
+        out.append(Example(sentence=text, label=""))
+    return out
+
+
+def load_jsonl_task(path: str | Path, kind: str = "classify") -> Task:
     path = Path(path)
     if not path.is_file():
         raise SureclError(f"data.jsonl: file {path} does not exist")
@@ -37,7 +54,7 @@ def load_jsonl_task(path: str | Path) -> Task:
             raise SureclError(f"{path} line {lineno}: malformed JSON ({exc.msg})") from None
         if not isinstance(obj, dict):
             raise SureclError(f"{path} line {lineno}: expected a JSON object")
-        if "task" in obj and "sentence" not in obj:
+        if "task" in obj and "sentence" not in obj and "text" not in obj:
             if header:
                 raise SureclError(f"{path} line {lineno}: a second header line")
             header = obj
@@ -46,6 +63,13 @@ def load_jsonl_task(path: str | Path) -> Task:
         if split not in rows:
             raise SureclError(f"{path} line {lineno}: split must be 'train' or 'test', got {split!r}")
         rows[split].append((lineno, obj))
+    if kind == "text":
+        task = Task(
+            name=str(header.get("task", path.stem)), instruction="", labels=[],
+            train=_text_rows(rows["train"], path), test=_text_rows(rows["test"], path), group="jsonl", kind="text",
+        )
+        task.check(str(path))
+        return task
     splits = {}
     for split, items in rows.items():
         examples = parse_rows([o for _, o in items], f"{path} {split}")

@@ -22,7 +22,8 @@ class Example:
 
 @dataclass
 class Task:
-    """A named classification task with an instruction, its label options and two splits."""
+    """A named task with two splits: ``classify`` (instruction, label options, labelled
+    examples) or ``text`` (raw documents in ``sentence``, no labels: continual pre-training)."""
 
     name: str
     instruction: str
@@ -31,25 +32,46 @@ class Task:
     test: list[Example]
     group: str = ""
     meta: dict = field(default_factory=dict)
+    kind: str = "classify"
 
     def check(self, source: str = "") -> None:
         """Reject tasks a run cannot use, naming the task (and file) in one line."""
         where = f"{source}: " if source else ""
         if not _SAFE_NAME.match(self.name) or ".." in self.name:
             raise SureclError(f"{where}task name {self.name!r} must be letters, digits, '.', '_', '+', '-' (no path separators)")
+        if self.kind == "text":
+            self._check_splits(where)
+            for split, rows in (("train", self.train), ("test", self.test)):
+                for i, ex in enumerate(rows):
+                    if not ex.sentence.strip():
+                        raise SureclError(f"{where}task {self.name} {split} row {i}: empty text")
+            return
         if not self.labels:
             raise SureclError(f"{where}task {self.name} has no labels")
         if len(set(self.labels)) != len(self.labels):
             raise SureclError(f"{where}task {self.name} lists a label twice")
-        if not self.train:
-            raise SureclError(f"{where}task {self.name} has an empty train split")
-        if not self.test:
-            raise SureclError(f"{where}task {self.name} has an empty test split")
+        self._check_splits(where)
         known = set(self.labels)
         for split, rows in (("train", self.train), ("test", self.test)):
             for i, ex in enumerate(rows):
                 if ex.label not in known:
                     raise SureclError(f"{where}task {self.name} {split} row {i}: label {ex.label!r} is not in its labels {self.labels}")
+
+    def _check_splits(self, where: str) -> None:
+        if not self.train:
+            raise SureclError(f"{where}task {self.name} has an empty train split")
+        if not self.test:
+            raise SureclError(f"{where}task {self.name} has an empty test split")
+
+    def as_text(self) -> Task:
+        """The task's inputs as raw documents (labels and empty inputs dropped): a continual
+        pre-training domain."""
+        if self.kind == "text":
+            return self
+        strip = lambda rows: [Example(ex.sentence, "") for ex in rows if ex.sentence.strip()]  # noqa: E731
+        task = Task(self.name, "", [], strip(self.train), strip(self.test), self.group, dict(self.meta), kind="text")
+        task.check()
+        return task
 
 
 def subsample(rows: list[Example], n: int, rng: random.Random, balanced: bool) -> list[Example]:
@@ -95,6 +117,7 @@ def prepare_stream(tasks: list[Task], n_train: int, n_test: int, balanced: bool,
                 test=subsample(task.test, n_test, rng, balanced),
                 group=task.group,
                 meta=dict(task.meta),
+                kind=task.kind,
             )
         )
     return out

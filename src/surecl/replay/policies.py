@@ -9,6 +9,11 @@ A policy decides which training examples enter the buffer and when:
 * ``surprise``  - task-aware, equal quota; a task's share is its top-m by surprise (SuRe),
   scored ``before`` or ``after`` training on the task and inserted ``before`` or ``after``.
   With ``aging`` every replayed entry's score is replaced by its loss on the replay step.
+* ``online_surprise`` - online and boundary-free SuRe: no task identity and no extra forward
+  pass. Every trained example is offered with its surprise taken from the training step's own
+  loss (its answer-token NLL before the update); the buffer keeps an equal quota per answer
+  label seen so far (labels are known online; a text stream has one partition) and the most
+  surprising examples inside each. ``aging`` re-scores replayed entries from the replay loss.
 
 Hooks (called by the trainer): ``before_task``, ``observe`` (after each step, with the current
 batch), ``after_task``; ``sample`` draws a replay batch.
@@ -20,7 +25,7 @@ import random
 from collections.abc import Callable
 
 from surecl.config import ReplayConfig
-from surecl.replay.buffer import Entry, QuotaBuffer, ReservoirBuffer, sample
+from surecl.replay.buffer import Entry, OnlineQuotaBuffer, QuotaBuffer, ReservoirBuffer, sample
 
 Scorer = Callable[[int], list[float]]
 """Surprise of every training example of task ``t`` under the current fast model."""
@@ -34,7 +39,7 @@ class ReplayPolicy:
         self.cfg = cfg
         self.capacity = capacity
         self.rng = random.Random(f"replay:{seed}")
-        self.buffer: QuotaBuffer | ReservoirBuffer = QuotaBuffer(capacity)
+        self.buffer: QuotaBuffer | ReservoirBuffer | OnlineQuotaBuffer = QuotaBuffer(capacity)
 
     def before_task(self, task: int, n_items: int, scorer: Scorer) -> None:
         """Called before training on ``task``."""
@@ -42,8 +47,12 @@ class ReplayPolicy:
     def after_task(self, task: int, n_items: int, scorer: Scorer) -> None:
         """Called after training on ``task``."""
 
-    def observe(self, task: int, indices: list[int]) -> None:
-        """Called after each optimizer step with the current-task examples it trained on."""
+    needs_step_scores = False
+    """True if ``observe`` wants each example's loss and label from the step."""
+
+    def observe(self, task: int, indices: list[int], scores: list[float] | None = None, keys: list[str] | None = None) -> None:
+        """Called after each optimizer step with the current-task examples it trained on (and,
+        for policies that ask, their training-loss surprise and answer labels)."""
 
     def sample(self, n: int) -> list[Entry]:
         return sample(self.buffer.entries, n, self.rng)
@@ -75,7 +84,7 @@ class ReservoirPolicy(ReplayPolicy):
         super().__init__(cfg, capacity, seed)
         self.buffer = ReservoirBuffer(capacity)
 
-    def observe(self, task: int, indices: list[int]) -> None:
+    def observe(self, task: int, indices: list[int], scores: list[float] | None = None, keys: list[str] | None = None) -> None:
         for i in indices:
             self.buffer.offer(Entry(task, i), self.rng)
 
@@ -132,8 +141,28 @@ class SurprisePolicy(QuotaPolicy):
                 e.score = float(s)
 
 
+class OnlineSurprisePolicy(ReplayPolicy):
+    name = "online_surprise"
+    uses_scores = True
+    needs_step_scores = True
+
+    def __init__(self, cfg: ReplayConfig, capacity: int, seed: int):
+        super().__init__(cfg, capacity, seed)
+        self.buffer = OnlineQuotaBuffer(capacity)
+
+    def observe(self, task: int, indices: list[int], scores: list[float] | None = None, keys: list[str] | None = None) -> None:
+        assert scores is not None and keys is not None, "online_surprise needs the step's per-example losses"
+        for i, s, k in zip(indices, scores, keys):
+            self.buffer.offer(k, Entry(task, i, float(s)))
+
+    def age(self, entries: list[Entry], scores: list[float]) -> None:
+        if self.cfg.aging:
+            for e, s in zip(entries, scores):
+                self.buffer.rescore((e.task, e.index), s)
+
+
 POLICIES: dict[str, type[ReplayPolicy]] = {
-    p.name: p for p in (NoReplay, ReservoirPolicy, RandomPolicy, SurprisePolicy)
+    p.name: p for p in (NoReplay, ReservoirPolicy, RandomPolicy, SurprisePolicy, OnlineSurprisePolicy)
 }
 
 

@@ -1,0 +1,102 @@
+"""Continual pre-training: raw-text streams, next-token loss on every token, perplexity."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from surecl.config import build_config
+from surecl.data.encode import TaskEncoder, collate
+from surecl.data.jsonl import load_jsonl_task
+from surecl.data.tiny import tiny_stream
+from surecl.errors import SureclError
+from surecl.evaluate import perplexity
+from surecl.metrics import summarise
+from surecl.nll import token_nll
+from surecl.report import aggregate, find_runs
+from surecl.trainer import run
+
+
+def test_a_document_is_scored_on_every_token(tiny_loaded):
+    """Start token as prompt, the text as answer: the loss is HF's next-token loss over the text."""
+    tok, model = tiny_loaded.tokenizer, tiny_loaded.model
+    task = tiny_stream()[0].as_text()
+    enc = TaskEncoder(tok, max_length=64).encode(task, task.test[:5])
+    assert all(e.prompt == [tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id] for e in enc)
+    batch = collate(enc, tok.pad_token_id, is_seq2seq=False)
+    with torch.no_grad():
+        nll, count = token_nll(model, batch, scope="label")
+        for r, e in enumerate(enc):
+            ids = torch.tensor([e.prompt + e.answer])
+            ref = model(input_ids=ids, labels=ids).loss.item() * (len(ids[0]) - 1)
+            assert count[r].item() == len(e.answer) == len(ids[0]) - 1
+            assert nll[r].item() == pytest.approx(ref, rel=1e-4)
+    assert math.log(perplexity(nll.tolist(), count.tolist())) == pytest.approx(nll.sum().item() / count.sum().item(), rel=1e-5)
+
+
+def test_as_text_drops_labels_and_empty_inputs():
+    task = tiny_stream()[0]
+    task.train[0] = type(task.train[0])("   ", task.labels[0])
+    text = task.as_text()
+    assert text.kind == "text" and text.labels == [] and len(text.train) == len(task.train) - 1
+    assert all(ex.label == "" for ex in text.train + text.test)
+
+
+def test_metrics_flip_for_lower_is_better():
+    a = [[10.0, None], [15.0, 12.0]]
+    s = summarise(a, higher_is_better=False)
+    assert s["fp"] == pytest.approx(13.5) and s["ap"] == pytest.approx(11.0)
+    assert s["forgetting"] == pytest.approx(2.5)  # FP - AP: perplexity rose
+    assert s["bwt"] == pytest.approx(-5.0)  # the first task got worse
+
+
+def test_jsonl_text_task(tmp_path):
+    f = tmp_path / "notes.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in [{"text": "one doc"}, {"text": "two doc", "split": "test"}, {"sentence": "three"}]))
+    task = load_jsonl_task(f, "text")
+    assert task.kind == "text" and [e.sentence for e in task.train] == ["one doc", "three"]
+    f.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"split": "test", "body": "x"}))
+    with pytest.raises(SureclError, match=r"notes.jsonl line 2: missing 'text'"):
+        load_jsonl_task(f, "text")
+    f.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"split": "test", "text": "  "}))
+    with pytest.raises(SureclError, match=r"line 2: empty text"):
+        load_jsonl_task(f, "text")
+
+
+@pytest.fixture(scope="module")
+def cpt_runs(tmp_path_factory, tiny_cache):
+    out = tmp_path_factory.mktemp("cpt")
+    results = {}
+    for preset in ("seq_lora", "reservoir"):
+        cfg = build_config(f"tiny,cpt,{preset}", ["data.tasks=[colors,animals]"])
+        results[preset] = run(cfg, out / preset, progress=False, cache_dir=tiny_cache)
+    return out, results
+
+
+def test_cpt_learns_forgets_and_replay_protects(cpt_runs):
+    out, results = cpt_runs
+    seq, res = results["seq_lora"], results["reservoir"]
+    for r in (seq, res):
+        assert r["metric"] == "perplexity" and len(r["initial"]) == 2
+        a = r["accuracy_matrix"]
+        assert a[0][0] < r["initial"][0] / 10, "training on the first domain must lower its perplexity"
+        assert r["forgetting"] == pytest.approx(r["fp"] - r["ap"])
+    # seq_lora: the first domain's perplexity rises a lot once the second is learned
+    assert seq["accuracy_matrix"][1][0] > 1.5 * seq["accuracy_matrix"][0][0], seq["accuracy_matrix"]
+    # replay keeps it lower than no replay
+    assert res["accuracy_matrix"][1][0] < 0.75 * seq["accuracy_matrix"][1][0], (res["accuracy_matrix"], seq["accuracy_matrix"])
+    report = (out / "seq_lora" / "report.md").read_text()
+    assert "Perplexity matrix" in report and "(before training)" in report
+
+
+def test_report_refuses_mixed_metrics(cpt_runs):
+    out, results = cpt_runs
+    runs = find_runs([out])
+    orders, rows = aggregate(runs, "fp")
+    assert {name for name, _, _ in rows} == {"seq_lora", "reservoir"}
+    accuracy_run = dict(results["seq_lora"], metric="accuracy")
+    with pytest.raises(SureclError, match="mix accuracy and perplexity"):
+        aggregate(runs + [accuracy_run], "fp")
