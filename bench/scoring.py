@@ -61,7 +61,10 @@ def main() -> None:
     ]
     dtype = next(fast.model.parameters()).dtype
     peak = matmul_rate(dtype)
-    print(f"{n} examples, {tokens} tokens; matmul rate {peak / 1e9:.1f} GFLOP/s ({dtype}, 1024^3, same process)")
+    peak32 = matmul_rate(torch.float32)
+    print(f"{n} examples, {tokens} tokens; matmul rate {peak / 1e9:.1f} GFLOP/s ({dtype}, 1024^3, same process), "
+          f"fp32 {peak32 / 1e9:.1f} GFLOP/s")
+    print(f"ceiling if every FLOP ran at the {dtype} matmul rate: x{peak / peak32:.2f} over an fp32 loop at the fp32 matmul rate")
     base = rows[0][1]
     for name, t in rows:
         rate = tokens / t

@@ -66,6 +66,27 @@ class RunState:
     """Every task evaluated before any training (``eval.before``)."""
 
 
+def release_memory() -> None:
+    """Hand freed heap memory back to the OS between phases (glibc only; a no-op elsewhere).
+
+    The allocator keeps the arenas that a training stage's activations used; without this the
+    next phase's (scoring's) peak lands on top of them: the default run peaked at 3.45 GB RSS
+    with ~1.9 GB of it free but held (bench/end_to_end.sh)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
+
+
 def fault_point(name: str) -> None:
     """Fault injection for the crash tests: ``SURECL_KILL_AT=name`` SIGKILLs the process here."""
     if os.environ.get("SURECL_KILL_AT") == name:
@@ -186,6 +207,7 @@ class ContinualRun:
         start = time.perf_counter()
         fault_point(f"score:{task}")
         scores = self._score(self.train_sets[task])
+        release_memory()
         self.state.seconds["score"] += time.perf_counter() - start
         return scores
 
@@ -266,12 +288,15 @@ class ContinualRun:
             bar.set_postfix(loss=f"{shown.item():.3f}", buf=len(self.policy))
             bar.update(1)
             self.state.step = step + 1
+            if self.state.step % 16 == 0:
+                release_memory()  # a few ms every 16 steps (~1 minute on CPU) against heap fragmentation
             every = cfg.train.checkpoint_every
             if every and self.state.step % every == 0 and self.state.step < total:
                 self.state.seconds["train"] += time.perf_counter() - start
                 start = time.perf_counter()
                 self._checkpoint(log_file)
         bar.close()
+        release_memory()
         self.state.seconds["train"] += time.perf_counter() - start
 
     def _step_scores(self, nll: torch.Tensor, count: torch.Tensor, n: int, has_local: bool) -> list[float]:
@@ -346,6 +371,7 @@ class ContinualRun:
         row = self.state.accuracy[stage.row]
         for j in tqdm(stage.evaluate, desc="eval", disable=not self.progress or not self.accelerator.is_main_process, leave=False):
             row[j] = round(self.evaluate_task(j), 4)
+        release_memory()
         self.state.seconds["eval"] += time.perf_counter() - start
         shown = ", ".join(f"{self.tasks[j].name} {row[j]:.1f}" for j in stage.evaluate)
         self.log(f"after {self._stage_name(stage)}: {shown}")
