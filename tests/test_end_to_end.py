@@ -100,13 +100,44 @@ def test_rerun_resumes_from_checkpoint_and_matches(tmp_path, cache_dir):
 
 
 def test_ewc_penalty_pulls_toward_the_previous_task(tmp_path, cache_dir):
-    """With a huge lambda the adapters barely move after the first task: the first task is
-    kept far better than without the penalty (and the second is learned worse)."""
+    """A strong penalty trades plasticity for retention: the first task is kept better than
+    without it and the second is learned worse. (The first task is learned to near-zero loss,
+    so its Fisher is small and only a large lambda pins the adapter; measured with the
+    per-example Fisher: colors kept 0 / 12.5 / 37.5 % at lambda 0 / 1e6 / 1e8.)"""
     kept, learned = {}, {}
-    for lam in (0, 1e8):
+    for lam in (0, 1e6, 1e8):
         cfg = build_config("tiny,ewc", ["data.tasks=[colors,animals]", f"train.ewc_lambda={lam}"])
         res = run(cfg, tmp_path / f"ewc{lam}", progress=False, cache_dir=cache_dir)
         kept[lam], learned[lam] = res["accuracy_matrix"][1]
         assert res["accuracy_matrix"][0][0] >= 90.0
-    assert kept[1e8] > kept[0] + 50, kept
+    assert kept[0] <= 10.0, kept
+    assert kept[1e6] > kept[0], kept
+    assert kept[1e8] >= kept[0] + 25, kept
     assert learned[1e8] < learned[0], learned
+
+
+def test_ewc_fisher_is_per_example(tmp_path, cache_dir):
+    """The Fisher is the mean of per-example squared gradients (dropout off), not the square of
+    a batch gradient."""
+    from surecl.methods.base import Stage
+    from surecl.nll import token_nll
+    from surecl.trainer import ContinualRun
+
+    cfg = build_config("tiny,ewc", ["data.tasks=[colors]", "train.ewc_samples=16"])
+    r = ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=cache_dir)
+    r.run()
+    r.method.fisher = []
+    r.method.after_task(Stage((0,), 0, (0,)))
+    items = r.train_sets[0][:16]
+    params = r.adapters.fast_params
+    r.model.eval()
+    mean_sq = None
+    for item in items:
+        nll, count = token_nll(r.model, r._batch([item]), scope="label")
+        g = torch.autograd.grad(nll.sum() / count.sum(), params, allow_unused=True)
+        sq = [x.detach() ** 2 if x is not None else torch.zeros_like(p) for x, p in zip(g, params)]
+        mean_sq = sq if mean_sq is None else [a + b for a, b in zip(mean_sq, sq)]
+    expected = sum(float(x.sum()) for x in mean_sq) / len(items)
+    got = sum(float(f.sum()) for f in r.method.fisher)
+    assert got == pytest.approx(expected, rel=1e-4)
+    assert got > 0
