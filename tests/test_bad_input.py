@@ -48,6 +48,14 @@ CASES = {
     "row without label": ([], put_json("TC/topics/train.json", [{"sentence": "x"}]), ["row 0", "missing 'label'"]),
     "row without sentence": ([], put_json("TC/topics/test.json", [{"label": "art"}]), ["row 0", "missing 'sentence'"]),
     "label outside labels.json": ([], put_json("TC/topics/train.json", [{"sentence": "x", "label": "cooking"}]), ["'cooking'", "not in its labels"]),
+    "many labels outside labels.json": (
+        [], put_json("TC/topics/test.json", [{"sentence": "x", "label": "art"}] + [{"sentence": "y", "label": "-"}] * 3),
+        ["test row 1", "'-'", "3 such rows", "data.invalid_labels=drop"],
+    ),
+    "every row dropped leaves an empty split": (
+        ["data.invalid_labels=drop"], put_json("TC/topics/test.json", [{"sentence": "y", "label": "-"}] * 2), ["topics", "empty test split"],
+    ),
+    "unknown invalid_labels choice": (["data.invalid_labels=keep"], None, ["data.invalid_labels", "'keep'"]),
     "empty train split": ([], put_json("SC/moods/train.json", []), ["moods", "empty train split"]),
     "empty test split": ([], put_json("SC/moods/test.json", []), ["moods", "empty test split"]),
     "rows not a list": ([], put_json("SC/moods/train.json", {"a": 1}), ["expected a JSON list"]),
@@ -146,3 +154,22 @@ def test_subprocess_prints_no_traceback_and_debug_does(tmp_path):
     assert "Traceback" not in bad.stderr and "dual.beta" in bad.stderr
     debug = subprocess.run(env_cmd + ["--debug", "run", "--config", "tiny,seq_lora", "dual.beta=2"], capture_output=True, text=True)
     assert "Traceback" in debug.stderr
+
+
+def test_invalid_labels_drop_skips_those_rows_and_says_so(tmp_path, capsys, monkeypatch):
+    """MNLI's test split labels rows without a gold label '-': with data.invalid_labels=drop
+    the run skips them, prints how many, and evaluates on the rest."""
+    from surecl.data.cl_benchmark import load_benchmark
+
+    monkeypatch.setenv("SURECL_CACHE", str(tmp_path / "cache"))
+    rows = [{"sentence": f"text {i}", "label": ["sport", "art"][i % 2]} for i in range(6)] + [{"sentence": "?", "label": "-"}] * 3
+    bench = write_benchmark(tmp_path / "bench", put_json("TC/topics/test.json", rows))
+    tasks = load_benchmark(bench, invalid_labels="drop")
+    topics = next(t for t in tasks if t.name == "topics")
+    assert len(topics.test) == 6 and all(ex.label in topics.labels for ex in topics.test)
+    assert topics.meta["dropped"] == {"test": 3}
+    out = tmp_path / "out"
+    argv = ["run", *TINY, "--out", str(out), "--quiet", f"data.benchmark={bench}", "data.invalid_labels=drop", "train.epochs=1"]
+    assert main(argv) == 0
+    assert "topics: dropped 3 test rows" in capsys.readouterr().err
+    assert json.loads((out / "results.json").read_text())["tasks"] == ["moods", "topics"]

@@ -60,6 +60,9 @@ class DataConfig:
     """Subsample train/test class-balanced."""
     allow_missing: bool = False
     """Run the available tasks of an order when the folder lacks some, instead of failing."""
+    invalid_labels: str = "error"
+    """Rows whose label is not in the task's labels: ``error`` (default) or ``drop`` them (the
+    run prints how many per task; CL_Benchmark's MNLI test split has 131 rows labelled ``-``)."""
 
 
 @dataclass
@@ -176,6 +179,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.scheduler": ("constant", "linear"),
     "eval.mode": ("generate", "rank", "perplexity"),
     "data.kind": ("classify", "text"),
+    "data.invalid_labels": ("error", "drop"),
 }
 
 

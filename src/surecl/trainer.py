@@ -105,6 +105,9 @@ class ContinualRun:
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.rng = random.Random(f"batches:{cfg.seed}")
         self.tasks: list[Task] = load_stream(cfg, cache_dir=cache_dir)
+        for t in self.tasks:
+            for split, n in t.meta.get("dropped", {}).items():
+                self.log(f"{t.name}: dropped {n} {split} rows whose label is not one of {t.labels} (data.invalid_labels=drop)")
         loaded = load_model(cfg.model, self.device, cache_dir or default_cache_dir())
         self.tokenizer, self.is_seq2seq, self.model_path = loaded.tokenizer, loaded.is_seq2seq, loaded.path
         if cfg.data.kind == "text" and self.is_seq2seq:

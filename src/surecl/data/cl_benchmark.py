@@ -88,7 +88,7 @@ def available_tasks(root: Path) -> list[str]:
     return sorted(index_tasks(root))
 
 
-def load_task(folder: Path, instructions: dict[str, str]) -> Task:
+def load_task(folder: Path, instructions: dict[str, str], invalid_labels: str = "error") -> Task:
     group = folder.parent.name
     name = folder.name
     labels = read_json(folder / "labels.json")
@@ -112,7 +112,7 @@ def load_task(folder: Path, instructions: dict[str, str]) -> Task:
         test=splits["test"],
         group=group,
     )
-    task.check(str(folder))
+    task.check(str(folder), invalid_labels)
     return task
 
 
@@ -146,11 +146,13 @@ def resolve_order(root: Path, order: str, tasks: list[str], allow_missing: bool)
     return kept
 
 
-def load_benchmark(root: Path, order: str = "default", tasks: list[str] | None = None, allow_missing: bool = False) -> list[Task]:
+def load_benchmark(
+    root: Path, order: str = "default", tasks: list[str] | None = None, allow_missing: bool = False, invalid_labels: str = "error"
+) -> list[Task]:
     root = Path(root)
     if not root.is_dir():
         raise SureclError(f"data.benchmark: folder {root} does not exist")
     names = resolve_order(root, order, tasks or [], allow_missing)
     instructions = _instructions(root)
     folders = index_tasks(root)
-    return [load_task(folders[name], instructions) for name in names]
+    return [load_task(folders[name], instructions, invalid_labels) for name in names]

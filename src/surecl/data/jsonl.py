@@ -35,7 +35,7 @@ def _text_rows(items: list[tuple[int, dict]], path: Path) -> list[Example]:
     return out
 
 
-def load_jsonl_task(path: str | Path, kind: str = "classify") -> Task:
+def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: str = "error") -> Task:
     path = Path(path)
     if not path.is_file():
         raise SureclError(f"data.jsonl: file {path} does not exist")
@@ -90,5 +90,5 @@ def load_jsonl_task(path: str | Path, kind: str = "classify") -> Task:
         test=splits["test"],
         group="jsonl",
     )
-    task.check(str(path))
+    task.check(str(path), invalid_labels)
     return task

@@ -31,10 +31,10 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
             root = ensure_embedded_benchmark(cache_dir)
         else:
             root = Path(data.benchmark)
-        tasks = load_benchmark(root, data.order, data.tasks, data.allow_missing)
+        tasks = load_benchmark(root, data.order, data.tasks, data.allow_missing, data.invalid_labels)
     if data.kind == "text":
         tasks = [t.as_text() for t in tasks]
-    tasks += [load_jsonl_task(p, data.kind) for p in data.jsonl]
+    tasks += [load_jsonl_task(p, data.kind, data.invalid_labels) for p in data.jsonl]
     if not tasks:
         raise SureclError("data: the stream has no tasks (set data.benchmark or data.jsonl)")
     return prepare_stream(tasks, data.n_train, data.n_test, data.balanced, cfg.seed)

@@ -34,8 +34,12 @@ class Task:
     meta: dict = field(default_factory=dict)
     kind: str = "classify"
 
-    def check(self, source: str = "") -> None:
-        """Reject tasks a run cannot use, naming the task (and file) in one line."""
+    def check(self, source: str = "", invalid_labels: str = "error") -> None:
+        """Reject tasks a run cannot use, naming the task (and file) in one line.
+
+        ``invalid_labels="drop"`` removes rows whose label is not one of the task's labels
+        instead (MNLI's test split marks 131 rows with no gold label as ``-``), counting them
+        in ``meta["dropped"]``; the empty-split checks apply to what is left."""
         where = f"{source}: " if source else ""
         if not _SAFE_NAME.match(self.name) or ".." in self.name:
             raise SureclError(f"{where}task name {self.name!r} must be letters, digits, '.', '_', '+', '-' (no path separators)")
@@ -50,12 +54,21 @@ class Task:
             raise SureclError(f"{where}task {self.name} has no labels")
         if len(set(self.labels)) != len(self.labels):
             raise SureclError(f"{where}task {self.name} lists a label twice")
-        self._check_splits(where)
         known = set(self.labels)
+        if invalid_labels == "drop":
+            for split in ("train", "test"):
+                rows = getattr(self, split)
+                kept = [ex for ex in rows if ex.label in known]
+                if len(kept) < len(rows):
+                    self.meta.setdefault("dropped", {})[split] = len(rows) - len(kept)
+                    setattr(self, split, kept)
+        self._check_splits(where)
         for split, rows in (("train", self.train), ("test", self.test)):
-            for i, ex in enumerate(rows):
-                if ex.label not in known:
-                    raise SureclError(f"{where}task {self.name} {split} row {i}: label {ex.label!r} is not in its labels {self.labels}")
+            bad = [i for i, ex in enumerate(rows) if ex.label not in known]
+            if bad:
+                ex = rows[bad[0]]
+                more = f" ({len(bad)} such rows in {split}; data.invalid_labels=drop skips them)" if len(bad) > 1 else " (data.invalid_labels=drop skips such rows)"
+                raise SureclError(f"{where}task {self.name} {split} row {bad[0]}: label {ex.label!r} is not in its labels {self.labels}{more}")
 
     def _check_splits(self, where: str) -> None:
         if not self.train:
