@@ -39,6 +39,7 @@ def test_every_preset_runs_on_tiny(preset, tmp_path, cache_dir):
     assert (tmp_path / "run" / "adapters" / "slow").is_dir() == cfg.dual.enabled
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["config"]["preset"] == preset
+    assert saved["base_dtype"] == "float32" and saved["device"] == "cpu"
     buffer_expected = cfg.replay.policy != "none" and cfg.method == "sequential"
     assert (saved["buffer"]["size"] > 0) == buffer_expected
 

@@ -148,3 +148,20 @@ def test_batches_are_length_sorted(tiny_loaded, items):
     # batch widths of the sorted order: the least padding possible for this batch size
     assert spy.shapes == [(len(c), max(c)) for c in chunks]
     assert got == pytest.approx(naive_scores(tiny_loaded.model, items, "sequence", "mean"), abs=1e-4, rel=1e-5)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_without_native_support_warns_and_is_recorded(tiny_cache, monkeypatch, native):
+    """An explicit bf16 base on a CPU without native bf16 matmuls is honoured but warned
+    about; the resolved dtype is reported either way."""
+    import surecl.model as model_mod
+    from surecl.model import load_model, tiny_folder
+
+    monkeypatch.setattr(model_mod, "bf16_supported", lambda device: native)
+    path = tiny_folder(tiny_cache)  # a real folder, loaded as "any HF model by path"
+    loaded = load_model(ModelConfig(name=str(path), dtype="bf16"), torch.device("cpu"), tiny_cache)
+    assert loaded.dtype == "bfloat16"
+    assert next(loaded.model.parameters()).dtype == torch.bfloat16
+    assert ("no AVX512-BF16" in loaded.note) == (not native)
+    auto = load_model(ModelConfig(name=str(path), dtype="auto"), torch.device("cpu"), tiny_cache)
+    assert auto.dtype == ("bfloat16" if native else "float32") and auto.note == ""

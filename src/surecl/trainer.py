@@ -110,6 +110,9 @@ class ContinualRun:
                 self.log(f"{t.name}: dropped {n} {split} rows whose label is not one of {t.labels} (data.invalid_labels=drop)")
         loaded = load_model(cfg.model, self.device, cache_dir or default_cache_dir())
         self.tokenizer, self.is_seq2seq, self.model_path = loaded.tokenizer, loaded.is_seq2seq, loaded.path
+        self.base_dtype = loaded.dtype
+        if loaded.note:
+            self.log(f"warning: {loaded.note}")
         if cfg.data.kind == "text" and self.is_seq2seq:
             raise SureclError(f"data.kind=text (continual pre-training) needs a causal LM; {cfg.model.name} is encoder-decoder")
         encoder = TaskEncoder(self.tokenizer, cfg.model.max_length)
@@ -440,6 +443,8 @@ class ContinualRun:
             "timing": {k: round(v, 3) for k, v in self.state.seconds.items()},
             "steps": self.state.global_step,
             "model_path": self.model_path,
+            "base_dtype": self.base_dtype,
+            "device": str(self.device),
         }
 
     def _buffer_counts(self) -> dict[str, int]:
