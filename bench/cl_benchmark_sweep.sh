@@ -5,8 +5,8 @@
 set -euo pipefail
 BENCH=${1:-../shared/benchmarks/CL_Benchmark}
 OUT=${2:-runs/cl4}
-N_TRAIN=${3:-96}
-N_TEST=${4:-60}
+N_TRAIN=${3:-160}
+N_TEST=${4:-80}
 surecl sweep --methods seq_lora,reservoir,surprise,slow_surprise --orders default --seeds 0 --out "$OUT" --quiet \
   "data.benchmark=$BENCH" "data.tasks=[dbpedia,amazon,SST-2,agnews]" data.n_train=$N_TRAIN data.n_test=$N_TEST
 python3 - "$OUT" <<'PY'

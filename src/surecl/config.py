@@ -132,6 +132,10 @@ class TrainConfig:
     """Training examples per task used to estimate the EWC Fisher."""
     checkpoint_every: int = 50
     """Also checkpoint every this many steps inside a task (0 = only between tasks)."""
+    micro_batch_tokens: int = 1024
+    """Run a step's mixed batch in slices of at most this many padded tokens, accumulating
+    gradients (same loss and update; the saved activations of one slice at a time bound the
+    memory). 0 = the whole batch in one forward."""
 
 
 @dataclass
@@ -202,6 +206,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("train.batch_size", cfg.train.batch_size >= 1, "must be >= 1"),
         ("train.lr", cfg.train.lr > 0 and math.isfinite(cfg.train.lr), "must be > 0"),
         ("train.grad_clip", cfg.train.grad_clip >= 0, "must be >= 0"),
+        ("train.micro_batch_tokens", cfg.train.micro_batch_tokens >= 0, "must be >= 0 (0 = no slicing)"),
         ("train.max_steps_per_task", cfg.train.max_steps_per_task >= 0, "must be >= 0"),
         ("train.warmup_steps", cfg.train.warmup_steps >= 0, "must be >= 0"),
         ("train.checkpoint_every", cfg.train.checkpoint_every >= 0, "must be >= 0"),

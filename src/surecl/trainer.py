@@ -87,6 +87,24 @@ def release_memory() -> None:
 _malloc_trim = None
 
 
+def micro_batches(items: list[Encoded], max_tokens: int) -> list[list[Encoded]]:
+    """Consecutive slices of ``items`` whose padded size (rows x longest row) stays within
+    ``max_tokens`` (one row at least); ``max_tokens`` 0 keeps the batch whole."""
+    if max_tokens <= 0:
+        return [items]
+    out: list[list[Encoded]] = []
+    width = 0
+    for e in items:
+        w = max(width, len(e))
+        if out and (len(out[-1]) + 1) * w <= max_tokens:
+            out[-1].append(e)
+            width = w
+        else:
+            out.append([e])
+            width = len(e)
+    return out
+
+
 def fault_point(name: str) -> None:
     """Fault injection for the crash tests: ``SURECL_KILL_AT=name`` SIGKILLs the process here."""
     if os.environ.get("SURECL_KILL_AT") == name:
@@ -255,23 +273,34 @@ class ContinualRun:
             n_tokens = sum(len(e.answer) for e in items)
             local = items[self.rank :: self.world] if self.world > 1 else items
             weight = float(self.world) if local else 0.0
-            batch = self._batch(local or items[:1])
             for group in self.optimizer.param_groups:
                 group["lr"] = self._lr_at(step, total)
-            nll, count = token_nll(self.model, batch, scope="label", is_seq2seq=self.is_seq2seq)
-            loss = self.method.loss(weight * nll.sum() / n_tokens)
+            # Gradient accumulation over slices of the batch: each slice's share of the token
+            # mean is backpropagated at once, so only one slice's activations are alive.
+            slices = micro_batches(local or items[:1], cfg.train.micro_batch_tokens)
+            parts, loss_total = [], 0.0
+            for k, part in enumerate(slices):
+                sync = self.accelerator.no_sync(self.model) if k < len(slices) - 1 else contextlib.nullcontext()
+                with sync:
+                    nll_k, count_k = token_nll(self.model, self._batch(part), scope="label", is_seq2seq=self.is_seq2seq)
+                    loss = weight * nll_k.sum() / n_tokens
+                    if k == 0:
+                        loss = self.method.loss(loss)  # a method's penalty enters once per step
+                    if os.environ.get("SURECL_NAN_AT") == f"{stage.row}:{step}":  # fault injection (tests)
+                        loss = loss * float("nan")
+                    if not torch.isfinite(loss):
+                        raise SureclError(
+                            f"non-finite loss ({loss.item()}) at task {self._stage_name(stage)} step {step}; the last checkpoint "
+                            "is intact: lower train.lr (or fix the data) and rerun the same command to resume"
+                        )
+                    self.accelerator.backward(loss)
+                loss_total = loss_total + loss.detach()
+                parts.append((nll_k.detach(), count_k.detach()))
+            nll, count = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
             if self.world > 1:
-                shown = self.accelerator.reduce(loss.detach(), "sum") / self.world
+                shown = self.accelerator.reduce(loss_total, "sum") / self.world
             else:
-                shown = loss.detach()
-            if os.environ.get("SURECL_NAN_AT") == f"{stage.row}:{step}":  # fault injection (tests)
-                loss = loss * float("nan")
-            if not torch.isfinite(loss):
-                raise SureclError(
-                    f"non-finite loss ({shown.item()}) at task {self._stage_name(stage)} step {step}; the last checkpoint "
-                    "is intact: lower train.lr (or fix the data) and rerun the same command to resume"
-                )
-            self.accelerator.backward(loss)
+                shown = loss_total
             if cfg.train.grad_clip:
                 self.accelerator.clip_grad_norm_(self.adapters.fast_params, cfg.train.grad_clip)
             self.optimizer.step()
