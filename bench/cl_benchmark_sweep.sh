@@ -14,5 +14,5 @@ import json, pathlib, sys
 for p in sorted(pathlib.Path(sys.argv[1]).rglob("results.json")):
     r = json.load(open(p))
     print(f"{r['config']['preset']:14s} FP {r['fp']:.1f} AP {r['ap']:.1f} forgetting {r['forgetting']:.1f} BWT {r['bwt']:.1f} "
-          f"wall {r['timing']['total']:.0f} s dtype {r.get('dtype', r['config']['model']['dtype'])} matrix {r['accuracy_matrix']}")
+          f"wall {r['timing']['total']:.0f} s dtype {r.get('base_dtype', r['config']['model']['dtype'])} matrix {r['accuracy_matrix']}")
 PY
