@@ -14,10 +14,9 @@ from common import load, real_items
 
 from surecl.adapters import DualLoRA
 from surecl.config import DualConfig, LoraConfig
-from surecl.data.encode import collate
+from surecl.data.encode import collate, micro_batches
 from surecl.nll import token_nll
 from surecl.replay.surprise import score_examples
-from surecl.trainer import micro_batches
 
 
 def peak_gb() -> float:

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from surecl.config import build_config
-from surecl.data.encode import Encoded
-from surecl.trainer import micro_batches, run
+from surecl.data.encode import Encoded, micro_batches
+from surecl.trainer import run
 
 
 def enc(n: int) -> Encoded:

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from surecl import checkpoint, metrics
 from surecl.adapters import DualLoRA
 from surecl.config import RunConfig
-from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate
+from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, micro_batches
 from surecl.data.loading import load_stream
 from surecl.data.task import Task
 from surecl.errors import SureclError
@@ -85,24 +85,6 @@ def release_memory() -> None:
 
 
 _malloc_trim = None
-
-
-def micro_batches(items: list[Encoded], max_tokens: int) -> list[list[Encoded]]:
-    """Consecutive slices of ``items`` whose padded size (rows x longest row) stays within
-    ``max_tokens`` (one row at least); ``max_tokens`` 0 keeps the batch whole."""
-    if max_tokens <= 0:
-        return [items]
-    out: list[list[Encoded]] = []
-    width = 0
-    for e in items:
-        w = max(width, len(e))
-        if out and (len(out[-1]) + 1) * w <= max_tokens:
-            out[-1].append(e)
-            width = w
-        else:
-            out.append([e])
-            width = len(e)
-    return out
 
 
 def fault_point(name: str) -> None:

@@ -95,6 +95,24 @@ def bucketed_batches(lengths: list[int], batch_size: int, rng: random.Random, bu
     return batches
 
 
+def micro_batches(items: list[Encoded], max_tokens: int) -> list[list[Encoded]]:
+    """Consecutive slices of ``items`` whose padded size (rows x longest row) stays within
+    ``max_tokens`` (one row at least); ``max_tokens`` 0 keeps the batch whole."""
+    if max_tokens <= 0:
+        return [items]
+    out: list[list[Encoded]] = []
+    width = 0
+    for e in items:
+        w = max(width, len(e))
+        if out and (len(out[-1]) + 1) * w <= max_tokens:
+            out[-1].append(e)
+            width = w
+        else:
+            out.append([e])
+            width = len(e)
+    return out
+
+
 def collate(items: list[Encoded], pad_id: int, is_seq2seq: bool, with_answer: bool = True) -> dict[str, torch.Tensor]:
     """Tensors for a batch. Causal: left-padded ``prompt+answer`` (or prompt only), explicit
     position ids, ``n_answer`` per row. Seq2seq: padded encoder input and ``-100``-padded labels."""

@@ -55,20 +55,19 @@ class Task:
         if len(set(self.labels)) != len(self.labels):
             raise SureclError(f"{where}task {self.name} lists a label twice")
         known = set(self.labels)
+        bad = {split: [i for i, ex in enumerate(getattr(self, split)) if ex.label not in known] for split in ("train", "test")}
         if invalid_labels == "drop":
-            for split in ("train", "test"):
-                rows = getattr(self, split)
-                kept = [ex for ex in rows if ex.label in known]
-                if len(kept) < len(rows):
-                    self.meta.setdefault("dropped", {})[split] = len(rows) - len(kept)
-                    setattr(self, split, kept)
+            for split, idx in bad.items():
+                if idx:
+                    self.meta.setdefault("dropped", {})[split] = len(idx)
+                    setattr(self, split, [ex for ex in getattr(self, split) if ex.label in known])
+            bad = {}
         self._check_splits(where)
-        for split, rows in (("train", self.train), ("test", self.test)):
-            bad = [i for i, ex in enumerate(rows) if ex.label not in known]
-            if bad:
-                ex = rows[bad[0]]
-                more = f" ({len(bad)} such rows in {split}; data.invalid_labels=drop skips them)" if len(bad) > 1 else " (data.invalid_labels=drop skips such rows)"
-                raise SureclError(f"{where}task {self.name} {split} row {bad[0]}: label {ex.label!r} is not in its labels {self.labels}{more}")
+        for split, idx in bad.items():
+            if idx:
+                ex = getattr(self, split)[idx[0]]
+                more = f" ({len(idx)} such rows in {split}; data.invalid_labels=drop skips them)" if len(idx) > 1 else " (data.invalid_labels=drop skips such rows)"
+                raise SureclError(f"{where}task {self.name} {split} row {idx[0]}: label {ex.label!r} is not in its labels {self.labels}{more}")
 
     def _check_splits(self, where: str) -> None:
         if not self.train:

@@ -1,7 +1,8 @@
 """Elastic Weight Consolidation (Kirkpatrick et al., 2017) on the fast LoRA parameters.
 
 After each task the diagonal (empirical) Fisher information of the adapter parameters is
-estimated from squared per-example gradients of the task's loss (``train.ewc_samples`` examples); while later tasks train, the loss gets
+estimated from squared per-example gradients of the task's loss (``train.ewc_samples``
+examples); while later tasks train, the loss gets
 ``lambda/2 * sum_k F_k (theta - theta*_k)^2`` summed over past tasks, merged into one running
 Fisher-weighted anchor so the per-step cost does not grow with the number of tasks.
 """
