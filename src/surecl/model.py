@@ -187,7 +187,7 @@ def load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None = 
     if dtype == torch.bfloat16 and not bf16_supported(device):
         note = (
             f"model.dtype=bf16 on a {device.type} without native bf16 matmuls (no AVX512-BF16/AMX): they are emulated and "
-            "far slower than fp32 (measured 0.7 vs 49.6 GFLOP/s on an AVX2 CPU); model.dtype=auto picks the fast one"
+            "far slower than fp32 (0.9 vs 82-141 GFLOP/s on an AVX2 CPU, bench/matmul_rate.py); model.dtype=auto picks the fast one"
         )
     try:
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=cfg.trust_remote_code)
