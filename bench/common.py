@@ -27,6 +27,13 @@ def real_items(tokenizer, n: int, max_length: int = 128):
     return items[:n]
 
 
+def real_items_by_task(tokenizer, n: int, max_length: int = 128):
+    """``n`` encoded training examples of each embedded task, one list per task."""
+    tasks = prepare_stream(load_benchmark(ensure_embedded_benchmark(quiet=True)), n, 1, True, 0)
+    enc = TaskEncoder(tokenizer, max_length)
+    return [enc.encode(t, t.train) for t in tasks]
+
+
 def median_time(fn, repeats: int = 3, warmup: int = 0) -> float:
     for _ in range(warmup):
         fn()

@@ -1,28 +1,37 @@
 #!/usr/bin/env bash
-# Fast path vs plain path on a small real run: the same runs with the frozen base in bf16
-# (surecl's default on CPUs with AVX512-BF16) and in fp32, over several seeds, on the whole
-# test splits (about 200 examples per task, so one answer moves a task's accuracy by 0.5
-# points); prints every FP, the per-seed differences and the mean difference.
-# Usage: bash bench/fp32_parity.sh [out] [seeds]      (default: runs/parity "0 1 2")
+# Fast path vs plain path on a small real run, over several seeds, on the whole test splits
+# (about 200 examples per task, so one answer moves a task's accuracy by 0.5 points); prints
+# every FP, the per-seed differences and the mean difference. Two comparisons:
+#   dtype  (default): the frozen base in bf16 (surecl's default on CPUs with AVX512-BF16) vs fp32;
+#   prefix: the shared prompt prefix run once per batch (model.share_prefix=true, the default)
+#           vs every row run whole (false), both with the base in fp32.
+# Usage: bash bench/fp32_parity.sh [out] [seeds] [dtype|prefix]   (default: runs/parity "0 1 2" dtype)
 set -euo pipefail
 OUT=${1:-runs/parity}
 SEEDS=${2:-0 1 2}
+MODE=${3:-dtype}
 ARGS=(--config surprise --quiet "data.tasks=[newsgroups,tweets]" data.n_train=80 data.n_test=0)
+case "$MODE" in
+  dtype) FAST=bf16; PLAIN=fp32; fast=(model.dtype=bf16); plain=(model.dtype=fp32) ;;
+  prefix) FAST=shared; PLAIN=whole; fast=(model.dtype=fp32 model.share_prefix=true); plain=(model.dtype=fp32 model.share_prefix=false) ;;
+  *) echo "mode must be dtype or prefix" >&2; exit 2 ;;
+esac
 for seed in $SEEDS; do
-  for dtype in bf16 fp32; do
-    rm -rf "$OUT/$dtype-$seed"
-    /usr/bin/time -f "$dtype seed $seed: wall %e s, peak RSS %M KB" surecl run "${ARGS[@]}" seed=$seed model.dtype=$dtype --out "$OUT/$dtype-$seed"
+  for side in fast plain; do
+    if [ $side = fast ]; then name=$FAST; over=("${fast[@]}"); else name=$PLAIN; over=("${plain[@]}"); fi
+    rm -rf "$OUT/$name-$seed"
+    /usr/bin/time -f "$name seed $seed: wall %e s, peak RSS %M KB" surecl run "${ARGS[@]}" seed=$seed "${over[@]}" --out "$OUT/$name-$seed"
   done
 done
-python3 - "$OUT" $SEEDS <<'PY'
+python3 - "$OUT" "$FAST" "$PLAIN" $SEEDS <<'PY'
 import json, sys
-out, seeds = sys.argv[1], sys.argv[2:]
+out, fast, plain, seeds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 diffs = []
 for s in seeds:
-    r = {d: json.load(open(f"{out}/{d}-{s}/results.json")) for d in ("bf16", "fp32")}
-    diffs.append(r["bf16"]["fp"] - r["fp32"]["fp"])
+    r = {d: json.load(open(f"{out}/{d}-{s}/results.json")) for d in (fast, plain)}
+    diffs.append(r[fast]["fp"] - r[plain]["fp"])
     for d, x in r.items():
         print(f"seed {s} {d}: FP {x['fp']:.2f} matrix {x['accuracy_matrix']} timing {x['timing']}")
-print("FP difference bf16 - fp32 per seed:", [round(d, 2) for d in diffs])
+print(f"FP difference {fast} - {plain} per seed:", [round(d, 2) for d in diffs])
 print(f"mean FP difference: {sum(diffs) / len(diffs):+.2f} points, mean |difference| {sum(map(abs, diffs)) / len(diffs):.2f}")
 PY

@@ -3,7 +3,8 @@
 1. per-example fp32 loop (the reference code's way: one sequence at a time, full precision);
 2. padded batched fp32 loop (plain ``transformers``: right-padded batches, HF ``labels`` loss);
 3. surecl: ``score_examples`` (length-sorted batches, ``inference_mode``, base in bf16 where
-   the CPU supports it).
+   the CPU supports it), without and with (the default) each batch's shared prompt prefix
+   run once.
 
 Prints tokens/s, the ratios, and achieved FLOP/s as a fraction of a matmul rate measured in
 the same process. Run: ``python bench/scoring.py [n_examples]``.
@@ -15,7 +16,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from common import load, matmul_rate, median_time, n_matmul_params, real_items
+from common import load, matmul_rate, median_time, n_matmul_params, real_items_by_task
 
 from surecl.replay.surprise import score_examples
 
@@ -47,19 +48,30 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 96
     fp32 = load("fp32")
     fast = load("auto")
-    items = real_items(fp32.tokenizer, n)
+    # scored task by task, as the trainer does (a task's examples share its prompt prefix)
+    by_task = real_items_by_task(fp32.tokenizer, n // 4)
+    items = [e for part in by_task for e in part]
+
+    def surecl(share):
+        for part in by_task:
+            score_examples(fast.model, part, pad_id=pad, is_seq2seq=False, batch_size=32, share_prefix=share)
+
     tokens = sum(len(e) for e in items)
     pad = fp32.tokenizer.pad_token_id
     flop_per_token = 2 * n_matmul_params(fp32.model)
+    dtype = next(fast.model.parameters()).dtype
     rows = [
         ("per-example fp32 loop", median_time(lambda: per_example(fp32.model, items), 1)),
         ("padded batched fp32 (bs 32)", median_time(lambda: padded_batched(fp32.model, items, pad), 2)),
         (
-            f"surecl score_examples ({next(fast.model.parameters()).dtype})",
-            median_time(lambda: score_examples(fast.model, items, pad_id=pad, is_seq2seq=False, batch_size=32), 2),
+            f"surecl, no shared prefix ({dtype})",
+            median_time(lambda: surecl(False), 2),
+        ),
+        (
+            f"surecl score_examples ({dtype})",
+            median_time(lambda: surecl(True), 2),
         ),
     ]
-    dtype = next(fast.model.parameters()).dtype
     peak = matmul_rate(dtype)
     peak32 = matmul_rate(torch.float32)
     print(f"{n} examples, {tokens} tokens; matmul rate {peak / 1e9:.1f} GFLOP/s ({dtype}, 1024^3, same process), "
@@ -70,7 +82,8 @@ def main() -> None:
         rate = tokens / t
         print(f"{name:40s} {t:8.2f} s {rate:9.1f} tok/s  x{base / t:5.2f} vs per-example  "
               f"{rate * flop_per_token / 1e9:7.1f} GFLOP/s ({100 * rate * flop_per_token / peak:5.1f}% of matmul)")
-    print(f"surecl vs padded batched fp32: x{rows[1][1] / rows[2][1]:.2f}")
+    print(f"surecl vs padded batched fp32: x{rows[1][1] / rows[3][1]:.2f}; shared prefix vs none: x{rows[2][1] / rows[3][1]:.2f}")
+    print("(GFLOP/s count every token of every sequence; with a shared prefix fewer are computed)")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 The plain step is what a user writes with ``transformers`` + ``peft`` alone: fp32 base,
 right-padded batch, HF ``labels`` loss over full logits. The SuRe step is surecl's: base in
 bf16 where supported, LoRA and AdamW state in fp32, answer-only logits, one fused EMA.
-Both see the same examples (current batch + replay batch). Also prints the share of the SuRe
-step spent in EMA and buffer bookkeeping. Run: ``python bench/train_step.py``.
+Both see the same examples (current batch + replay batch). The SuRe step runs three ways:
+the whole batch at once, in the trainer's 1024-token slices, and in slices cut task by task
+with each task's prompt prefix run once (``model.share_prefix``, the default). Also prints
+the share of each SuRe step spent in EMA and buffer bookkeeping. Run: ``python bench/train_step.py``.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ import statistics
 import time
 
 import torch
-from common import load, median_time, real_items
+from common import load, median_time, real_items_by_task
 from peft import LoraConfig, get_peft_model
 
 from surecl.adapters import DualLoRA
 from surecl.config import DualConfig
 from surecl.config import LoraConfig as SureLora
-from surecl.data.encode import collate
+from surecl.data.encode import collate, micro_batch_positions, shared_prefix_len
 from surecl.nll import token_nll
 from surecl.replay.buffer import QuotaBuffer, sample
 
@@ -51,7 +53,10 @@ def plain_step_fn(items, pad_id):
     return step
 
 
-def sure_step_fn(items, pad_id, timings):
+def sure_step_fn(items, tasks, pad_id, timings, *, max_tokens=0, share=False):
+    """surecl's step as the trainer runs it: the mixed batch in slices of at most
+    ``max_tokens`` padded tokens (0: whole), cut task by task and each slice's shared prompt
+    prefix run once when ``share``; gradient accumulation, clip, AdamW, EMA."""
     loaded = load("auto")
     dual = DualLoRA(loaded.model, SureLora(), DualConfig(enabled=True, beta=0.995), False)
     opt = torch.optim.AdamW(dual.fast_params, lr=1e-4)
@@ -59,18 +64,25 @@ def sure_step_fn(items, pad_id, timings):
     for t in range(10):  # a buffer that has seen 10 tasks of 1000 examples
         buffer.add_task(t, [random.random() for _ in range(1000)])
     rng = random.Random(0)
-    current, n_rep = items[: len(items) * 2 // 3], len(items) - len(items) * 2 // 3
-    pool = items
+    n_cur = len(items) * 2 // 3
+    current, n_rep = items[:n_cur], len(items) - n_cur
     dual.model.train()
 
     def step():
         t0 = time.perf_counter()
         replayed = sample(buffer.entries, n_rep, rng)
-        batch = collate(current + [pool[e.index % len(pool)] for e in replayed], pad_id, False)
+        # the replayed examples are the batch's last third (other tasks), whatever was drawn
+        rows = current + [items[n_cur + k] for k, _ in enumerate(replayed)]
+        slices = micro_batch_positions(rows, max_tokens, tasks if share else None)
+        batches = []
+        for pos in slices:
+            part = [rows[i] for i in pos]
+            batches.append(collate(part, pad_id, False, prefix=shared_prefix_len(part) if share else 0))
+        n_tokens = sum(len(e.answer) for e in rows)
         t1 = time.perf_counter()
-        nll, count = token_nll(dual.model, batch, scope="label")
-        loss = nll.sum() / count.sum()
-        loss.backward()
+        for batch in batches:
+            nll, _ = token_nll(dual.model, batch, scope="label")
+            (nll.sum() / n_tokens).backward()
         torch.nn.utils.clip_grad_norm_(dual.fast_params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -84,19 +96,31 @@ def sure_step_fn(items, pad_id, timings):
 
 def main() -> None:
     probe = load("fp32")
-    items = real_items(probe.tokenizer, 12)  # 8 current + 4 replayed, as batch 8 / replay 4
+    # 8 current examples of one task + 4 replayed from two others, as batch 8 / replay 4
+    by_task = real_items_by_task(probe.tokenizer, 8)
+    items = by_task[0][:8] + by_task[1][:2] + by_task[2][:2]
+    tasks = [0] * 8 + [1] * 2 + [2] * 2
     del probe
     tokens = sum(len(e) for e in items)
     pad = 0
     plain = median_time(plain_step_fn(items, pad), STEPS, warmup=1)
-    timings: list[tuple[float, float, float]] = []
-    sure = median_time(sure_step_fn(items, pad, timings), STEPS, warmup=1)
-    book = statistics.median(t[0] for t in timings[1:])
-    ema = statistics.median(t[2] for t in timings[1:])
-    print(f"batch of {len(items)} sequences, {tokens} tokens, median of {STEPS} steps")
-    print(f"plain PEFT LoRA fp32 step   {plain:7.3f} s  {tokens / plain:8.1f} tok/s")
-    print(f"SuRe step (dual, replay)    {sure:7.3f} s  {tokens / sure:8.1f} tok/s  x{plain / sure:.2f}")
-    print(f"  EMA {1e3 * ema:.2f} ms + buffer sample/collate {1e3 * book:.2f} ms = {100 * (ema + book) / sure:.2f}% of the step")
+    rows = []
+    for name, kwargs in (
+        ("SuRe step, whole batch", {}),
+        ("SuRe step, 1024-token slices", {"max_tokens": 1024}),
+        ("SuRe step, slices + shared prefix", {"max_tokens": 1024, "share": True}),
+    ):
+        timings: list[tuple[float, float, float]] = []
+        t = median_time(sure_step_fn(items, tasks, pad, timings, **kwargs), STEPS, warmup=1)
+        rows.append((name, t, timings))
+    print(f"batch of {len(items)} sequences (8 current of one task + 2 + 2 replayed of two others), {tokens} tokens, "
+          f"median of {STEPS} steps, base {next(load('auto').model.parameters()).dtype}")
+    print(f"{'plain PEFT LoRA fp32 step':36s} {plain:7.3f} s  {tokens / plain:8.1f} tok/s")
+    for name, t, timings in rows:
+        book = statistics.median(x[0] for x in timings[1:])
+        ema = statistics.median(x[2] for x in timings[1:])
+        print(f"{name:36s} {t:7.3f} s  {tokens / t:8.1f} tok/s  x{plain / t:.2f}   "
+              f"EMA {1e3 * ema:.2f} ms + buffer sample/collate {1e3 * book:.2f} ms = {100 * (ema + book) / t:.2f}% of the step")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from surecl.config import ModelConfig
-from surecl.data.encode import TaskEncoder
+from surecl.data.encode import TaskEncoder, shared_prefix_len
 from surecl.data.tiny import tiny_stream
 from surecl.evaluate import accuracy, normalise, option_logprobs, rank_answers
 from surecl.model import load_model
@@ -34,6 +34,7 @@ def test_shared_prompt_ranking_matches_pairwise(tmp_path):
     task = tiny_stream()[0]
     enc = TaskEncoder(tok, 64)
     items = enc.encode(task, task.test[:12])
+    assert shared_prefix_len(items) > 0  # the batches run the task's prompt prefix once
     # multi-token options of different lengths exercise the masking of the shared pass
     options = {"warm": enc.answer_ids("warm"), "cool": enc.answer_ids("cool"), "warm cool": enc.answer_ids("warm cool")}
     with torch.inference_mode():
@@ -44,3 +45,73 @@ def test_shared_prompt_ranking_matches_pairwise(tmp_path):
     assert rank_answers(loaded.model, items, options, pad_id=tok.pad_token_id, is_seq2seq=False, batch_size=7, device="cpu") == [
         labels[j] for j in expected.argmax(1).tolist()
     ]
+
+
+def _hf_generate(model, tok, items, max_new_tokens):
+    """Reference: ``generate``'s greedy search, one batch, no shared prefix."""
+    from surecl.data.encode import collate
+
+    batch = collate(items, tok.pad_token_id, False, with_answer=False)
+    out = model.generate(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=max_new_tokens,
+        do_sample=False, num_beams=1, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    return tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def test_greedy_with_and_without_shared_prefix_equals_generate(tiny_loaded, fresh_tiny):
+    from surecl.adapters import DualLoRA
+    from surecl.config import DualConfig, LoraConfig
+    from surecl.data.encode import shared_prefix_len
+    from surecl.evaluate import generate_answers
+
+    tok = tiny_loaded.tokenizer
+    lora = LoraConfig(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"])
+    dl = DualLoRA(fresh_tiny, lora, DualConfig(), is_seq2seq=False)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # a random adapter large enough that the rows' answers differ
+        for p in dl.fast_params:
+            p.copy_(torch.randn(p.shape, generator=g))
+    dl.model.eval()
+    task = tiny_stream()[1]
+    items = TaskEncoder(tok, 64).encode(task, task.test[:10])
+    assert shared_prefix_len(items) > 0
+    with torch.inference_mode():
+        expected = _hf_generate(dl.model, tok, sorted(items, key=lambda e: len(e.prompt)), 5)
+    order = sorted(range(len(items)), key=lambda i: len(items[i].prompt))
+    for share in (True, False):
+        got = generate_answers(dl.model, tok, items, is_seq2seq=False, max_new_tokens=5, batch_size=10, device="cpu", share_prefix=share)
+        assert [got[i] for i in order] == expected
+    assert len(set(expected)) > 1 and all(expected)  # rows differ and produced text
+
+
+class _EosAfter(torch.nn.Module):
+    """The real model, except that from its ``n``-th call on EOS wins every argmax."""
+
+    def __init__(self, model, n, eos):
+        super().__init__()
+        self.model, self.n, self.eos, self.calls = model, n, eos, 0
+
+    def forward(self, **kwargs):
+        out = self.model(**kwargs)
+        self.calls += 1
+        if self.calls >= self.n:
+            out.logits[..., self.eos] = 1e4
+        return out
+
+
+def test_greedy_stops_once_every_row_emitted_eos(tiny_loaded):
+    from surecl.data.encode import collate, shared_prefix_len
+    from surecl.evaluate import greedy
+
+    tok = tiny_loaded.tokenizer
+    task = tiny_stream()[0]
+    items = TaskEncoder(tok, 64).encode(task, task.test[:6])
+    n = shared_prefix_len(items)
+    batch = collate(items, tok.pad_token_id, False, with_answer=False, prefix=n)
+    # calls: 1 prefix pass, 1 prompt pass, then one per new token; EOS from the 4th call on
+    spy = _EosAfter(tiny_loaded.model, 4, tok.eos_token_id)
+    with torch.inference_mode():
+        new = greedy(spy, batch, max_new_tokens=10, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    assert new.shape == (6, 3) and spy.calls == 4
+    assert (new[:, -1] == tok.eos_token_id).all() and (new[:, :-1] != tok.eos_token_id).all()

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from surecl.config import ModelConfig
-from surecl.data.encode import Encoded, TaskEncoder, collate
+from surecl.data.encode import MIN_SHARED_PREFIX, Encoded, TaskEncoder, collate, shared_prefix_len
 from surecl.data.tiny import tiny_stream
 from surecl.model import base_dtype
 from surecl.replay.surprise import score_examples
@@ -142,7 +142,7 @@ class _WidthSpy(torch.nn.Module):
 
 def test_batches_are_length_sorted(tiny_loaded, items):
     spy = _WidthSpy(tiny_loaded.model)
-    got = score_examples(spy, items, pad_id=tiny_loaded.tokenizer.pad_token_id, is_seq2seq=False, batch_size=4)
+    got = score_examples(spy, items, pad_id=tiny_loaded.tokenizer.pad_token_id, is_seq2seq=False, batch_size=4, share_prefix=False)
     lengths = sorted(len(e) for e in items)
     chunks = [lengths[i : i + 4] for i in range(0, len(lengths), 4)]
     # batch widths of the sorted order: the least padding possible for this batch size
@@ -165,3 +165,58 @@ def test_bf16_without_native_support_warns_and_is_recorded(tiny_cache, monkeypat
     assert ("no AVX512-BF16" in loaded.note) == (not native)
     auto = load_model(ModelConfig(name=str(path), dtype="auto"), torch.device("cpu"), tiny_cache)
     assert auto.dtype == ("bfloat16" if native else "float32") and auto.note == ""
+
+
+@pytest.fixture(scope="module")
+def one_task(tiny_loaded) -> list[Encoded]:
+    """Examples of one task: their prompts share the instruction and options."""
+    tasks = tiny_stream(n_train=12, n_test=1)
+    out = TaskEncoder(tiny_loaded.tokenizer, max_length=64).encode(tasks[1], tasks[1].train)
+    random.Random(1).shuffle(out)
+    return out
+
+
+def test_shared_prefix_len_keeps_a_prompt_token_per_row(one_task):
+    n = shared_prefix_len(one_task)
+    assert n >= MIN_SHARED_PREFIX
+    assert all(e.prompt[:n] == one_task[0].prompt[:n] for e in one_task)
+    assert n < min(len(e.prompt) for e in one_task)
+    # a row that is the prefix plus one token caps it; mixed tasks or a single row share nothing
+    cut = Encoded(one_task[0].prompt[:n], one_task[0].answer, one_task[0].label)
+    assert shared_prefix_len(one_task + [cut]) == n - 1
+    assert shared_prefix_len(one_task[:1]) == 0
+    other = Encoded([one_task[0].prompt[0] + 1] + one_task[0].prompt[1:], one_task[0].answer, "x")
+    assert shared_prefix_len(one_task + [other]) == 0
+
+
+def test_collate_with_prefix_holds_the_rest_of_each_row(one_task, tiny_loaded):
+    pad = tiny_loaded.tokenizer.pad_token_id
+    rows = one_task[:5]
+    n = shared_prefix_len(rows)
+    batch = collate(rows, pad, is_seq2seq=False, prefix=n)
+    assert batch["prefix_ids"].tolist() == [rows[0].prompt[:n]]
+    width = max(len(e) for e in rows) - n
+    assert batch["input_ids"].shape == (5, width)
+    for r, e in enumerate(rows):
+        rest = (e.prompt + e.answer)[n:]
+        n_pad = width - len(rest)
+        assert batch["input_ids"][r].tolist() == [pad] * n_pad + rest
+        assert batch["position_ids"][r, n_pad:].tolist() == list(range(n, len(e)))
+
+
+@pytest.mark.parametrize("scope", ["sequence", "label"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_shared_prefix_scores_match_naive_loop(tiny_loaded, one_task, scope, reduction):
+    """The prefix runs once per batch (one [1, P] forward, then the rows' remainders) and
+    every score equals the whole sequence scored alone."""
+    spy = _WidthSpy(tiny_loaded.model)
+    pad = tiny_loaded.tokenizer.pad_token_id
+    got = score_examples(spy, one_task, pad_id=pad, is_seq2seq=False, scope=scope, reduction=reduction, batch_size=5)
+    n_batches = -(-len(one_task) // 5)
+    prefix_calls = [s for s in spy.shapes if s[0] == 1]
+    assert len(prefix_calls) == n_batches and len(spy.shapes) == 2 * n_batches
+    assert all(w >= MIN_SHARED_PREFIX for _, w in prefix_calls)
+    assert sum(r * w for r, w in spy.shapes) < sum(len(e) for e in one_task)  # fewer tokens ran
+    assert got == pytest.approx(naive_scores(tiny_loaded.model, one_task, scope, reduction), abs=1e-4, rel=1e-5)
+    plain = score_examples(tiny_loaded.model, one_task, pad_id=pad, is_seq2seq=False, scope=scope, reduction=reduction, batch_size=5, share_prefix=False)
+    assert got == pytest.approx(plain, abs=1e-4, rel=1e-5)

@@ -33,6 +33,11 @@ class ModelConfig:
     trust_remote_code: bool = False
     max_length: int = 128
     """Prompt tokens kept per example (the sentence is truncated, the answer never)."""
+    share_prefix: bool = True
+    """Run the prompt prefix that a batch's rows share (a task's instruction and options) once
+    per batch and let the rows attend to its KV cache, in scoring, training and evaluation of
+    causal models: the same results for fewer tokens. In training with ``lora.dropout`` > 0
+    the shared tokens draw one dropout mask per batch slice instead of one per row."""
 
 
 @dataclass

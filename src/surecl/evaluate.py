@@ -1,8 +1,9 @@
 """Accuracy of the current model on a task: greedy generation with normalised exact match
 (the paper's protocol) or ranking the label options by likelihood; perplexity for text streams.
 
-Generation is batched over length-sorted, left-padded prompts with the KV cache, for at most
-(longest answer + 1) new tokens, stopping when every row emitted EOS.
+Generation is greedy, batched over length-sorted, left-padded prompts with the KV cache, for at
+most (longest answer + 1) new tokens, stopping when every row emitted EOS; for causal models
+the prompt prefix a batch shares (the task's instruction and options) runs once per batch.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import string
 
 import torch
 
-from surecl.data.encode import Encoded, collate
-from surecl.nll import token_nll
+from surecl.data.encode import Encoded, collate, shared_prefix_len
+from surecl.nll import prefixed, token_nll
 
 _PUNCT = re.compile(f"[{re.escape(string.punctuation)}]")
 
@@ -26,40 +27,76 @@ def normalise(text: str) -> str:
 
 
 @torch.inference_mode()
-def generate_answers(model, tokenizer, items: list[Encoded], *, is_seq2seq: bool, max_new_tokens: int, batch_size: int, device) -> list[str]:
+def generate_answers(
+    model, tokenizer, items: list[Encoded], *, is_seq2seq: bool, max_new_tokens: int, batch_size: int, device, share_prefix: bool = True
+) -> list[str]:
     order = sorted(range(len(items)), key=lambda i: len(items[i].prompt))
     answers = [""] * len(items)
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        batch = collate([items[i] for i in idx], tokenizer.pad_token_id, is_seq2seq, with_answer=False)
-        kwargs = {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
-        out = model.generate(
-            **kwargs,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            num_beams=1,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        new = out if is_seq2seq else out[:, kwargs["input_ids"].shape[1] :]
+        rows = [items[i] for i in idx]
+        if is_seq2seq:
+            batch = collate(rows, tokenizer.pad_token_id, True, with_answer=False)
+            new = model.generate(
+                input_ids=batch["input_ids"].to(device),
+                attention_mask=batch["attention_mask"].to(device),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                num_beams=1,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        else:
+            prefix = shared_prefix_len(rows) if share_prefix else 0
+            batch = {k: v.to(device) for k, v in collate(rows, tokenizer.pad_token_id, False, with_answer=False, prefix=prefix).items()}
+            new = greedy(model, batch, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
         for i, text in zip(idx, tokenizer.batch_decode(new, skip_special_tokens=True)):
             answers[i] = text
     return answers
 
 
-def rank_answers(model, items: list[Encoded], options: dict[str, list[int]], *, pad_id: int, is_seq2seq: bool, batch_size: int, device) -> list[str]:
+def greedy(model, batch: dict[str, torch.Tensor], *, max_new_tokens: int, eos_id: int, pad_id: int) -> torch.Tensor:
+    """Greedy decoding of a causal batch (left-padded prompts, optionally behind a shared
+    prefix) with the KV cache: [rows, <= max_new_tokens] new tokens, ``pad_id`` after a row's
+    EOS, stopping as soon as every row has emitted EOS (``generate``'s greedy search)."""
+    kwargs, _ = prefixed(model, batch, want_logits=False)
+    mask = kwargs.pop("attention_mask")
+    pos = batch["position_ids"][:, -1:]
+    out = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=batch["position_ids"], use_cache=True, logits_to_keep=1, **kwargs)
+    done = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+    new = []
+    for step in range(max_new_tokens):
+        token = out.logits[:, -1].argmax(-1).masked_fill(done, pad_id)
+        new.append(token)
+        done |= token == eos_id
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
+        pos = pos + 1
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=pos, past_key_values=out.past_key_values, use_cache=True)
+    return torch.stack(new, 1) if new else batch["input_ids"].new_zeros(mask.shape[0], 0)
+
+
+def rank_answers(
+    model, items: list[Encoded], options: dict[str, list[int]], *, pad_id: int, is_seq2seq: bool, batch_size: int, device, share_prefix: bool = True
+) -> list[str]:
     """The label whose answer tokens are most likely given the prompt."""
     labels = list(options)
-    scores = option_logprobs(model, items, options, pad_id=pad_id, is_seq2seq=is_seq2seq, batch_size=batch_size, device=device)
+    scores = option_logprobs(
+        model, items, options, pad_id=pad_id, is_seq2seq=is_seq2seq, batch_size=batch_size, device=device, share_prefix=share_prefix
+    )
     return [labels[j] for j in scores.argmax(1).tolist()]
 
 
 @torch.inference_mode()
-def option_logprobs(model, items: list[Encoded], options: dict[str, list[int]], *, pad_id: int, is_seq2seq: bool, batch_size: int, device) -> torch.Tensor:
+def option_logprobs(
+    model, items: list[Encoded], options: dict[str, list[int]], *, pad_id: int, is_seq2seq: bool, batch_size: int, device, share_prefix: bool = True
+) -> torch.Tensor:
     """Summed log-likelihood of each option's answer tokens given each prompt: [items, options].
 
-    Causal models run each prompt once: its KV cache is repeated for the L options, which then
-    cost only their own few tokens. Seq2seq models score (prompt, option) pairs.
+    Causal models run each prompt once (and the prefix the batch's prompts share once per
+    batch): its KV cache is repeated for the L options, which then cost only their own few
+    tokens. Seq2seq models score (prompt, option) pairs.
     """
     labels = list(options)
     if is_seq2seq:
@@ -83,14 +120,17 @@ def option_logprobs(model, items: list[Encoded], options: dict[str, list[int]], 
     rows = max(1, batch_size // n_opt)
     for start in range(0, len(order), rows):
         idx = order[start : start + rows]
-        batch = {k: v.to(device) for k, v in collate([items[i] for i in idx], pad_id, False, with_answer=False).items()}
-        out = model(**batch, use_cache=True, logits_to_keep=1)
+        chunk = [items[i] for i in idx]
+        prefix = shared_prefix_len(chunk) if share_prefix else 0
+        batch = {k: v.to(device) for k, v in collate(chunk, pad_id, False, with_answer=False, prefix=prefix).items()}
+        kwargs, _ = prefixed(model, batch, want_logits=False)
+        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=True, logits_to_keep=1, **kwargs)
         first = torch.log_softmax(out.logits[:, -1].float(), -1)  # predicts each answer's first token
         cache = out.past_key_values
         cache.batch_repeat_interleave(n_opt)
         b = len(idx)
         ids = ans.repeat(b, 1)
-        mask = torch.cat([batch["attention_mask"].repeat_interleave(n_opt, 0), ans_mask.repeat(b, 1)], 1)
+        mask = torch.cat([kwargs["attention_mask"].repeat_interleave(n_opt, 0), ans_mask.repeat(b, 1)], 1)
         pos = batch["position_ids"][:, -1:].repeat_interleave(n_opt, 0) + 1 + torch.arange(width, device=device)
         logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=False).logits.float(), -1)
         # token t of an answer is predicted by the prompt's last position (t = 0) or answer token t-1

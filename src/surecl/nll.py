@@ -1,5 +1,8 @@
 """Per-example negative log-likelihood: the one forward used for training, surprise and ranking.
 
+A causal batch may carry a shared prompt prefix (``prefix_ids``, see ``collate``): it then
+runs once and the rows attend to its KV cache; the result is the same as for the whole rows.
+
 Returns, for each row of a collated batch, the summed NLL and the number of tokens scored, so
 callers choose the reduction (mean = the paper's surprise, sum = its ablation) and scope
 (``label``: answer tokens only; ``sequence``: every real token after the first).
@@ -15,23 +18,58 @@ def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_se
     if is_seq2seq:
         labels = batch["labels"]
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels, use_cache=False)
-        logits, targets = out.logits, labels.clamp(min=0)
-        valid = (labels != -100).float()
-    elif scope == "label":
+        return _rows_nll(out.logits, labels.clamp(min=0), (labels != -100).float())
+    if scope == "label":
         ids, mask = batch["input_ids"], batch["attention_mask"]
+        kwargs, prefix_logits = prefixed(model, batch, want_logits=False)
         # Answers end at the last position (left padding): keep logits for the last k+1 positions.
         k = int(batch["n_answer"].max())
-        out = model(input_ids=ids, attention_mask=mask, position_ids=batch["position_ids"], use_cache=False, logits_to_keep=k + 1)
+        out = model(input_ids=ids, position_ids=batch["position_ids"], use_cache=False, logits_to_keep=k + 1, **kwargs)
         logits = out.logits[:, -(k + 1) : -1]
         targets = ids[:, ids.shape[1] - k :]
         offsets = torch.arange(k, device=ids.device).unsqueeze(0)
         valid = (offsets >= (k - batch["n_answer"].to(ids.device)).unsqueeze(1)).float()
     else:
         ids, mask = batch["input_ids"], batch["attention_mask"]
-        out = model(input_ids=ids, attention_mask=mask, position_ids=batch["position_ids"], use_cache=False)
+        kwargs, prefix_logits = prefixed(model, batch, want_logits=True)
+        out = model(input_ids=ids, position_ids=batch["position_ids"], use_cache=False, **kwargs)
         logits = out.logits[:, :-1]
         targets = ids[:, 1:]
         valid = (mask[:, 1:] * mask[:, :-1]).float()
+        if prefix_logits is not None:
+            # The shared prefix's own tokens (the same NLL for every row) and each row's first
+            # token, which the prefix's last position predicts.
+            prefix = batch["prefix_ids"][0]
+            lse = torch.logsumexp(prefix_logits.float(), dim=-1)
+            own = (lse[:-1] - prefix_logits[:-1].gather(1, prefix[1:, None]).squeeze(1).float()).sum()
+            first = ids.gather(1, (mask == 0).sum(1, keepdim=True)).squeeze(1)
+            edge = lse[-1] - prefix_logits[-1, first].float()
+            nll, count = _rows_nll(logits, targets, valid)
+            return nll + own + edge, count + prefix.shape[0]
+    return _rows_nll(logits, targets, valid)
+
+
+def prefixed(model, batch: dict[str, torch.Tensor], want_logits: bool) -> tuple[dict, torch.Tensor | None]:
+    """Keyword arguments for the rows' forward; with ``prefix_ids`` in the batch, the shared
+    prefix runs once (batch 1) and its KV cache, repeated per row, is what the rows attend to.
+
+    The rows' attention mask is the prefix's ones followed by their own (left-padded) mask.
+    Gradients flow through the repeated cache back into the one prefix pass, so a training
+    step through a shared prefix computes the same gradient as running every row whole.
+    Returns the kwargs and, if ``want_logits``, the prefix's logits [P, V] (else None)."""
+    mask = batch["attention_mask"]
+    prefix = batch.get("prefix_ids")
+    if prefix is None:
+        return {"attention_mask": mask}, None
+    pre = model(input_ids=prefix, use_cache=True, logits_to_keep=0 if want_logits else 1)
+    cache = pre.past_key_values
+    cache.batch_repeat_interleave(mask.shape[0])
+    full = torch.cat([mask.new_ones(mask.shape[0], prefix.shape[1]), mask], 1)
+    return {"attention_mask": full, "past_key_values": cache}, (pre.logits[0] if want_logits else None)
+
+
+def _rows_nll(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed NLL and token count per row: ``valid``-weighted ``logsumexp(logits) - logit[target]``."""
     # NLL = logsumexp(logits) - logit[target], in fp32 a few rows at a time: a whole-sequence
     # batch of fp32 logits over a large vocabulary would cost gigabytes (32 x 128 x 49k floats
     # = 0.8 GB), and logsumexp reads the logits without writing a log-softmax of the same size

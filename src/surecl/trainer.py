@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from surecl import checkpoint, metrics
 from surecl.adapters import DualLoRA
 from surecl.config import RunConfig
-from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, micro_batches
+from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, micro_batch_positions, shared_prefix_len
 from surecl.data.loading import load_stream
 from surecl.data.task import Task
 from surecl.errors import SureclError
@@ -111,6 +111,7 @@ class ContinualRun:
         loaded = load_model(cfg.model, self.device, cache_dir or default_cache_dir())
         self.tokenizer, self.is_seq2seq, self.model_path = loaded.tokenizer, loaded.is_seq2seq, loaded.path
         self.base_dtype = loaded.dtype
+        self.share_prefix = cfg.model.share_prefix and not self.is_seq2seq
         if loaded.note:
             self.log(f"warning: {loaded.note}")
         if cfg.data.kind == "text" and self.is_seq2seq:
@@ -201,7 +202,7 @@ class ContinualRun:
                 lambda part: score_examples(
                     model, part, pad_id=self.tokenizer.pad_token_id, is_seq2seq=self.is_seq2seq,
                     scope=self.cfg.replay.scope, reduction=self.cfg.replay.reduction,
-                    batch_size=self.cfg.eval.batch_size, device=self.device,
+                    batch_size=self.cfg.eval.batch_size, device=self.device, share_prefix=self.share_prefix,
                 ),
                 items,
             )
@@ -219,8 +220,11 @@ class ContinualRun:
 
     # ------------------------------------------------------------------ training
 
-    def _batch(self, items: list[Encoded]) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.device) for k, v in collate(items, self.tokenizer.pad_token_id, self.is_seq2seq).items()}
+    def _batch(self, items: list[Encoded], shared: bool = False) -> dict[str, torch.Tensor]:
+        """A collated batch on the device; ``shared``: with the rows' shared prompt prefix split
+        off (when ``model.share_prefix`` is on and they share enough of one)."""
+        prefix = shared_prefix_len(items) if shared and self.share_prefix else 0
+        return {k: v.to(self.device) for k, v in collate(items, self.tokenizer.pad_token_id, self.is_seq2seq, prefix=prefix).items()}
 
     def plan_batches(self, stage: Stage) -> list[list[int]]:
         """The stage's batches (indices into its example pool), fixed at stage start so a
@@ -258,13 +262,21 @@ class ContinualRun:
             for group in self.optimizer.param_groups:
                 group["lr"] = self._lr_at(step, total)
             # Gradient accumulation over slices of the batch: each slice's share of the token
-            # mean is backpropagated at once, so only one slice's activations are alive.
-            slices = micro_batches(local or items[:1], cfg.train.micro_batch_tokens)
+            # mean is backpropagated at once, so only one slice's activations are alive. With
+            # a shared prefix the slices are cut task by task, and each runs its task's prompt
+            # prefix once; the per-item results are put back in the items' order.
+            rows = local or items[:1]
+            tasks = None
+            if self.share_prefix:
+                tasks = [t for t, _ in current] + [e.task for e in replayed]
+                tasks = tasks[self.rank :: self.world] if local else tasks[:1]
+            slices = micro_batch_positions(rows, cfg.train.micro_batch_tokens, tasks)
             parts, loss_total = [], 0.0
-            for k, part in enumerate(slices):
+            for k, positions in enumerate(slices):
+                part = [rows[i] for i in positions]
                 sync = self.accelerator.no_sync(self.model) if k < len(slices) - 1 else contextlib.nullcontext()
                 with sync:
-                    nll_k, count_k = token_nll(self.model, self._batch(part), scope="label", is_seq2seq=self.is_seq2seq)
+                    nll_k, count_k = token_nll(self.model, self._batch(part, shared=True), scope="label", is_seq2seq=self.is_seq2seq)
                     loss = weight * nll_k.sum() / n_tokens
                     if k == 0:
                         loss = self.method.loss(loss)  # a method's penalty enters once per step
@@ -278,7 +290,8 @@ class ContinualRun:
                     self.accelerator.backward(loss)
                 loss_total = loss_total + loss.detach()
                 parts.append((nll_k.detach(), count_k.detach()))
-            nll, count = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+            back = torch.tensor([i for positions in slices for i in positions]).argsort()
+            nll, count = torch.cat([p[0] for p in parts])[back], torch.cat([p[1] for p in parts])[back]
             if self.world > 1:
                 shown = self.accelerator.reduce(loss_total, "sum") / self.world
             else:
@@ -358,7 +371,8 @@ class ContinualRun:
             if self.cfg.eval.mode == "perplexity":
                 nll = self.sharded(
                     lambda part: score_examples(
-                        model, part, pad_id=self.tokenizer.pad_token_id, is_seq2seq=False, scope="label", reduction="sum", batch_size=bs, device=self.device
+                        model, part, pad_id=self.tokenizer.pad_token_id, is_seq2seq=False, scope="label", reduction="sum", batch_size=bs, device=self.device,
+                        share_prefix=self.share_prefix,
                     ),
                     items,
                 )
@@ -366,12 +380,14 @@ class ContinualRun:
             if self.cfg.eval.mode == "rank":
                 answers = self.label_answers[j]
                 predict = lambda part: rank_answers(  # noqa: E731
-                    model, part, answers, pad_id=self.tokenizer.pad_token_id, is_seq2seq=self.is_seq2seq, batch_size=bs, device=self.device
+                    model, part, answers, pad_id=self.tokenizer.pad_token_id, is_seq2seq=self.is_seq2seq, batch_size=bs, device=self.device,
+                    share_prefix=self.share_prefix,
                 )
             else:
                 new_tokens = self.cfg.eval.max_new_tokens or max(len(a) for a in self.label_answers[j].values()) + 1
                 predict = lambda part: generate_answers(  # noqa: E731
-                    model, self.tokenizer, part, is_seq2seq=self.is_seq2seq, max_new_tokens=new_tokens, batch_size=bs, device=self.device
+                    model, self.tokenizer, part, is_seq2seq=self.is_seq2seq, max_new_tokens=new_tokens, batch_size=bs, device=self.device,
+                    share_prefix=self.share_prefix,
                 )
             preds = self.sharded(predict, items)
         return accuracy(preds, gold)

@@ -13,6 +13,7 @@ vocabulary projection over the prompt.
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 
@@ -98,24 +99,62 @@ def bucketed_batches(lengths: list[int], batch_size: int, rng: random.Random, bu
 def micro_batches(items: list[Encoded], max_tokens: int) -> list[list[Encoded]]:
     """Consecutive slices of ``items`` whose padded size (rows x longest row) stays within
     ``max_tokens`` (one row at least); ``max_tokens`` 0 keeps the batch whole."""
+    return [[items[i] for i in s] for s in _slices([len(e) for e in items], max_tokens)]
+
+
+def _slices(lengths: list[int], max_tokens: int) -> list[list[int]]:
     if max_tokens <= 0:
-        return [items]
-    out: list[list[Encoded]] = []
+        return [list(range(len(lengths)))] if lengths else []
+    out: list[list[int]] = []
     width = 0
-    for e in items:
-        w = max(width, len(e))
+    for i, n in enumerate(lengths):
+        w = max(width, n)
         if out and (len(out[-1]) + 1) * w <= max_tokens:
-            out[-1].append(e)
+            out[-1].append(i)
             width = w
         else:
-            out.append([e])
-            width = len(e)
+            out.append([i])
+            width = n
     return out
 
 
-def collate(items: list[Encoded], pad_id: int, is_seq2seq: bool, with_answer: bool = True) -> dict[str, torch.Tensor]:
+def micro_batch_positions(items: list[Encoded], max_tokens: int, groups: list[int] | None = None) -> list[list[int]]:
+    """The slices of :func:`micro_batches` as lists of positions in ``items``. With ``groups``
+    (a task per item) no slice mixes two groups: the items are taken group by group, each in
+    its own order, so a slice's prompts share their task's prefix."""
+    if groups is None:
+        return _slices([len(e) for e in items], max_tokens)
+    out: list[list[int]] = []
+    for g in dict.fromkeys(groups):
+        members = [i for i, k in enumerate(groups) if k == g]
+        out.extend([members[j] for j in s] for s in _slices([len(items[i]) for i in members], max_tokens))
+    return out
+
+
+MIN_SHARED_PREFIX = 8
+"""Fewest shared tokens worth a separate prefix pass (below it the extra call costs more)."""
+
+
+def shared_prefix_len(items: list[Encoded]) -> int:
+    """Tokens that every item's prompt starts with, leaving at least one prompt token per row
+    (so a row's first answer token is always predicted from its own part); 0 when fewer than
+    :data:`MIN_SHARED_PREFIX` or fewer than two rows would share them."""
+    if len(items) < 2:
+        return 0
+    common = len(os.path.commonprefix([e.prompt for e in items]))
+    n = min(common, min(len(e.prompt) for e in items) - 1)
+    return n if n >= MIN_SHARED_PREFIX else 0
+
+
+def collate(items: list[Encoded], pad_id: int, is_seq2seq: bool, with_answer: bool = True, prefix: int = 0) -> dict[str, torch.Tensor]:
     """Tensors for a batch. Causal: left-padded ``prompt+answer`` (or prompt only), explicit
-    position ids, ``n_answer`` per row. Seq2seq: padded encoder input and ``-100``-padded labels."""
+    position ids, ``n_answer`` per row. Seq2seq: padded encoder input and ``-100``-padded labels.
+
+    ``prefix`` > 0 (causal only; see :func:`shared_prefix_len`): the first ``prefix`` tokens,
+    which every row shares, go once into ``prefix_ids`` [1, prefix]; ``input_ids`` and
+    ``attention_mask`` hold the rest of each row (left-padded, so the pads sit between the
+    prefix and the row) and ``position_ids`` continue from the prefix. The model then runs the
+    prefix once and the rows against its KV cache (``surecl.nll``)."""
     if is_seq2seq:
         width = max(len(e.prompt) for e in items)
         ids = torch.full((len(items), width), pad_id, dtype=torch.long)
@@ -133,13 +172,17 @@ def collate(items: list[Encoded], pad_id: int, is_seq2seq: bool, with_answer: bo
             out["n_answer"] = torch.tensor([len(e.answer) for e in items])
         return out
     seqs = [e.prompt + e.answer if with_answer else e.prompt for e in items]
+    shared = seqs[0][:prefix]
+    seqs = [s[prefix:] for s in seqs]
     width = max(len(s) for s in seqs)
     ids = torch.full((len(items), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(items), width), dtype=torch.long)
     for r, s in enumerate(seqs):
         ids[r, width - len(s) :] = torch.tensor(s)
         mask[r, width - len(s) :] = 1
-    out = {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)}
+    out = {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0) + prefix}
+    if prefix:
+        out["prefix_ids"] = torch.tensor([shared])
     if with_answer:
         out["n_answer"] = torch.tensor([len(e.answer) for e in items])
     return out

@@ -4,14 +4,15 @@ Scoring runs under ``torch.inference_mode`` on batches sorted by length (little 
 whatever dtype the frozen base is held in. ``reduction`` ``mean`` is the paper's score (mean
 token NLL); ``sum`` its ablation. ``scope`` ``sequence`` scores prompt and answer, ``label``
 the answer only. For encoder-decoder models both scopes score the decoder target (the answer),
-the only tokens such a model predicts.
+the only tokens such a model predicts. With ``share_prefix`` the prompt prefix that a
+batch's rows share (a task's instruction and options) runs once per batch (``surecl.nll``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from surecl.data.encode import Encoded, collate
+from surecl.data.encode import Encoded, collate, shared_prefix_len
 from surecl.nll import token_nll
 
 
@@ -26,13 +27,16 @@ def score_examples(
     reduction: str = "mean",
     batch_size: int = 32,
     device: torch.device | None = None,
+    share_prefix: bool = True,
 ) -> list[float]:
     """Surprise of every item, in the items' order."""
     order = sorted(range(len(items)), key=lambda i: len(items[i]))
     scores = [0.0] * len(items)
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        batch = collate([items[i] for i in idx], pad_id, is_seq2seq)
+        rows = [items[i] for i in idx]
+        prefix = shared_prefix_len(rows) if share_prefix and not is_seq2seq else 0
+        batch = collate(rows, pad_id, is_seq2seq, prefix=prefix)
         if device is not None:
             batch = {k: v.to(device) for k, v in batch.items()}
         nll, count = token_nll(model, batch, scope=scope, is_seq2seq=is_seq2seq)
