@@ -62,6 +62,9 @@ def test_positions_group_by_task_and_cover_every_item():
     assert slices == [[0, 2, 5], [1], [3], [4]]
     assert micro_batch_positions(items, 0, groups) == [[0, 2, 5], [1, 3], [4]]
     assert micro_batch_positions(items, 64) == [[0, 1], [2], [3], [4, 5]]
+    # items alone in their task share nothing: they run together, after the groups
+    assert micro_batch_positions(items, 64, [3, 0, 1, 0, 2, 0]) == [[1], [3], [5], [0, 2, 4]]
+    assert micro_batch_positions(items, 0, [3, 0, 1, 0, 2, 0]) == [[1, 3, 5], [0, 2, 4]]
 
 
 def _losses(out):

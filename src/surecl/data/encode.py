@@ -118,15 +118,18 @@ def _slices(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return out
 
 
-def micro_batch_positions(items: list[Encoded], max_tokens: int, groups: list[int] | None = None) -> list[list[int]]:
+def micro_batch_positions(items: list[Encoded], max_tokens: int, groups: list | None = None) -> list[list[int]]:
     """The slices of :func:`micro_batches` as lists of positions in ``items``. With ``groups``
     (a task per item) no slice mixes two groups: the items are taken group by group, each in
-    its own order, so a slice's prompts share their task's prefix."""
+    its own order, so a slice's prompts share their task's prefix. Items alone in their group
+    (nothing to share) go together into one last group instead of a slice each."""
     if groups is None:
         return _slices([len(e) for e in items], max_tokens)
+    size = {g: groups.count(g) for g in groups}
+    keys = [g if size[g] > 1 else None for g in groups]
     out: list[list[int]] = []
-    for g in dict.fromkeys(groups):
-        members = [i for i, k in enumerate(groups) if k == g]
+    for g in sorted(dict.fromkeys(keys), key=lambda g: g is None):
+        members = [i for i, k in enumerate(keys) if k == g]
         out.extend([members[j] for j in s] for s in _slices([len(items[i]) for i in members], max_tokens))
     return out
 

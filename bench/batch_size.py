@@ -1,0 +1,46 @@
+"""Scoring and greedy evaluation time against the batch size, with and without the shared
+prompt prefix, task by task as the trainer runs them (SmolLM2-135M, embedded tasks).
+
+On a 2-core CPU a bigger batch is not automatically faster: one ~100-token sequence already
+fills both cores, and a batch's activations outgrow the caches. This prints the time per
+batch size so the defaults can be chosen from a measurement.
+Usage: cd bench && python batch_size.py [examples_per_task] [batch sizes ...]   (default 32; 4 8 16 32)
+"""
+
+from __future__ import annotations
+
+import sys
+
+from common import load, median_time, real_items_by_task
+
+from surecl.evaluate import generate_answers
+from surecl.replay.surprise import score_examples
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 32
+    sizes = [int(x) for x in sys.argv[2:]] or [4, 8, 16, 32]
+    m = load("auto")
+    by_task = real_items_by_task(m.tokenizer, n)
+    pad = m.tokenizer.pad_token_id
+    tokens = sum(len(e) for part in by_task for e in part)
+    prompt_tokens = sum(len(e.prompt) for part in by_task for e in part)
+
+    def score(bs, share):
+        for part in by_task:
+            score_examples(m.model, part, pad_id=pad, is_seq2seq=False, batch_size=bs, share_prefix=share)
+
+    def generate(bs, share):
+        for part in by_task:
+            generate_answers(m.model, m.tokenizer, part, is_seq2seq=False, max_new_tokens=4, batch_size=bs, device="cpu", share_prefix=share)
+
+    print(f"{len(by_task)} tasks x {n} examples: {tokens} tokens scored, {prompt_tokens} prompt tokens generated from; "
+          f"base {next(m.model.parameters()).dtype}; median of 3")
+    print(f"{'batch':>5s} {'score, whole rows':>18s} {'score, shared':>14s} {'generate, whole':>16s} {'generate, shared':>17s}")
+    for bs in sizes:
+        t = [median_time(lambda f=fn, b=bs, s=share: f(b, s), 3, warmup=1) for fn in (score, generate) for share in (False, True)]
+        print(f"{bs:5d} {t[0]:16.2f} s {t[1]:12.2f} s {t[2]:14.2f} s {t[3]:15.2f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
