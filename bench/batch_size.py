@@ -4,7 +4,7 @@ prompt prefix, task by task as the trainer runs them (SmolLM2-135M, embedded tas
 On a 2-core CPU a bigger batch is not automatically faster: one ~100-token sequence already
 fills both cores, and a batch's activations outgrow the caches. This prints the time per
 batch size so the defaults can be chosen from a measurement.
-Usage: cd bench && python batch_size.py [examples_per_task] [batch sizes ...]   (default 32; 4 8 16 32)
+Usage: cd bench && python batch_size.py [examples_per_task] [batch sizes ...]   (default 16; 4 8 16 32)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from surecl.replay.surprise import score_examples
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 32
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 16
     sizes = [int(x) for x in sys.argv[2:]] or [4, 8, 16, 32]
     m = load("auto")
     by_task = real_items_by_task(m.tokenizer, n)
@@ -36,9 +36,10 @@ def main() -> None:
 
     print(f"{len(by_task)} tasks x {n} examples: {tokens} tokens scored, {prompt_tokens} prompt tokens generated from; "
           f"base {next(m.model.parameters()).dtype}; median of 3")
+    score(8, True)  # warm-up
     print(f"{'batch':>5s} {'score, whole rows':>18s} {'score, shared':>14s} {'generate, whole':>16s} {'generate, shared':>17s}")
     for bs in sizes:
-        t = [median_time(lambda f=fn, b=bs, s=share: f(b, s), 3, warmup=1) for fn in (score, generate) for share in (False, True)]
+        t = [median_time(lambda f=fn, b=bs, s=share: f(b, s), 3) for fn in (score, generate) for share in (False, True)]
         print(f"{bs:5d} {t[0]:16.2f} s {t[1]:12.2f} s {t[2]:14.2f} s {t[3]:15.2f} s", flush=True)
 
 

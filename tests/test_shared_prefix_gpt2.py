@@ -1,0 +1,62 @@
+"""The shared prefix on another architecture: a tiny GPT-2 (learned absolute positions, fused
+attention projection) scores, ranks and generates the same with and without it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from surecl.data.encode import TaskEncoder, shared_prefix_len
+from surecl.data.tiny import tiny_stream
+from surecl.evaluate import generate_answers, option_logprobs
+from surecl.replay.surprise import score_examples
+
+
+@pytest.fixture(scope="module")
+def gpt2(tiny_loaded):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = tiny_loaded.tokenizer
+    config = GPT2Config(
+        vocab_size=len(tok), n_positions=128, n_embd=64, n_layer=2, n_head=4,
+        initializer_range=0.5,  # large random weights: rows get different, non-trivial answers
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(config)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def items(tiny_loaded):
+    task = tiny_stream(n_train=10, n_test=1)[2]
+    out = TaskEncoder(tiny_loaded.tokenizer, 64).encode(task, task.train)
+    assert shared_prefix_len(out) > 0
+    return out
+
+
+def test_scores_equal_with_and_without_shared_prefix(gpt2, tiny_loaded, items):
+    pad = tiny_loaded.tokenizer.pad_token_id
+    for scope in ("sequence", "label"):
+        whole = score_examples(gpt2, items, pad_id=pad, is_seq2seq=False, scope=scope, batch_size=4, share_prefix=False)
+        shared = score_examples(gpt2, items, pad_id=pad, is_seq2seq=False, scope=scope, batch_size=4)
+        assert shared == pytest.approx(whole, abs=1e-4, rel=1e-5)
+        # and whole rows equal each sequence alone (so neither path leans on the padding)
+        alone = [score_examples(gpt2, [e], pad_id=pad, is_seq2seq=False, scope=scope)[0] for e in items]
+        assert whole == pytest.approx(alone, abs=1e-4, rel=1e-5)
+        assert len({round(v, 3) for v in shared}) > 1
+
+
+def test_ranking_and_generation_equal_with_and_without_shared_prefix(gpt2, tiny_loaded, items):
+    tok = tiny_loaded.tokenizer
+    enc = TaskEncoder(tok, 64)
+    options = {lab: enc.answer_ids(lab) for lab in ("warm", "cool", "warm cool")}
+    with torch.inference_mode():
+        whole = option_logprobs(gpt2, items, options, pad_id=tok.pad_token_id, is_seq2seq=False, batch_size=9, device="cpu", share_prefix=False)
+        shared = option_logprobs(gpt2, items, options, pad_id=tok.pad_token_id, is_seq2seq=False, batch_size=9, device="cpu")
+    torch.testing.assert_close(shared, whole, atol=1e-4, rtol=1e-5)
+    kw = {"is_seq2seq": False, "max_new_tokens": 4, "batch_size": 5, "device": "cpu"}
+    whole = generate_answers(gpt2, tok, items, share_prefix=False, **kw)
+    assert generate_answers(gpt2, tok, items, **kw) == whole
+    assert len(set(whole)) > 1
