@@ -45,19 +45,22 @@ def test_every_preset_runs_on_tiny(preset, tmp_path, cache_dir):
 
 
 def test_replay_keeps_more_of_earlier_tasks_than_seq_lora(tmp_path, cache_dir):
-    """The tiny stream is class-incremental: without replay earlier tasks are forgotten."""
-    retained = {}
+    """The tiny stream is class-incremental: without replay earlier tasks are forgotten.
+
+    One tiny run is chaotic (fp32 rounding alone moves a run's retention between ~20 % and
+    100 %), so retention is averaged over three seeds."""
+    retained: dict[str, list[float]] = {}
     for preset in ("seq_lora", "surprise", "reservoir"):
-        cfg = build_config(f"tiny,{preset}", ["data.tasks=[colors,animals,numbers]"])
-        res = run(cfg, tmp_path / preset, progress=False, cache_dir=cache_dir)
-        a = res["accuracy_matrix"]
-        assert a[0][0] >= 90.0, f"{preset} did not learn the first task: {a[0][0]}"
-        retained[preset] = sum(a[-1][:-1]) / 2  # earlier tasks, after the last one
-    assert retained["seq_lora"] <= 10.0, f"seq_lora should forget earlier tasks, kept {retained['seq_lora']}"
-    # In this fixture the most surprising items of a task can all share one label (the
-    # label-imbalance effect the paper discusses), so surprise keeps less than reservoir here.
-    assert retained["surprise"] >= retained["seq_lora"] + 10, retained
-    assert retained["reservoir"] >= retained["seq_lora"] + 30, retained
+        for seed in (0, 1, 2):
+            cfg = build_config(f"tiny,{preset}", ["data.tasks=[colors,animals,numbers]", f"seed={seed}"])
+            res = run(cfg, tmp_path / f"{preset}{seed}", progress=False, cache_dir=cache_dir)
+            a = res["accuracy_matrix"]
+            assert a[0][0] >= 90.0, f"{preset} did not learn the first task: {a[0][0]}"
+            retained.setdefault(preset, []).append(sum(a[-1][:-1]) / 2)  # earlier tasks, after the last one
+    mean = {k: sum(v) / len(v) for k, v in retained.items()}
+    assert max(retained["seq_lora"]) <= 10.0, f"seq_lora should forget earlier tasks, kept {retained['seq_lora']}"
+    assert mean["surprise"] >= mean["seq_lora"] + 10, retained
+    assert mean["reservoir"] >= mean["seq_lora"] + 30, retained
 
 
 def test_saved_adapters_load_with_peft_and_reproduce_eval(tmp_path, cache_dir):

@@ -135,11 +135,14 @@ def test_policy_offers_with_scores_and_labels_and_ages():
 def test_online_policy_trains_without_an_extra_scoring_pass(tmp_path, tiny_cache):
     from surecl.trainer import run
 
-    cfg = build_config("tiny,online_surprise", ["data.tasks=[colors,animals,numbers]"])
-    res = run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
-    assert res["timing"]["score"] == 0.0  # no separate surprise pass
-    per_task = res["buffer"]["per_task"]
-    assert set(per_task) == {"colors", "animals", "numbers"} and res["buffer"]["size"] == res["buffer"]["capacity"] - res["buffer"]["capacity"] % 6
-    a = res["accuracy_matrix"]
-    assert a[0][0] >= 90.0
-    assert sum(a[-1][:-1]) / 2 >= 20.0, a  # replay keeps earlier tasks (seq_lora keeps <= 10 here)
+    kept = []
+    for seed in (0, 1, 2):  # one tiny run is chaotic: retention is averaged over three seeds
+        cfg = build_config("tiny,online_surprise", ["data.tasks=[colors,animals,numbers]", f"seed={seed}"])
+        res = run(cfg, tmp_path / f"run{seed}", progress=False, cache_dir=tiny_cache)
+        assert res["timing"]["score"] == 0.0  # no separate surprise pass
+        per_task = res["buffer"]["per_task"]
+        assert set(per_task) == {"colors", "animals", "numbers"} and res["buffer"]["size"] == res["buffer"]["capacity"] - res["buffer"]["capacity"] % 6
+        a = res["accuracy_matrix"]
+        assert a[0][0] >= 90.0
+        kept.append(sum(a[-1][:-1]) / 2)
+    assert sum(kept) / 3 >= 20.0, kept  # replay keeps earlier tasks (seq_lora keeps <= 10 here)
