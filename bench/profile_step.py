@@ -65,7 +65,7 @@ def main() -> None:
         def step():
             for pos in micro_batch_positions(items, 1024, tasks):
                 part = [items[i] for i in pos]
-                nll, _ = token_nll(dual.model, collate(part, pad, False, prefix=shared_prefix_len(part)), scope="label")
+                nll, _ = token_nll(dual.model, collate(part, pad, False, share_prefix=True), scope="label")
                 (nll.sum() / n_answer).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

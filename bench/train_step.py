@@ -22,7 +22,7 @@ from peft import LoraConfig, get_peft_model
 from surecl.adapters import DualLoRA
 from surecl.config import DualConfig
 from surecl.config import LoraConfig as SureLora
-from surecl.data.encode import collate, micro_batch_positions, shared_prefix_len
+from surecl.data.encode import collate, micro_batch_positions
 from surecl.nll import token_nll
 from surecl.replay.buffer import QuotaBuffer, sample
 
@@ -77,7 +77,7 @@ def sure_step_fn(items, tasks, pad_id, timings, *, max_tokens=0, share=False):
         batches = []
         for pos in slices:
             part = [rows[i] for i in pos]
-            batches.append(collate(part, pad_id, False, prefix=shared_prefix_len(part) if share else 0))
+            batches.append(collate(part, pad_id, False, share_prefix=share))
         n_tokens = sum(len(e.answer) for e in rows)
         t1 = time.perf_counter()
         for batch in batches:

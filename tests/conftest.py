@@ -30,3 +30,21 @@ def tiny_loaded(tiny_cache) -> LoadedModel:
 def fresh_tiny(tiny_loaded) -> torch.nn.Module:
     """An untouched copy of the tiny base (PEFT wraps its argument in place)."""
     return copy.deepcopy(tiny_loaded.model)
+
+
+@pytest.fixture(scope="session")
+def task_examples(tiny_loaded):
+    """``task_examples(task, n_train, seed)``: the encoded training examples of one tiny task,
+    shuffled by ``seed``; their prompts share the task's instruction and options."""
+    import random
+
+    from surecl.data.encode import TaskEncoder
+    from surecl.data.tiny import tiny_stream
+
+    def make(task: int, n_train: int, seed: int):
+        t = tiny_stream(n_train=n_train, n_test=1)[task]
+        out = TaskEncoder(tiny_loaded.tokenizer, max_length=64).encode(t, t.train)
+        random.Random(seed).shuffle(out)
+        return out
+
+    return make

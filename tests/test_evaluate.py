@@ -107,8 +107,8 @@ def test_greedy_stops_once_every_row_emitted_eos(tiny_loaded):
     tok = tiny_loaded.tokenizer
     task = tiny_stream()[0]
     items = TaskEncoder(tok, 64).encode(task, task.test[:6])
-    n = shared_prefix_len(items)
-    batch = collate(items, tok.pad_token_id, False, with_answer=False, prefix=n)
+    assert shared_prefix_len(items) > 0  # the call count below includes the prefix pass
+    batch = collate(items, tok.pad_token_id, False, with_answer=False, share_prefix=True)
     # calls: 1 prefix pass, 1 prompt pass, then one per new token; EOS from the 4th call on
     spy = _EosAfter(tiny_loaded.model, 4, tok.eos_token_id)
     with torch.inference_mode():

@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
 
 from surecl.adapters import DualLoRA
 from surecl.config import DualConfig, LoraConfig, build_config
-from surecl.data.encode import Encoded, TaskEncoder, collate, micro_batch_positions, shared_prefix_len
-from surecl.data.tiny import tiny_stream
+from surecl.data.encode import Encoded, collate, micro_batch_positions, shared_prefix_len
 from surecl.nll import token_nll
 from surecl.trainer import run
 
 
 @pytest.fixture(scope="module")
-def rows(tiny_loaded) -> list[Encoded]:
-    tasks = tiny_stream(n_train=6, n_test=1)
-    out = TaskEncoder(tiny_loaded.tokenizer, max_length=64).encode(tasks[2], tasks[2].train)
-    random.Random(2).shuffle(out)
-    return out
+def rows(task_examples) -> list[Encoded]:
+    return task_examples(2, 6, seed=2)
 
 
 def _grads(model, params, batch, scope):
@@ -44,7 +39,7 @@ def test_gradient_through_a_shared_prefix_equals_whole_rows(fresh_tiny, tiny_loa
     n = shared_prefix_len(rows)
     assert n > 0
     whole_nll, whole = _grads(dl.model, dl.fast_params, collate(rows, pad, False), scope)
-    shared_nll, shared = _grads(dl.model, dl.fast_params, collate(rows, pad, False, prefix=n), scope)
+    shared_nll, shared = _grads(dl.model, dl.fast_params, collate(rows, pad, False, share_prefix=True), scope)
     assert shared_nll.tolist() == pytest.approx(whole_nll.tolist(), abs=1e-4, rel=1e-5)
     assert any(float(gw.abs().max()) > 1e-3 for gw in whole)  # the step does move the adapter
     for gs, gw in zip(shared, whole, strict=True):

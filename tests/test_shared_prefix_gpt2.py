@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from surecl.data.encode import TaskEncoder, shared_prefix_len
-from surecl.data.tiny import tiny_stream
 from surecl.evaluate import generate_answers, option_logprobs
 from surecl.replay.surprise import score_examples
 
@@ -29,9 +28,8 @@ def gpt2(tiny_loaded):
 
 
 @pytest.fixture(scope="module")
-def items(tiny_loaded):
-    task = tiny_stream(n_train=10, n_test=1)[2]
-    out = TaskEncoder(tiny_loaded.tokenizer, 64).encode(task, task.train)
+def items(task_examples):
+    out = task_examples(2, 10, seed=0)
     assert shared_prefix_len(out) > 0
     return out
 

@@ -168,12 +168,9 @@ def test_bf16_without_native_support_warns_and_is_recorded(tiny_cache, monkeypat
 
 
 @pytest.fixture(scope="module")
-def one_task(tiny_loaded) -> list[Encoded]:
+def one_task(task_examples) -> list[Encoded]:
     """Examples of one task: their prompts share the instruction and options."""
-    tasks = tiny_stream(n_train=12, n_test=1)
-    out = TaskEncoder(tiny_loaded.tokenizer, max_length=64).encode(tasks[1], tasks[1].train)
-    random.Random(1).shuffle(out)
-    return out
+    return task_examples(1, 12, seed=1)
 
 
 def test_shared_prefix_len_keeps_a_prompt_token_per_row(one_task):
@@ -193,7 +190,7 @@ def test_collate_with_prefix_holds_the_rest_of_each_row(one_task, tiny_loaded):
     pad = tiny_loaded.tokenizer.pad_token_id
     rows = one_task[:5]
     n = shared_prefix_len(rows)
-    batch = collate(rows, pad, is_seq2seq=False, prefix=n)
+    batch = collate(rows, pad, is_seq2seq=False, share_prefix=True)
     assert batch["prefix_ids"].tolist() == [rows[0].prompt[:n]]
     width = max(len(e) for e in rows) - n
     assert batch["input_ids"].shape == (5, width)

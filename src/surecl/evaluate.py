@@ -14,7 +14,7 @@ import string
 
 import torch
 
-from surecl.data.encode import Encoded, collate, shared_prefix_len
+from surecl.data.encode import Encoded, collate
 from surecl.nll import prefixed, token_nll
 
 _PUNCT = re.compile(f"[{re.escape(string.punctuation)}]")
@@ -47,8 +47,7 @@ def generate_answers(
                 pad_token_id=tokenizer.pad_token_id,
             )
         else:
-            prefix = shared_prefix_len(rows) if share_prefix else 0
-            batch = {k: v.to(device) for k, v in collate(rows, tokenizer.pad_token_id, False, with_answer=False, prefix=prefix).items()}
+            batch = {k: v.to(device) for k, v in collate(rows, tokenizer.pad_token_id, False, with_answer=False, share_prefix=share_prefix).items()}
             new = greedy(model, batch, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
         for i, text in zip(idx, tokenizer.batch_decode(new, skip_special_tokens=True)):
             answers[i] = text
@@ -59,10 +58,8 @@ def greedy(model, batch: dict[str, torch.Tensor], *, max_new_tokens: int, eos_id
     """Greedy decoding of a causal batch (left-padded prompts, optionally behind a shared
     prefix) with the KV cache: [rows, <= max_new_tokens] new tokens, ``pad_id`` after a row's
     EOS, stopping as soon as every row has emitted EOS (``generate``'s greedy search)."""
-    kwargs, _ = prefixed(model, batch, want_logits=False)
-    mask = kwargs.pop("attention_mask")
+    out, mask = _prompt_pass(model, batch)
     pos = batch["position_ids"][:, -1:]
-    out = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=batch["position_ids"], use_cache=True, logits_to_keep=1, **kwargs)
     done = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
     new = []
     for step in range(max_new_tokens):
@@ -75,6 +72,15 @@ def greedy(model, batch: dict[str, torch.Tensor], *, max_new_tokens: int, eos_id
         pos = pos + 1
         out = model(input_ids=token[:, None], attention_mask=mask, position_ids=pos, past_key_values=out.past_key_values, use_cache=True)
     return torch.stack(new, 1) if new else batch["input_ids"].new_zeros(mask.shape[0], 0)
+
+
+def _prompt_pass(model, batch: dict[str, torch.Tensor]):
+    """One forward over a batch of prompts (behind their shared prefix, if any) with the KV
+    cache, logits for the last position only; returns the output and the rows' full attention
+    mask (prefix included), which continues into the tokens that follow."""
+    kwargs, _ = prefixed(model, batch, want_logits=False)
+    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=True, logits_to_keep=1, **kwargs)
+    return out, kwargs["attention_mask"]
 
 
 def rank_answers(
@@ -120,17 +126,14 @@ def option_logprobs(
     rows = max(1, batch_size // n_opt)
     for start in range(0, len(order), rows):
         idx = order[start : start + rows]
-        chunk = [items[i] for i in idx]
-        prefix = shared_prefix_len(chunk) if share_prefix else 0
-        batch = {k: v.to(device) for k, v in collate(chunk, pad_id, False, with_answer=False, prefix=prefix).items()}
-        kwargs, _ = prefixed(model, batch, want_logits=False)
-        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=True, logits_to_keep=1, **kwargs)
+        batch = {k: v.to(device) for k, v in collate([items[i] for i in idx], pad_id, False, with_answer=False, share_prefix=share_prefix).items()}
+        out, prompt_mask = _prompt_pass(model, batch)
         first = torch.log_softmax(out.logits[:, -1].float(), -1)  # predicts each answer's first token
         cache = out.past_key_values
         cache.batch_repeat_interleave(n_opt)
         b = len(idx)
         ids = ans.repeat(b, 1)
-        mask = torch.cat([kwargs["attention_mask"].repeat_interleave(n_opt, 0), ans_mask.repeat(b, 1)], 1)
+        mask = torch.cat([prompt_mask.repeat_interleave(n_opt, 0), ans_mask.repeat(b, 1)], 1)
         pos = batch["position_ids"][:, -1:].repeat_interleave(n_opt, 0) + 1 + torch.arange(width, device=device)
         logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=False).logits.float(), -1)
         # token t of an answer is predicted by the prompt's last position (t = 0) or answer token t-1

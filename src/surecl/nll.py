@@ -20,8 +20,8 @@ def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_se
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels, use_cache=False)
         return _rows_nll(out.logits, labels.clamp(min=0), (labels != -100).float())
     if scope == "label":
-        ids, mask = batch["input_ids"], batch["attention_mask"]
-        kwargs, prefix_logits = prefixed(model, batch, want_logits=False)
+        ids = batch["input_ids"]
+        kwargs, _ = prefixed(model, batch, want_logits=False)
         # Answers end at the last position (left padding): keep logits for the last k+1 positions.
         k = int(batch["n_answer"].max())
         out = model(input_ids=ids, position_ids=batch["position_ids"], use_cache=False, logits_to_keep=k + 1, **kwargs)

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from surecl import checkpoint, metrics
 from surecl.adapters import DualLoRA
 from surecl.config import RunConfig
-from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, micro_batch_positions, shared_prefix_len
+from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, micro_batch_positions
 from surecl.data.loading import load_stream
 from surecl.data.task import Task
 from surecl.errors import SureclError
@@ -223,8 +223,8 @@ class ContinualRun:
     def _batch(self, items: list[Encoded], shared: bool = False) -> dict[str, torch.Tensor]:
         """A collated batch on the device; ``shared``: with the rows' shared prompt prefix split
         off (when ``model.share_prefix`` is on and they share enough of one)."""
-        prefix = shared_prefix_len(items) if shared and self.share_prefix else 0
-        return {k: v.to(self.device) for k, v in collate(items, self.tokenizer.pad_token_id, self.is_seq2seq, prefix=prefix).items()}
+        batch = collate(items, self.tokenizer.pad_token_id, self.is_seq2seq, share_prefix=shared and self.share_prefix)
+        return {k: v.to(self.device) for k, v in batch.items()}
 
     def plan_batches(self, stage: Stage) -> list[list[int]]:
         """The stage's batches (indices into its example pool), fixed at stage start so a

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -125,7 +126,7 @@ def micro_batch_positions(items: list[Encoded], max_tokens: int, groups: list | 
     (nothing to share) go together into one last group instead of a slice each."""
     if groups is None:
         return _slices([len(e) for e in items], max_tokens)
-    size = {g: groups.count(g) for g in groups}
+    size = Counter(groups)
     keys = [g if size[g] > 1 else None for g in groups]
     out: list[list[int]] = []
     for g in sorted(dict.fromkeys(keys), key=lambda g: g is None):
@@ -149,12 +150,12 @@ def shared_prefix_len(items: list[Encoded]) -> int:
     return n if n >= MIN_SHARED_PREFIX else 0
 
 
-def collate(items: list[Encoded], pad_id: int, is_seq2seq: bool, with_answer: bool = True, prefix: int = 0) -> dict[str, torch.Tensor]:
+def collate(items: list[Encoded], pad_id: int, is_seq2seq: bool, with_answer: bool = True, share_prefix: bool = False) -> dict[str, torch.Tensor]:
     """Tensors for a batch. Causal: left-padded ``prompt+answer`` (or prompt only), explicit
     position ids, ``n_answer`` per row. Seq2seq: padded encoder input and ``-100``-padded labels.
 
-    ``prefix`` > 0 (causal only; see :func:`shared_prefix_len`): the first ``prefix`` tokens,
-    which every row shares, go once into ``prefix_ids`` [1, prefix]; ``input_ids`` and
+    ``share_prefix`` (causal only): the :func:`shared_prefix_len` first tokens, which every row
+    shares, go once into ``prefix_ids`` [1, prefix] (when there are enough); ``input_ids`` and
     ``attention_mask`` hold the rest of each row (left-padded, so the pads sit between the
     prefix and the row) and ``position_ids`` continue from the prefix. The model then runs the
     prefix once and the rows against its KV cache (``surecl.nll``)."""
@@ -174,6 +175,7 @@ def collate(items: list[Encoded], pad_id: int, is_seq2seq: bool, with_answer: bo
             out["labels"] = labels
             out["n_answer"] = torch.tensor([len(e.answer) for e in items])
         return out
+    prefix = shared_prefix_len(items) if share_prefix else 0
     seqs = [e.prompt + e.answer if with_answer else e.prompt for e in items]
     shared = seqs[0][:prefix]
     seqs = [s[prefix:] for s in seqs]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from surecl.data.encode import Encoded, collate, shared_prefix_len
+from surecl.data.encode import Encoded, collate
 from surecl.nll import token_nll
 
 
@@ -34,9 +34,7 @@ def score_examples(
     scores = [0.0] * len(items)
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        rows = [items[i] for i in idx]
-        prefix = shared_prefix_len(rows) if share_prefix and not is_seq2seq else 0
-        batch = collate(rows, pad_id, is_seq2seq, prefix=prefix)
+        batch = collate([items[i] for i in idx], pad_id, is_seq2seq, share_prefix=share_prefix)
         if device is not None:
             batch = {k: v.to(device) for k, v in batch.items()}
         nll, count = token_nll(model, batch, scope=scope, is_seq2seq=is_seq2seq)
