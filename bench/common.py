@@ -45,6 +45,21 @@ def median_time(fn, repeats: int = 3, warmup: int = 0) -> float:
     return statistics.median(times)
 
 
+def interleaved_medians(fns: list, repeats: int = 3, warmup: int = 1) -> list[float]:
+    """Median seconds of each of ``fns``, run in rounds (each once per round, in turn), so a
+    drift of the machine's speed during the run reaches every one of them alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for k, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
 def matmul_rate(dtype: torch.dtype, n: int = 1024, repeats: int = 5) -> float:
     """FLOP/s of a square matmul in ``dtype`` on this machine, measured now."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)

@@ -49,17 +49,37 @@ def test_gradient_through_a_shared_prefix_equals_whole_rows(fresh_tiny, tiny_loa
 def test_positions_group_by_task_and_cover_every_item():
     items = [Encoded(list(range(n - 1)), [0], "x") for n in (10, 30, 20, 40, 5, 12)]
     groups = [0, 1, 0, 1, 2, 0]
-    slices = micro_batch_positions(items, 64, groups)
+    slices = micro_batch_positions(items, 64, groups, min_saving=1)
     assert sorted(i for s in slices for i in s) == list(range(len(items)))
     for s in slices:
         assert len({groups[i] for i in s}) == 1
-        assert len(s) == 1 or len(s) * max(len(items[i]) for i in s) <= 64
-    assert slices == [[0, 2, 5], [1], [3], [4]]
-    assert micro_batch_positions(items, 0, groups) == [[0, 2, 5], [1, 3], [4]]
-    assert micro_batch_positions(items, 64) == [[0, 1], [2], [3], [4, 5]]
+        # what a slice computes: its shared prefix once, then each row's (padded) rest
+        shared = shared_prefix_len([items[i] for i in s])
+        assert len(s) == 1 or len(s) * max(len(items[i]) - shared for i in s) + shared <= 64
+    # task 1's rows (30 and 40 tokens, 28 shared) fit one slice: 28 + 2 x 12 tokens computed
+    assert slices == [[0, 2, 5], [1, 3], [4]]
+    assert micro_batch_positions(items, 0, groups, min_saving=1) == [[0, 2, 5], [1, 3], [4]]
+    # a saving floor above both groups' (16 and 28 tokens) pools every row: the ungrouped slices
+    assert micro_batch_positions(items, 64, groups, min_saving=29) == micro_batch_positions(items, 64) == [[0, 1], [2], [3], [4, 5]]
     # items alone in their task share nothing: they run together, after the groups
-    assert micro_batch_positions(items, 64, [3, 0, 1, 0, 2, 0]) == [[1], [3], [5], [0, 2, 4]]
-    assert micro_batch_positions(items, 0, [3, 0, 1, 0, 2, 0]) == [[1, 3, 5], [0, 2, 4]]
+    assert micro_batch_positions(items, 64, [3, 0, 1, 0, 2, 0], min_saving=1) == [[1], [3], [5], [0, 2, 4]]
+    assert micro_batch_positions(items, 0, [3, 0, 1, 0, 2, 0], min_saving=1) == [[1, 3, 5], [0, 2, 4]]
+
+
+def test_groups_that_save_few_prefix_tokens_join_the_mixed_slices():
+    task = [Encoded(list(range(40)) + [100 + n], [0], "x") for n in range(4)]  # a 40-token prefix
+    pair = [Encoded([7] + list(range(40)) + [200 + n], [0], "x") for n in range(2)]  # 41 shared
+    lone = Encoded([9, 9, 9], [0], "x")
+    items = [task[0], pair[0], task[1], lone, pair[1], task[2], task[3]]
+    groups = [0, 1, 0, 2, 1, 0, 0]
+    # task 0's four rows save 3 x 40 = 120 tokens, the pair 41, the lone row none
+    assert shared_prefix_len(task) == 40 and shared_prefix_len(pair) == 41
+    assert micro_batch_positions(items, 0, groups, min_saving=41) == [[0, 2, 5, 6], [1, 4], [3]]
+    assert micro_batch_positions(items, 0, groups, min_saving=42) == [[0, 2, 5, 6], [1, 3, 4]]
+    assert micro_batch_positions(items, 0, groups, min_saving=120) == [[0, 2, 5, 6], [1, 3, 4]]
+    assert micro_batch_positions(items, 0, groups, min_saving=121) == [[0, 1, 2, 3, 4, 5, 6]]
+    # the default: a replayed pair with a 41-token prefix is not worth its own slice
+    assert micro_batch_positions(items, 0, groups) == [[0, 2, 5, 6], [1, 3, 4]]
 
 
 def _losses(out):

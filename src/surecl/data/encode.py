@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import random
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -119,24 +118,43 @@ def _slices(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return out
 
 
-def micro_batch_positions(items: list[Encoded], max_tokens: int, groups: list | None = None) -> list[list[int]]:
+def micro_batch_positions(items: list[Encoded], max_tokens: int, groups: list | None = None, min_saving: int | None = None) -> list[list[int]]:
     """The slices of :func:`micro_batches` as lists of positions in ``items``. With ``groups``
     (a task per item) no slice mixes two groups: the items are taken group by group, each in
-    its own order, so a slice's prompts share their task's prefix. Items alone in their group
-    (nothing to share) go together into one last group instead of a slice each."""
+    its own order, so a slice's prompts share their task's prefix. A group whose shared prefix
+    saves fewer than ``min_saving`` tokens (default :data:`MIN_SHARED_SAVING`; an item alone
+    saves none) is not worth a slice of its own: such items go together into one last group.
+    A group's slices are sized by the tokens they compute: its prefix once, then each row's
+    rest (left-padded), within ``max_tokens``."""
     if groups is None:
         return _slices([len(e) for e in items], max_tokens)
-    size = Counter(groups)
-    keys = [g if size[g] > 1 else None for g in groups]
+    floor = MIN_SHARED_SAVING if min_saving is None else min_saving
+    members: dict = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    keys, prefix = {}, {None: 0}
+    for g, idx in members.items():
+        shared = shared_prefix_len([items[i] for i in idx])
+        keys[g] = g if len(idx) > 1 and (len(idx) - 1) * shared >= floor else None
+        prefix[keys[g]] = shared if keys[g] is not None else 0
     out: list[list[int]] = []
-    for g in sorted(dict.fromkeys(keys), key=lambda g: g is None):
-        members = [i for i, k in enumerate(keys) if k == g]
-        out.extend([members[j] for j in s] for s in _slices([len(items[i]) for i in members], max_tokens))
+    for key in sorted(dict.fromkeys(keys[g] for g in groups), key=lambda k: k is None):
+        pos = [i for i, g in enumerate(groups) if keys[g] == key]
+        # a slice's size counts the tokens it computes: its prefix once, then each row's rest
+        p = prefix[key]
+        budget = max(max_tokens - p, 1) if max_tokens > 0 else 0
+        out.extend([pos[j] for j in s] for s in _slices([len(items[i]) - p for i in pos], budget))
     return out
 
 
 MIN_SHARED_PREFIX = 8
 """Fewest shared tokens worth a separate prefix pass (below it the extra call costs more)."""
+
+MIN_SHARED_SAVING = 64
+"""Fewest prefix tokens a task's rows must save, ``(rows - 1) x prefix``, to get training slices
+of their own. A separate slice costs another forward and backward pass (two, with its prefix
+pass) over a small batch; a replayed pair with a 20-30 token prefix saves less than that
+costs (``bench/train_step.py``)."""
 
 
 def shared_prefix_len(items: list[Encoded]) -> int:

@@ -1,0 +1,83 @@
+"""Would training slices that mix tasks, each row with its own task's prompt prefix, compute
+fewer tokens than the trainer's slices cut task by task? Counts the tokens each layout runs
+through the model (padding included) for the default run's training batches: 8 current
+examples of the task being learnt (the trainer's length-bucketed batches) and, every second
+step, 4 replayed from the earlier tasks.
+
+Layouts, each in slices of at most 1024 padded tokens (``train.micro_batch_tokens``):
+  whole rows     every row whole (``model.share_prefix=false``)
+  by task        the trainer's slices: a task's rows in slices of their own, its shared
+                 prefix run once per slice, when they save enough prefix tokens
+                 (``MIN_SHARED_SAVING``); the other rows together, whole
+  mixed tasks    rows of all tasks sorted by what follows their prefix, each slice running
+                 its tasks' prefixes as one padded batch (what "multi-prefix slices" would do)
+  no padding     each row's own tokens and each task's prefix once per step: the floor
+
+Usage: cd bench && python prefix_slices.py [steps per task, default 200]
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+from common import load, real_items_by_task
+
+from surecl.data.encode import _slices, bucketed_batches, micro_batch_positions, shared_prefix_len
+
+
+def by_task(rows, tasks) -> tuple[int, int]:
+    tokens = calls = 0
+    for s in micro_batch_positions(rows, 1024, tasks):
+        part = [rows[i] for i in s]
+        p = shared_prefix_len(part)
+        tokens += len(part) * max(len(e) - p for e in part) + p
+        calls += 2 if p else 1
+    return tokens, calls
+
+
+def mixed(rows, tasks, prefix) -> tuple[int, int]:
+    rest = sorted(range(len(rows)), key=lambda i: len(rows[i]) - prefix[tasks[i]])
+    tokens = calls = 0
+    for s in _slices([len(rows[i]) - prefix[tasks[i]] for i in rest], 1024):
+        own = {tasks[rest[j]] for j in s}
+        tokens += len(s) * max(len(rows[rest[j]]) - prefix[tasks[rest[j]]] for j in s) + len(own) * max(prefix[t] for t in own)
+        calls += 2
+    return tokens, calls
+
+
+def main() -> None:
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+    items = real_items_by_task(load("fp32").tokenizer, 120)
+    prefix = [min(len(os.path.commonprefix([e.prompt for e in task])), min(len(e.prompt) for e in task) - 1) for task in items]
+    rng = random.Random(0)
+    print(f"embedded tasks, 120 training examples each; shared prefix {prefix} tokens; {steps} steps per task")
+    print(f"{'task':>4s} {'whole rows':>11s} {'by task':>16s} {'mixed tasks':>16s} {'no padding':>16s}   forward calls per step: by task, mixed")
+    for t in range(1, len(items)):
+        sums = [0, 0, 0, 0]
+        calls = [0, 0]
+        batches: list[list[int]] = []
+        for step in range(steps):
+            if not batches:
+                batches = bucketed_batches([len(e) for e in items[t]], 8, rng)
+            rows = [items[t][i] for i in batches.pop()]
+            tasks = [t] * len(rows)
+            if step % 2 == 0:
+                for _ in range(4):
+                    u = rng.randrange(t)
+                    rows.append(rng.choice(items[u]))
+                    tasks.append(u)
+            sums[0] += sum(len(s) * max(len(rows[i]) for i in s) for s in micro_batch_positions(rows, 1024))
+            (a, ca), (b, cb) = by_task(rows, tasks), mixed(rows, tasks, prefix)
+            sums[1] += a
+            sums[2] += b
+            sums[3] += sum(len(e) - prefix[u] for e, u in zip(rows, tasks, strict=True)) + sum(prefix[u] for u in set(tasks))
+            calls[0] += ca
+            calls[1] += cb
+        w = sums[0]
+        print(f"{t:4d} {w:11d} " + " ".join(f"{s:9d} ({s / w:.2f})" for s in sums[1:]) + f"   {calls[0] / steps:.1f}, {calls[1] / steps:.1f}")
+
+
+if __name__ == "__main__":
+    main()
