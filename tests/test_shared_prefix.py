@@ -53,11 +53,8 @@ def test_positions_group_by_task_and_cover_every_item():
     assert sorted(i for s in slices for i in s) == list(range(len(items)))
     for s in slices:
         assert len({groups[i] for i in s}) == 1
-        # what a slice computes: its shared prefix once, then each row's (padded) rest
-        shared = shared_prefix_len([items[i] for i in s])
-        assert len(s) == 1 or len(s) * max(len(items[i]) - shared for i in s) + shared <= 64
-    # task 1's rows (30 and 40 tokens, 28 shared) fit one slice: 28 + 2 x 12 tokens computed
-    assert slices == [[0, 2, 5], [1, 3], [4]]
+        assert len(s) == 1 or len(s) * max(len(items[i]) for i in s) <= 64
+    assert slices == [[0, 2, 5], [1], [3], [4]]
     assert micro_batch_positions(items, 0, groups, min_saving=1) == [[0, 2, 5], [1, 3], [4]]
     # a saving floor above both groups' (16 and 28 tokens) pools every row: the ungrouped slices
     assert micro_batch_positions(items, 64, groups, min_saving=29) == micro_batch_positions(items, 64) == [[0, 1], [2], [3], [4, 5]]

@@ -36,8 +36,9 @@ class ModelConfig:
     share_prefix: bool = True
     """Run the prompt prefix that a batch's rows share (a task's instruction and options) once
     per batch and let the rows attend to its KV cache, in scoring, training and evaluation of
-    causal models: the same results for fewer tokens. In training with ``lora.dropout`` > 0
-    the shared tokens draw one dropout mask per batch slice instead of one per row."""
+    causal models: the same results for fewer tokens. Training slices are cut by task where a
+    task's rows save enough prefix tokens to pay for a slice of their own. With
+    ``lora.dropout`` > 0 the shared tokens draw one dropout mask per slice, not one per row."""
 
 
 @dataclass

@@ -124,26 +124,22 @@ def micro_batch_positions(items: list[Encoded], max_tokens: int, groups: list | 
     its own order, so a slice's prompts share their task's prefix. A group whose shared prefix
     saves fewer than ``min_saving`` tokens (default :data:`MIN_SHARED_SAVING`; an item alone
     saves none) is not worth a slice of its own: such items go together into one last group.
-    A group's slices are sized by the tokens they compute: its prefix once, then each row's
-    rest (left-padded), within ``max_tokens``."""
+    Slices are sized on whole rows, as without a prefix, so a slice never holds more
+    activations than ``max_tokens`` whole tokens would (a shared prefix computes fewer)."""
     if groups is None:
         return _slices([len(e) for e in items], max_tokens)
     floor = MIN_SHARED_SAVING if min_saving is None else min_saving
     members: dict = {}
     for i, g in enumerate(groups):
         members.setdefault(g, []).append(i)
-    keys, prefix = {}, {None: 0}
+    keys = {}
     for g, idx in members.items():
-        shared = shared_prefix_len([items[i] for i in idx])
-        keys[g] = g if len(idx) > 1 and (len(idx) - 1) * shared >= floor else None
-        prefix[keys[g]] = shared if keys[g] is not None else 0
+        saving = (len(idx) - 1) * shared_prefix_len([items[i] for i in idx])
+        keys[g] = g if len(idx) > 1 and saving >= floor else None
     out: list[list[int]] = []
     for key in sorted(dict.fromkeys(keys[g] for g in groups), key=lambda k: k is None):
         pos = [i for i, g in enumerate(groups) if keys[g] == key]
-        # a slice's size counts the tokens it computes: its prefix once, then each row's rest
-        p = prefix[key]
-        budget = max(max_tokens - p, 1) if max_tokens > 0 else 0
-        out.extend([pos[j] for j in s] for s in _slices([len(items[i]) - p for i in pos], budget))
+        out.extend([pos[j] for j in s] for s in _slices([len(items[i]) for i in pos], max_tokens))
     return out
 
 
