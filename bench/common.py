@@ -35,14 +35,7 @@ def real_items_by_task(tokenizer, n: int, max_length: int = 128):
 
 
 def median_time(fn, repeats: int = 3, warmup: int = 0) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return interleaved_medians([fn], repeats, warmup)[0]
 
 
 def interleaved_medians(fns: list, repeats: int = 3, warmup: int = 1) -> list[float]:

@@ -68,12 +68,10 @@ class DualLoRA:
             from surecl.errors import SureclError
 
             raise SureclError(f"lora.target_modules: {str(exc).splitlines()[0]}") from None
-        self._fast_dropout()
         self._lora_dtype_fp32()
         self.steps = 0
         if dual.enabled:
             self.model.add_adapter(SLOW, self.peft_config)
-            self._fast_dropout()
             self._lora_dtype_fp32()
             self.fast_params, self.slow_params = self._pairs()
             with torch.no_grad():
@@ -84,6 +82,7 @@ class DualLoRA:
             self.fast_params = [p for n, p in self.model.named_parameters() if f".{FAST}." in n]
             self.slow_params = []
             self._raw = None
+        self._fast_dropout()
         self.activate(FAST)
 
     def _fast_dropout(self) -> None:

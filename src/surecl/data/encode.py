@@ -132,13 +132,14 @@ def micro_batch_positions(items: list[Encoded], max_tokens: int, groups: list | 
     members: dict = {}
     for i, g in enumerate(groups):
         members.setdefault(g, []).append(i)
-    keys = {}
-    for g, idx in members.items():
-        saving = (len(idx) - 1) * shared_prefix_len([items[i] for i in idx])
-        keys[g] = g if len(idx) > 1 and saving >= floor else None
+    own, pool = [], []
+    for idx in members.values():
+        if len(idx) > 1 and (len(idx) - 1) * shared_prefix_len([items[i] for i in idx]) >= floor:
+            own.append(idx)
+        else:
+            pool.extend(idx)
     out: list[list[int]] = []
-    for key in sorted(dict.fromkeys(keys[g] for g in groups), key=lambda k: k is None):
-        pos = [i for i, g in enumerate(groups) if keys[g] == key]
+    for pos in own + [sorted(pool)]:
         out.extend([pos[j] for j in s] for s in _slices([len(items[i]) for i in pos], max_tokens))
     return out
 
