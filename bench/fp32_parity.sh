@@ -3,6 +3,8 @@
 # (about 200 examples per task, so one answer moves a task's accuracy by 0.5 points); prints
 # every FP, the per-seed differences and the mean difference. Two comparisons:
 #   dtype  (default): the frozen base in bf16 (surecl's default on CPUs with AVX512-BF16) vs fp32;
+#           where this CPU has no native bf16 matmuls, the bf16 side runs them through
+#           bench/bf16_emulation.py (bf16 operands, fp32 products and sums, bf16 results);
 #   prefix: the shared prompt prefix run once per batch (model.share_prefix=true, the default)
 #           vs every row run whole (false), both with the base in fp32.
 # Usage: bash bench/fp32_parity.sh [out] [seeds] [dtype|prefix]   (default: runs/parity "0 1 2" dtype)
@@ -16,11 +18,16 @@ case "$MODE" in
   prefix) FAST=shared; PLAIN=whole; fast=(model.dtype=fp32 model.share_prefix=true); plain=(model.dtype=fp32 model.share_prefix=false) ;;
   *) echo "mode must be dtype or prefix" >&2; exit 2 ;;
 esac
+BF16_RUN=(surecl run)
+if [ "$MODE" = dtype ] && [ "$(python -c 'import torch; from surecl.model import bf16_supported; print(int(bf16_supported(torch.device("cpu"))))')" = 0 ]; then
+  echo "no native bf16 matmuls on this CPU: the bf16 runs emulate them (bench/bf16_emulation.py)"
+  BF16_RUN=(python "$(dirname "$0")/bf16_emulation.py" run)
+fi
 for seed in $SEEDS; do
   for side in fast plain; do
-    if [ $side = fast ]; then name=$FAST; over=("${fast[@]}"); else name=$PLAIN; over=("${plain[@]}"); fi
+    if [ $side = fast ]; then name=$FAST; over=("${fast[@]}"); cmd=("${BF16_RUN[@]}"); else name=$PLAIN; over=("${plain[@]}"); cmd=(surecl run); fi
     rm -rf "$OUT/$name-$seed"
-    /usr/bin/time -f "$name seed $seed: wall %e s, peak RSS %M KB" surecl run "${ARGS[@]}" seed=$seed "${over[@]}" --out "$OUT/$name-$seed"
+    /usr/bin/time -f "$name seed $seed: wall %e s, peak RSS %M KB" "${cmd[@]}" "${ARGS[@]}" seed=$seed "${over[@]}" --out "$OUT/$name-$seed"
   done
 done
 python3 - "$OUT" "$FAST" "$PLAIN" $SEEDS <<'PY'

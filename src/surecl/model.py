@@ -186,7 +186,7 @@ def load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None = 
     note = ""
     if dtype == torch.bfloat16 and not bf16_supported(device):
         note = (
-            f"model.dtype=bf16 on a {device.type} without native bf16 matmuls (no AVX512-BF16/AMX): they are emulated and "
+            f"model.dtype=bf16 on a {device.type} without native bf16 matmuls (no AVX512-BF16/AMX): torch runs them on a generic path "
             "far slower than fp32 (0.9 vs 82-141 GFLOP/s on an AVX2 CPU, bench/matmul_rate.py); model.dtype=auto picks the fast one"
         )
     try:
