@@ -2,15 +2,17 @@
 
 On a CPU without AVX512-BF16/AMX, torch runs a bf16 matmul on a slow generic path (0.9 against
 82-141 GFLOP/s for fp32 on an AVX2 machine, ``python matmul_rate.py``), so a ``surecl run`` with
-the base in bf16 would take hours there. ``EmulatedBF16Matmuls`` routes every matrix product
-with a bf16 operand to the fp32 kernel instead: it widens the bf16 operands to fp32 (exactly:
+the base in bf16 would take hours there. ``EmulatedBF16Matmuls`` routes the matrix products of
+the linear layers and the output layer, forward and backward, whose operands are bf16 to the
+fp32 kernel instead: it widens the bf16 operands to fp32 (exactly:
 every bf16 value is an fp32 value), multiplies there (each product of two bf16 values is exact
 in fp32, so the sum is an fp32 accumulation of exact products) and rounds the result to bf16.
-That is the arithmetic of a native bf16 matmul (oneDNN's AVX512-BF16 kernels and CUDA's
-tensor cores: bf16 inputs, fp32 accumulation, bf16 output); only the order of the fp32
-summation differs, as it does between any two kernels. Every other operation (norms, rotary
-embeddings, attention, activations, the LoRA adapters in fp32) runs unchanged, in the dtype the
-model gives it. ``tests/test_bf16_emulation.py`` checks the products against torch's own bf16
+That is the arithmetic of a bf16 matmul that accumulates in fp32 (oneDNN's AVX512-BF16
+kernels: bf16 inputs, fp32 accumulation, bf16 output; cuBLAS may also reduce partly in bf16,
+see ``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``); only the order of
+the fp32 summation differs, as it does between any two kernels. Every other operation (norms,
+rotary embeddings, attention, activations, the LoRA adapters in fp32) runs unchanged, in the
+dtype the model gives it. ``tests/test_bf16_emulation.py`` checks the products against torch's own bf16
 kernels and a bf16 model's loss and LoRA gradients against the same model without emulation.
 
 Usage (from the repository root):
@@ -35,7 +37,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 
-#: The matrix products a forward or backward pass of a transformer dispatches on CPU.
+#: The matrix products of a transformer's linear layers and output layer, as they reach the
+#: dispatcher in a forward (``linear``, ``matmul`` under inference mode) or a backward pass.
 MATMULS = frozenset(
     {
         aten.linear.default,
@@ -51,8 +54,9 @@ MATMULS = frozenset(
 
 
 class EmulatedBF16Matmuls(TorchDispatchMode):
-    """Within this mode, a matrix product with a bf16 operand is computed as bf16 -> fp32 ->
-    product in fp32 -> rounded to bf16. ``calls`` counts the products it took over."""
+    """Within this mode, a product in ``MATMULS`` whose tensors are all bf16 is computed as
+    bf16 -> fp32 -> product in fp32 -> rounded to bf16. ``calls`` counts the products it took
+    over. Attention (SDPA) is not a product here: it runs torch's own bf16 kernel."""
 
     def __init__(self):
         super().__init__()
@@ -60,7 +64,9 @@ class EmulatedBF16Matmuls(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in MATMULS and any(torch.is_tensor(a) and a.dtype == torch.bfloat16 for a in args):
+        tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
+        # Only products whose tensors are all bf16: a mix raises natively, and must here too.
+        if func in MATMULS and tensors and all(t.dtype == torch.bfloat16 for t in tensors):
             self.calls += 1
             wide = [a.float() if torch.is_tensor(a) and a.dtype == torch.bfloat16 else a for a in args]
             wide_kwargs = {k: v.float() if torch.is_tensor(v) and v.dtype == torch.bfloat16 else v for k, v in kwargs.items()}
@@ -123,8 +129,11 @@ def main(argv: list[str]) -> int:
     from surecl.cli import main as surecl_main
 
     print("bf16 matmuls emulated: bf16 operands, fp32 products and sums, bf16 results (bench/bf16_emulation.py)", file=sys.stderr)
-    with EmulatedBF16Matmuls():
-        return surecl_main(argv)
+    mode = EmulatedBF16Matmuls()
+    with mode:
+        rc = surecl_main(argv)
+    print(f"bf16 matmuls emulated: {mode.calls} products", file=sys.stderr)
+    return rc
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 # (about 200 examples per task, so one answer moves a task's accuracy by 0.5 points); prints
 # every FP, the per-seed differences and the mean difference. Two comparisons:
 #   dtype  (default): the frozen base in bf16 (surecl's default on CPUs with AVX512-BF16) vs fp32;
-#           where this CPU has no native bf16 matmuls, the bf16 side runs them through
+#           where the device has no native bf16 matmuls, the bf16 side runs them through
 #           bench/bf16_emulation.py (bf16 operands, fp32 products and sums, bf16 results);
 #   prefix: the shared prompt prefix run once per batch (model.share_prefix=true, the default)
 #           vs every row run whole (false), both with the base in fp32.
@@ -19,9 +19,13 @@ case "$MODE" in
   *) echo "mode must be dtype or prefix" >&2; exit 2 ;;
 esac
 BF16_RUN=(surecl run)
-if [ "$MODE" = dtype ] && [ "$(python -c 'import torch; from surecl.model import bf16_supported; print(int(bf16_supported(torch.device("cpu"))))')" = 0 ]; then
-  echo "no native bf16 matmuls on this CPU: the bf16 runs emulate them (bench/bf16_emulation.py)"
-  BF16_RUN=(python "$(dirname "$0")/bf16_emulation.py" run)
+if [ "$MODE" = dtype ]; then
+  # the device surecl trains on (CUDA if there is one) decides; a failure here stops the script
+  native=$(python -c 'import torch; from surecl.model import bf16_supported; print(int(bf16_supported(torch.device("cuda" if torch.cuda.is_available() else "cpu"))))')
+  if [ "$native" = 0 ]; then
+    echo "no native bf16 matmuls on this device: the bf16 runs emulate them (bench/bf16_emulation.py)"
+    BF16_RUN=(python "$(dirname "$0")/bf16_emulation.py" run)
+  fi
 fi
 for seed in $SEEDS; do
   for side in fast plain; do
@@ -30,7 +34,7 @@ for seed in $SEEDS; do
     /usr/bin/time -f "$name seed $seed: wall %e s, peak RSS %M KB" "${cmd[@]}" "${ARGS[@]}" seed=$seed "${over[@]}" --out "$OUT/$name-$seed"
   done
 done
-python3 - "$OUT" "$FAST" "$PLAIN" $SEEDS <<'PY'
+python - "$OUT" "$FAST" "$PLAIN" $SEEDS <<'PY'
 import json, sys
 out, fast, plain, seeds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 diffs = []

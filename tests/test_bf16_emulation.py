@@ -64,6 +64,29 @@ def test_products_agree_with_torch_bf16_kernels(name):
     assert float((native == emulated).float().mean()) > 0.98
 
 
+def test_product_is_the_fp32_product_of_the_widened_operands_rounded_once():
+    """Where torch's bf16 kernel rounds differently (its own summation order), the emulation
+    still gives exactly the fp32 product of the widened operands, rounded to bf16 once."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(117, 1536, generator=g).to(BF)
+    w = (torch.randn(576, 1536, generator=g) / 1536**0.5).to(BF)
+    with EmulatedBF16Matmuls():
+        emulated = torch.nn.functional.linear(x, w)
+    assert torch.equal(emulated, torch.nn.functional.linear(x.float(), w.float()).to(BF))
+    assert not torch.equal(emulated, torch.nn.functional.linear(x, w))  # so the mode did take over
+
+
+def test_mixed_dtypes_raise_as_natively():
+    x, w = torch.randn(4, 8).to(BF), torch.randn(8, 3)
+    with pytest.raises(RuntimeError) as native:
+        torch.mm(x, w)
+    mode = EmulatedBF16Matmuls()
+    with mode, pytest.raises(RuntimeError) as emulated:
+        torch.mm(x, w)
+    assert mode.calls == 0
+    assert str(emulated.value) == str(native.value)
+
+
 def test_fp32_products_are_left_alone():
     g = torch.Generator().manual_seed(1)
     x, w = torch.randn(16, 32, generator=g), torch.randn(8, 32, generator=g)
@@ -116,11 +139,20 @@ def test_bf16_model_step_matches_torch_bf16(tiny_loaded, task_examples):
     assert error_emul < 0.5 * error_fp32
 
 
-def test_cli_entry_runs_surecl_under_the_emulation(tmp_path, tiny_cache, monkeypatch, capsys):
+def test_cli_entry_runs_a_bf16_base_under_the_emulation(tmp_path, tiny_loaded, tiny_cache, monkeypatch, capsys):
+    """A whole run (scoring, training, replay, evaluation) of the tiny model held in bf16: the
+    emulation takes products over, and every product of the run has bf16 operands only (a mixed
+    one would raise, as it would natively)."""
+    import json
+
     monkeypatch.setenv("SURECL_CACHE", str(tiny_cache))
     out = tmp_path / "run"
-    rc = main(["run", "--config", "tiny,surprise", "--quiet", "data.n_train=8", "data.n_test=4", "train.epochs=1", "--out", str(out)])
-    assert rc == 0
-    assert (out / "results.json").is_file()
-    assert "bf16 matmuls emulated" in capsys.readouterr().err
+    argv = ["run", "--config", "tiny,surprise", "--quiet", f"model.name={tiny_loaded.path}", "model.dtype=bf16"]
+    assert main([*argv, "data.n_train=8", "data.n_test=4", "train.epochs=1", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "bf16 matmuls emulated: bf16 operands" in err
+    calls = int(err.split("bf16 matmuls emulated: ")[-1].split()[0])
+    assert calls > 100
+    results = json.loads((out / "results.json").read_text())
+    assert results["base_dtype"] == "bfloat16"
     assert main(["run", "--config", "tiny", "no_such_key=1", "--out", str(tmp_path / "bad")]) == 2
