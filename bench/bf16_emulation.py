@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -78,7 +77,6 @@ def check(n: int) -> None:
     import statistics
     import time
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from common import load, real_items
 
     print("SmolLM2's products (rows x inner x outer), relative error against float64, and elements equal:")
@@ -100,8 +98,9 @@ def check(n: int) -> None:
             f"float64 rounded once to bf16 {err(exact.to(torch.bfloat16)):.3e}  equal {float((native == emulated).double().mean()):.4%}"
         )
     print(f"per-sequence mean NLL of {n} real training examples, one at a time:")
-    bf16, fp32 = load("bf16").model, load("fp32").model
-    items = real_items(load("fp32").tokenizer, n)
+    loaded = load("fp32")
+    bf16, fp32 = load("bf16").model, loaded.model
+    items = real_items(loaded.tokenizer, n)
 
     def nll(model, ids, mode=None):
         start = time.perf_counter()

@@ -18,7 +18,6 @@ Usage: cd bench && python prefix_slices.py [steps per task, default 200]
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 
@@ -50,7 +49,7 @@ def mixed(rows, tasks, prefix) -> tuple[int, int]:
 def main() -> None:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     items = real_items_by_task(load("fp32").tokenizer, 120)
-    prefix = [min(len(os.path.commonprefix([e.prompt for e in task])), min(len(e.prompt) for e in task) - 1) for task in items]
+    prefix = [shared_prefix_len(task) for task in items]
     rng = random.Random(0)
     print(f"embedded tasks, 120 training examples each; shared prefix {prefix} tokens; {steps} steps per task")
     print(f"{'task':>4s} {'whole rows':>11s} {'by task':>16s} {'mixed tasks':>16s} {'no padding':>16s}   forward calls per step: by task, mixed")

@@ -136,7 +136,7 @@ def main() -> None:
     plain, *times = interleaved_medians(fns, STEPS, warmup=1)
     rows = [(name, t, timings[k]) for k, ((name, _), t) in enumerate(zip(variants, times, strict=True))]
     print(f"batch of {len(items)} sequences (8 current of one task + 2 + 2 replayed of two others), {tokens} tokens, "
-          f"median of {STEPS} steps taken in turn, base {next(load('auto').model.parameters()).dtype}")
+          f"median of {STEPS} steps taken in turn, base {next(model[0].model.parameters()).dtype}")
     print(f"{'plain PEFT LoRA fp32 step':40s} {plain:7.3f} s  {tokens / plain:8.1f} tok/s")
     for name, t, timings in rows:
         book = statistics.median(x[0] for x in timings[1:])
