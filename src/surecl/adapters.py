@@ -71,7 +71,13 @@ class DualLoRA:
         self._lora_dtype_fp32()
         self.steps = 0
         if dual.enabled:
-            self.model.add_adapter(SLOW, self.peft_config)
+            # The slow adapter's random init is overwritten by a copy of fast below; drawing it
+            # from a forked RNG leaves the global stream (dropout masks, later draws) exactly as
+            # in a run without the dual learner, so a dual run's fast adapter follows the same
+            # trajectory as the non-dual method (paired evaluation, ``eval.fast``).
+            devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+            with torch.random.fork_rng(devices=devices):
+                self.model.add_adapter(SLOW, self.peft_config)
             self._lora_dtype_fp32()
             self.fast_params, self.slow_params = self._pairs()
             with torch.no_grad():

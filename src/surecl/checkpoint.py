@@ -125,7 +125,7 @@ def save(run: ContinualRun) -> Path | None:
             "sha256": _sha256(tmp / "tensors.safetensors"),
             "state": {
                 "next_stage": st.next_stage, "accuracy": st.accuracy, "global_step": st.global_step, "seconds": st.seconds,
-                "batches": st.batches, "step": st.step, "log_bytes": st.log_bytes, "initial": st.initial, "ema_steps": run.adapters.steps,
+                "batches": st.batches, "step": st.step, "log_bytes": st.log_bytes, "initial": st.initial, "accuracy_fast": st.accuracy_fast, "ema_steps": run.adapters.steps,
             },
             "policy": run.policy.state_dict(),
             "method": method_meta,
@@ -192,6 +192,7 @@ def load_latest(run: ContinualRun) -> Path | None:
         for key in ("next_stage", "accuracy", "global_step", "seconds", "batches", "step", "log_bytes"):
             setattr(run.state, key, st[key])
         run.state.initial = st.get("initial")
+        run.state.accuracy_fast = st.get("accuracy_fast")
         run.adapters.steps = st["ema_steps"]
         return folder
     return None

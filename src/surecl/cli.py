@@ -58,6 +58,11 @@ def cmd_run(args) -> int:
     from surecl.config import build_config
 
     cfg = build_config(args.config, args.overrides)
+    if args.dry_run:
+        from surecl.plan import describe
+
+        print(describe(cfg))
+        return 0
     out = _out_dir(args.out, cfg)
     check_out_dir(out)
     if _finished(out, cfg):
@@ -152,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-resume", action="store_true", help="ignore checkpoints in --out")
     r.add_argument("--resume", action="store_true", help="continue a killed run (the default when --out holds checkpoints)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.add_argument("--dry-run", action="store_true", help="print the resolved config and the planned steps, buffer and EMA window per task; train nothing")
     r.add_argument("overrides", nargs="*", metavar="key.sub=value")
     r.set_defaults(func=cmd_run)
 

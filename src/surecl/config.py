@@ -62,8 +62,13 @@ class DataConfig:
     minutes on a 2-core CPU; the paper uses 1000 (LNT) or 5000 (Standard CL) / 500 test."""
     n_test: int = 50
     """Test examples kept per task (0 = all)."""
-    balanced: bool = True
-    """Subsample train/test class-balanced."""
+    train_sampling: str = "balanced"
+    """How ``n_train`` rows are drawn: ``balanced`` (round-robin over labels; the default, so a
+    small sample holds every class) or ``random`` (uniform, keeping the class priors: the
+    paper's protocol, "randomly select")."""
+    test_sampling: str = "balanced"
+    """How ``n_test`` rows are drawn: ``balanced`` or ``random`` (the paper's; class priors
+    differ on QQP, MNLI, BoolQ, so the two give different accuracies there)."""
     allow_missing: bool = False
     """Run the available tasks of an order when the folder lacks some, instead of failing."""
     invalid_labels: str = "error"
@@ -97,7 +102,13 @@ class ReplayConfig:
     reduction: str = "mean"
     """Token reduction of the NLL: ``mean`` (paper) or ``sum``."""
     scope: str = "sequence"
-    """Tokens scored: ``sequence`` (prompt + answer) or ``label`` (answer only)."""
+    """Tokens scored: ``sequence`` (prompt + answer; the paper's full-sequence surprise) or
+    ``label`` (answer only: -log p(y|x) with ``reduction=sum``, the paper's label surprise).
+    A causal model scores every token of prompt + answer after the first. An encoder-decoder
+    model predicts only its decoder side, so for ``sequence`` its decoder scores the whole
+    sequence (prompt tokens then answer tokens) as its target from an empty encoder input
+    (the end-of-sequence token alone): -1/T sum_t log p(z_t | z_<t), the model used as a
+    language model over the example; ``label`` scores the answer given the prompt."""
     aging: bool = False
     """Re-score replayed items with the loss of the step that replays them."""
     every: int = 2
@@ -115,7 +126,10 @@ class DualConfig:
     bias_correction: bool = True
     """Divide out the weight still on the initial adapter (Adam-style). Once a run has many
     more than 1/(1-beta) steps this equals the paper's EMA; in short runs it stops the slow
-    adapter from sitting near its random start. ``false`` gives the paper's exact recursion."""
+    adapter from sitting near its random start (kept as the default for that reason: the
+    embedded default run has 15 steps per task against a 200-step window). ``false`` gives
+    the paper's exact recursion slow <- beta * slow + (1 - beta) * fast (the ``paper-*``
+    presets)."""
 
 
 @dataclass
@@ -129,6 +143,15 @@ class TrainConfig:
     warmup_steps: int = 0
     scheduler: str = "constant"
     """``constant`` or ``linear`` decay over a task's steps (restarted per task)."""
+    fresh_optimizer: bool = False
+    """Start every task with fresh AdamW state, as O-LoRA's protocol (one process per task)
+    does (the ``paper-*`` presets). Default off: carried-over moment estimates keep a new
+    task's first updates scaled by the gradient magnitudes seen so far, where fresh state
+    makes them about ``lr`` per weight whatever the gradient (Adam's first step)."""
+    batching: str = "bucketed"
+    """``bucketed``: shuffle, sort by length inside windows of 32 batches, shuffle the batches
+    (little padding; each batch holds examples of similar length). ``uniform``: batches drawn
+    uniformly from a shuffled epoch, as in the paper. See README for FP measured both ways."""
     grad_clip: float = 1.0
     max_steps_per_task: int = 0
     """Cap on optimizer steps per task (0 = no cap)."""
@@ -153,6 +176,11 @@ class EvalConfig:
     likelihood), or ``perplexity`` (the metric of ``data.kind=text`` streams; lower is better)."""
     before: bool = False
     """Also evaluate every task before any training (the "without fine-tuning" row)."""
+    fast: bool = True
+    """In a dual run, also evaluate the fast adapter after every task: ``results.json`` gets
+    its matrix under ``fast`` beside the slow one's. The fast adapter is trained exactly as
+    the same method without the dual learner, so one run gives both rows on one trajectory
+    (paired comparison); costs a second evaluation."""
     batch_size: int = 32
     max_new_tokens: int = 0
     """0 = longest label of the task plus one."""
@@ -190,6 +218,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "eval.mode": ("generate", "rank", "perplexity"),
     "data.kind": ("classify", "text"),
     "data.invalid_labels": ("error", "drop"),
+    "data.train_sampling": ("balanced", "random"),
+    "data.test_sampling": ("balanced", "random"),
+    "train.batching": ("bucketed", "uniform"),
 }
 
 
@@ -384,7 +415,7 @@ def load_yaml(path_or_preset: str) -> tuple[dict[str, Any], str]:
     return data, text_source
 
 
-META_KEYS = ("description", "kind")
+META_KEYS = ("description", "kind", "orders")
 DEFAULT_PRESET = "slow_surprise"
 
 

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from surecl import checkpoint, metrics
 from surecl.adapters import DualLoRA
 from surecl.config import RunConfig
-from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, micro_batch_positions
+from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, micro_batch_positions, uniform_batches
 from surecl.data.loading import load_stream
 from surecl.data.task import Task
 from surecl.errors import SureclError
@@ -44,7 +44,8 @@ from surecl.evaluate import accuracy, generate_answers, perplexity, rank_answers
 from surecl.methods import METHODS, Stage
 from surecl.model import default_cache_dir, load_model
 from surecl.nll import token_nll
-from surecl.replay.policies import POLICIES, buffer_capacity
+from surecl.plan import planned_steps
+from surecl.replay.policies import POLICIES, buffer_capacity, quota_warning
 from surecl.replay.surprise import score_examples
 
 
@@ -64,6 +65,8 @@ class RunState:
     """Length of log.jsonl when the checkpoint was taken (a resumed run truncates to it)."""
     initial: list[float] | None = None
     """Every task evaluated before any training (``eval.before``)."""
+    accuracy_fast: list[list[float | None]] | None = None
+    """A dual run's matrix under its fast adapter (``eval.fast``), beside the slow one's."""
 
 
 def release_memory() -> None:
@@ -85,6 +88,16 @@ def release_memory() -> None:
 
 
 _malloc_trim = None
+
+
+def check_scores(scores: list[float], task: str, indices: list[int], what: str = "scored") -> None:
+    """A NaN or infinite surprise would silently sort first or last in the buffer: stop."""
+    for i, v in zip(indices, scores):
+        if not math.isfinite(v):
+            raise SureclError(
+                f"surprise of task {task} training example {i} ({what}) is {v}: the model gives it a non-finite "
+                "likelihood (check the data, lower train.lr, or use model.dtype=fp32); the last checkpoint is intact"
+            )
 
 
 def fault_point(name: str) -> None:
@@ -133,8 +146,14 @@ class ContinualRun:
         self.optimizer = self._new_optimizer()
         self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
         self.state = RunState(accuracy=[[None] * len(self.tasks) for _ in self.tasks])
+        self.eval_fast = cfg.dual.enabled and cfg.eval.fast and self.method.fast_eval
+        if self.eval_fast:
+            self.state.accuracy_fast = [[None] * len(self.tasks) for _ in self.tasks]
         self.stages: list[Stage] = self.method.stages(len(self.tasks))
         self._warn_slow_window()
+        warning = quota_warning(policy_name, self.policy.capacity, len(self.tasks))
+        if warning:
+            self.log(f"warning: {warning}")
 
     # ------------------------------------------------------------------ setup helpers
 
@@ -145,10 +164,7 @@ class ContinualRun:
         self.optimizer.state.clear()
 
     def steps_in_stage(self, stage: Stage) -> int:
-        n = sum(len(self.train_sets[t]) for t in stage.tasks)
-        steps = math.ceil(n / self.cfg.train.batch_size) * self.cfg.train.epochs
-        cap = self.cfg.train.max_steps_per_task
-        return min(steps, cap) if cap else steps
+        return planned_steps(sum(len(self.train_sets[t]) for t in stage.tasks), self.cfg)
 
     def _warn_slow_window(self) -> None:
         if not self.cfg.dual.enabled or self.cfg.dual.bias_correction:
@@ -214,6 +230,7 @@ class ContinualRun:
         start = time.perf_counter()
         fault_point(f"score:{task}")
         scores = self._score(self.train_sets[task])
+        check_scores(scores, self.tasks[task].name, list(range(len(scores))))
         release_memory()
         self.state.seconds["score"] += time.perf_counter() - start
         return scores
@@ -233,7 +250,10 @@ class ContinualRun:
         lengths = [len(self.train_sets[t][i]) for t, i in self._pool(stage)]
         batches: list[list[int]] = []
         for _ in range(cfg.train.epochs):
-            batches.extend(bucketed_batches(lengths, cfg.train.batch_size, self.rng))
+            if cfg.train.batching == "uniform":
+                batches.extend(uniform_batches(len(lengths), cfg.train.batch_size, self.rng))
+            else:
+                batches.extend(bucketed_batches(lengths, cfg.train.batch_size, self.rng))
         return batches[: self.steps_in_stage(stage)]
 
     def _pool(self, stage: Stage) -> list[tuple[int, int]]:
@@ -355,17 +375,22 @@ class ContinualRun:
         with the scorer itself, so aged and fresh entries stay comparable.
         """
         if self.world == 1 and self.cfg.replay.scope == "label" and self.cfg.replay.reduction == "mean":
-            return (nll / count.clamp(min=1)).detach()[offset:].tolist()
-        return self._score([self.train_sets[e.task][e.index] for e in replayed])
+            scores = (nll / count.clamp(min=1)).detach()[offset:].tolist()
+        else:
+            scores = self._score([self.train_sets[e.task][e.index] for e in replayed])
+        for e, s in zip(replayed, scores):
+            check_scores([s], self.tasks[e.task].name, [e.index], "re-scored on replay")
+        return scores
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate_task(self, j: int, method_weights: bool = True) -> float:
-        """Accuracy (percent) on task ``j``'s test split, or its perplexity for text streams."""
+    def evaluate_task(self, j: int, method_weights: bool = True, adapter: str | None = None) -> float:
+        """Accuracy (percent) on task ``j``'s test split, or its perplexity for text streams,
+        under ``adapter`` (default: the evaluation adapter, slow if dual)."""
         items = self.test_sets[j]
         gold = [e.label for e in items]
         context = self.method.eval_context(j) if method_weights else contextlib.nullcontext()
-        with self.adapters.evaluating(), context:
+        with self.adapters.evaluating(adapter), context:
             model = self.accelerator.unwrap_model(self.model)
             bs = self.cfg.eval.batch_size
             if self.cfg.eval.mode == "perplexity":
@@ -404,9 +429,16 @@ class ContinualRun:
         row = self.state.accuracy[stage.row]
         for j in tqdm(stage.evaluate, desc="eval", disable=not self.progress or not self.accelerator.is_main_process, leave=False):
             row[j] = round(self.evaluate_task(j), 4)
+        fast = None
+        if self.eval_fast:  # the same trajectory's fast adapter: the non-dual method's row
+            fast = self.state.accuracy_fast[stage.row]
+            for j in stage.evaluate:
+                fast[j] = round(self.evaluate_task(j, adapter="fast"), 4)
         release_memory()
         self.state.seconds["eval"] += time.perf_counter() - start
         shown = ", ".join(f"{self.tasks[j].name} {row[j]:.1f}" for j in stage.evaluate)
+        if fast is not None:
+            shown += " (fast: " + ", ".join(f"{fast[j]:.1f}" for j in stage.evaluate) + ")"
         self.log(f"after {self._stage_name(stage)}: {shown}")
 
     def _stage_name(self, stage: Stage) -> str:
@@ -433,6 +465,8 @@ class ContinualRun:
             for s in range(self.state.next_stage, len(self.stages)):
                 stage = self.stages[s]
                 if self.state.batches is None:  # not resuming inside this stage
+                    if self.cfg.train.fresh_optimizer:
+                        self.reset_optimizer()
                     self.method.before_task(stage)
                     self.policy.before_task(stage.row, len(self.train_sets[stage.row]), self.surprise_of_task)
                     self.state.batches, self.state.step = self.plan_batches(stage), 0
@@ -459,12 +493,16 @@ class ContinualRun:
         summary = metrics.summarise(a, higher_is_better=not lower)
         if not self.method.continual:
             summary.update(ap=None, forgetting=None, bwt=None, avg_incremental=None)
+        extra = {}
+        if self.state.accuracy_fast is not None:
+            extra["fast"] = {"accuracy_matrix": self.state.accuracy_fast, **metrics.summarise(self.state.accuracy_fast, higher_is_better=not lower)}
         return {
             "tasks": [t.name for t in self.tasks],
             "metric": "perplexity" if lower else "accuracy",
             "accuracy_matrix": a,
             "initial": self.state.initial,
             **summary,
+            **extra,
             "buffer": {"capacity": self.policy.capacity, "size": len(self.policy), "per_task": self._buffer_counts()},
             "config": self.cfg.to_dict(),
             "timing": {k: round(v, 3) for k, v in self.state.seconds.items()},

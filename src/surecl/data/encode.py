@@ -96,6 +96,14 @@ def bucketed_batches(lengths: list[int], batch_size: int, rng: random.Random, bu
     return batches
 
 
+def uniform_batches(n: int, batch_size: int, rng: random.Random) -> list[list[int]]:
+    """One epoch of batches drawn uniformly: shuffle all ``n`` indices, cut in order (the
+    paper's batching; each batch is a uniform sample whatever the examples' lengths)."""
+    order = list(range(n))
+    rng.shuffle(order)
+    return [order[i : i + batch_size] for i in range(0, n, batch_size)]
+
+
 def micro_batches(items: list[Encoded], max_tokens: int) -> list[list[Encoded]]:
     """Consecutive slices of ``items`` whose padded size (rows x longest row) stays within
     ``max_tokens`` (one row at least); ``max_tokens`` 0 keeps the batch whole."""

@@ -37,4 +37,4 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
     tasks += [load_jsonl_task(p, data.kind, data.invalid_labels) for p in data.jsonl]
     if not tasks:
         raise SureclError("data: the stream has no tasks (set data.benchmark or data.jsonl)")
-    return prepare_stream(tasks, data.n_train, data.n_test, data.balanced, cfg.seed)
+    return prepare_stream(tasks, data.n_train, data.n_test, data.train_sampling == "balanced", cfg.seed, test_balanced=data.test_sampling == "balanced")

@@ -111,8 +111,10 @@ def subsample(rows: list[Example], n: int, rng: random.Random, balanced: bool) -
     return out
 
 
-def prepare_stream(tasks: list[Task], n_train: int, n_test: int, balanced: bool, seed: int) -> list[Task]:
-    """Subsample each task with a per-task seeded RNG, so a task's sample does not depend on order."""
+def prepare_stream(tasks: list[Task], n_train: int, n_test: int, balanced: bool, seed: int, test_balanced: bool | None = None) -> list[Task]:
+    """Subsample each task with a per-task seeded RNG, so a task's sample does not depend on order.
+    ``balanced`` applies to the train split and, unless ``test_balanced`` is given, the test split."""
+    test_balanced = balanced if test_balanced is None else test_balanced
     names = [t.name for t in tasks]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -126,7 +128,7 @@ def prepare_stream(tasks: list[Task], n_train: int, n_test: int, balanced: bool,
                 instruction=task.instruction,
                 labels=list(task.labels),
                 train=subsample(task.train, n_train, rng, balanced),
-                test=subsample(task.test, n_test, rng, balanced),
+                test=subsample(task.test, n_test, rng, test_balanced),
                 group=task.group,
                 meta=dict(task.meta),
                 kind=task.kind,

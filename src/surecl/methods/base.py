@@ -37,6 +37,9 @@ class Method:
     name = "base"
     continual = True
     """False for MTL: no intermediate rows, no forgetting to measure."""
+    fast_eval = True
+    """Whether a dual run may also evaluate its fast adapter (``eval.fast``): False where
+    the method swaps the evaluation weights itself (per-task FT)."""
 
     def __init__(self, run) -> None:
         self.run = run

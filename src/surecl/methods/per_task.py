@@ -14,6 +14,7 @@ from surecl.methods.base import Method, Stage
 
 class PerTask(Method):
     name = "per_task"
+    fast_eval = False
 
     def __init__(self, run) -> None:
         super().__init__(run)

@@ -174,3 +174,22 @@ def buffer_capacity(cfg: ReplayConfig, total_train: int) -> int:
         # round first: 0.29 * 100 is 28.999999999999996 in binary floating point
         return int(round(cfg.buffer_size * total_train, 9))
     return int(cfg.buffer_size)
+
+
+def quota_warning(policy: str, capacity: int, n_tasks: int) -> str | None:
+    """Why a task-aware buffer will hold less than a user expects, or None.
+
+    The equal per-task quota is floor(S/d) after d tasks: once d > S it is 0 and every task's
+    share is dropped, so the buffer empties and replay stops without an error."""
+    if policy not in ("random", "surprise"):
+        if policy != "none" and capacity == 0:
+            return "replay.buffer_size gives a buffer of 0 entries: nothing will be replayed"
+        return None
+    if capacity == 0:
+        return "replay.buffer_size gives a buffer of 0 entries: nothing will be replayed"
+    if capacity < n_tasks:
+        return (
+            f"replay.buffer_size gives S={capacity} entries for {n_tasks} tasks: the per-task quota floor(S/d) is 0 "
+            f"from task {capacity + 1} on, and the buffer then empties (raise replay.buffer_size to at least {n_tasks})"
+        )
+    return None

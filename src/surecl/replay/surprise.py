@@ -3,8 +3,11 @@
 Scoring runs under ``torch.inference_mode`` on batches sorted by length (little padding), with
 whatever dtype the frozen base is held in. ``reduction`` ``mean`` is the paper's score (mean
 token NLL); ``sum`` its ablation. ``scope`` ``sequence`` scores prompt and answer, ``label``
-the answer only. For encoder-decoder models both scopes score the decoder target (the answer),
-the only tokens such a model predicts. With ``share_prefix`` the prompt prefix that a
+the answer only. An encoder-decoder model predicts only its decoder side: for ``label`` the
+decoder scores the answer given the prompt; for ``sequence`` it scores the whole example
+(prompt tokens, then answer tokens) as its target from an empty encoder input (the answer's
+end-of-sequence token alone), i.e. the model's surprise at the full sequence, as a language
+model (:func:`as_full_sequence`). With ``share_prefix`` the prompt prefix that a
 batch's rows share (a task's instruction and options) runs once per batch (``surecl.nll``).
 """
 
@@ -30,6 +33,8 @@ def score_examples(
     share_prefix: bool = True,
 ) -> list[float]:
     """Surprise of every item, in the items' order."""
+    if is_seq2seq and scope == "sequence":
+        items = [as_full_sequence(e) for e in items]
     order = sorted(range(len(items)), key=lambda i: len(items[i]))
     scores = [0.0] * len(items)
     for start in range(0, len(order), batch_size):
@@ -42,3 +47,10 @@ def score_examples(
         for i, v in zip(idx, values.tolist()):
             scores[i] = v
     return scores
+
+
+def as_full_sequence(e: Encoded) -> Encoded:
+    """An encoder-decoder example rewritten so its decoder target is the whole sequence:
+    encoder input = the end-of-sequence token alone (every answer ends with it), target =
+    prompt + answer."""
+    return Encoded([e.answer[-1]], e.prompt + e.answer, e.label)

@@ -1,0 +1,111 @@
+"""What a run will do, without training: ``surecl run --dry-run``.
+
+Resolves the config, reads the task stream (data only; no model weights are loaded) and
+prints the protocol a run would follow: tasks with their sample sizes, optimizer steps and
+replay steps per task, the buffer size S and its per-task quota floor(S/d) after each task,
+and the EMA window against the steps per task. For a model in a local folder the
+architecture is read from its config and the LoRA target modules are checked against a
+weightless (meta-device) copy of it, so a typo is found before GPU hours are spent.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+
+from surecl.config import RunConfig
+
+
+def planned_steps(n_examples: int, cfg: RunConfig) -> int:
+    """Optimizer steps a stage over ``n_examples`` takes (epochs x batches, capped)."""
+    steps = math.ceil(n_examples / cfg.train.batch_size) * cfg.train.epochs
+    cap = cfg.train.max_steps_per_task
+    return min(steps, cap) if cap else steps
+
+
+def _model_line(cfg: RunConfig) -> str:
+    name = cfg.model.name
+    if name in ("smollm2-135m", "tiny"):
+        return f"model: {name} (built in; causal LM)"
+    folder = Path(name)
+    if not (folder / "config.json").is_file():
+        return f"model: {name} (not a local folder: loaded by name at run time; LoRA targets not checked)"
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=cfg.model.trust_remote_code)
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(config, trust_remote_code=cfg.model.trust_remote_code)
+    leaves = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    found = {t: sum(1 for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] == t) for t in cfg.lora.target_modules}
+    missing = [t for t, k in found.items() if k == 0]
+    kind = "encoder-decoder" if seq2seq else "causal LM"
+    arch = ",".join(getattr(config, "architectures", None) or [config.model_type])
+    params = sum(p.numel() for p in model.parameters())
+    line = f"model: {name} ({arch}, {kind}, {params / 1e6:.1f}M parameters); LoRA on " + ", ".join(f"{t} x{k}" for t, k in found.items())
+    if missing:
+        line += f"\n  warning: no linear layer named {', '.join(missing)} in this model (its linear layers: {', '.join(sorted(leaves))})"
+    return line
+
+
+def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
+    """The dry-run report for ``cfg``: protocol, per-task plan and the resolved config."""
+    from surecl.data.loading import load_stream
+    from surecl.methods import METHODS
+    from surecl.replay.policies import buffer_capacity, quota_warning
+
+    tasks = load_stream(cfg, cache_dir=cache_dir)
+    n_train = [len(t.train) for t in tasks]
+    method = METHODS[cfg.method](None)
+    stages = method.stages(len(tasks))
+    policy = cfg.replay.policy if method.continual else "none"
+    total = sum(n_train)
+    capacity = buffer_capacity(type(cfg.replay)(**{**cfg.replay.__dict__, "policy": policy}), total)
+    quota = policy in ("random", "surprise")
+    lines = [
+        f"surecl dry run: {cfg.preset or cfg.method} (nothing is trained)",
+        _model_line(cfg),
+        f"stream: benchmark {cfg.data.benchmark}, order {cfg.data.order if not cfg.data.tasks else 'custom'}: {len(tasks)} tasks, "
+        f"{total} train / {sum(len(t.test) for t in tasks)} test examples (train sampled {cfg.data.train_sampling}, test {cfg.data.test_sampling})",
+        f"method {cfg.method}, replay {policy}" + (f" (score {cfg.replay.score_time}, insert {cfg.replay.insert_time}, {cfg.replay.reduction} over {cfg.replay.scope})" if policy in ("surprise",) else ""),
+        f"optimizer: AdamW lr {cfg.train.lr:g} ({cfg.train.scheduler}, warmup {cfg.train.warmup_steps}), batch {cfg.train.batch_size} ({cfg.train.batching}), "
+        f"{cfg.train.epochs} epoch(s), {'fresh' if cfg.train.fresh_optimizer else 'carried-over'} optimizer state per task",
+    ]
+    if policy != "none":
+        size = f"{cfg.replay.buffer_size:g} of {total}" if cfg.replay.buffer_size < 1 else "absolute"
+        lines.append(f"buffer: S = {capacity} ({size}); {cfg.replay.batch_size} replayed examples every {cfg.replay.every} step(s)")
+    lines += ["", "| stage | tasks | train | test | steps | replay steps | buffer quota per task after it |", "|---|---|---|---|---|---|---|"]
+    steps_all = []
+    for k, stage in enumerate(stages):
+        n = sum(n_train[t] for t in stage.tasks)
+        steps = planned_steps(n, cfg)
+        steps_all.append(steps)
+        has_buffer = policy != "none" and (k > 0 or policy in ("reservoir", "online_surprise") or cfg.replay.insert_time == "before")
+        replay_steps = math.ceil(steps / cfg.replay.every) if has_buffer else 0
+        d = k + 1
+        q = f"floor({capacity}/{d}) = {capacity // d}" if quota else ("-" if policy == "none" else "online")
+        names = "+".join(tasks[t].name for t in stage.tasks)
+        lines.append(f"| {k + 1} | {names} | {n} | {sum(len(tasks[t].test) for t in stage.tasks)} | {steps} | {replay_steps} | {q} |")
+    lines.append(f"\ntotal optimizer steps: {sum(steps_all)}")
+    warning = quota_warning(policy, capacity, len(tasks))
+    if warning:
+        lines.append(f"warning: {warning}")
+    if cfg.dual.enabled:
+        window = 1.0 / (1.0 - cfg.dual.beta)
+        per_task = sum(steps_all) / len(steps_all)
+        form = "bias-corrected" if cfg.dual.bias_correction else "plain recursion (the paper's)"
+        lines.append(
+            f"dual learner: slow = EMA of fast, beta {cfg.dual.beta:g}, {form}; window 1/(1-beta) = {window:.0f} steps "
+            f"against {per_task:.0f} steps per task ({per_task / window:.2f} windows per task)"
+        )
+        if not cfg.dual.bias_correction and window > steps_all[0]:
+            lines.append(
+                f"  note: after the first task the slow adapter still holds {cfg.dual.beta ** steps_all[0]:.0%} of its initial weights "
+                f"(beta^{steps_all[0]})"
+            )
+    lines += ["", "resolved config:", yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip()]
+    return "\n".join(lines)
