@@ -271,3 +271,15 @@ def test_dry_run_names_missing_lora_targets(t5_dir, capsys):
     assert main(["run", "--dry-run", "--config", "paper-llama,slow_surprise", f"model.name={path}", "data.benchmark=tiny"]) == 0
     out = capsys.readouterr().out
     assert "warning: no linear layer named q_proj, v_proj in this model" in out
+
+
+def test_fp_ap_matrix_evaluates_the_diagonal_and_last_row_only(tmp_path, tiny_cache):
+    base = ["train.epochs=2", "data.n_train=24", "data.n_test=8", "data.tasks=[colors,animals,numbers]"]
+    full = run(build_config("tiny,slow_surprise", base), tmp_path / "full", progress=False, cache_dir=tiny_cache)
+    sparse = run(build_config("tiny,slow_surprise", base + ["eval.matrix=fp_ap"]), tmp_path / "sparse", progress=False, cache_dir=tiny_cache)
+    a, b = full["accuracy_matrix"], sparse["accuracy_matrix"]
+    assert b[1] == [None, a[1][1], None] and b[0] == a[0] and b[2] == a[2]
+    assert sparse["fast"]["accuracy_matrix"][1][0] is None and sparse["fast"]["accuracy_matrix"][2] == full["fast"]["accuracy_matrix"][2]
+    for key in ("fp", "ap", "forgetting", "bwt"):
+        assert sparse[key] == full[key]
+    assert full["avg_incremental"] is not None and sparse["avg_incremental"] is None

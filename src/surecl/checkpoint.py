@@ -175,7 +175,9 @@ def load_latest(run: ContinualRun) -> Path | None:
         if meta is None:
             run.log(f"checkpoint {folder.name} is incomplete or corrupt; trying the previous one")
             continue
-        if meta["tasks"] != [t.name for t in run.tasks] or meta["config"] != run.cfg.to_dict():
+        from surecl.config import same_config
+
+        if meta["tasks"] != [t.name for t in run.tasks] or not same_config(meta["config"], run.cfg):
             from surecl.errors import SureclError
 
             raise SureclError(f"{run.out_dir}: holds a run with a different config or task stream; use another --out")

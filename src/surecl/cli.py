@@ -49,7 +49,9 @@ def _finished(out: Path, cfg) -> bool:
         saved = json.loads(path.read_text(encoding="utf-8"))["config"]
     except (OSError, ValueError, KeyError):
         raise SureclError(f"{path}: exists but is not a readable results file; choose another --out") from None
-    if saved != cfg.to_dict():
+    from surecl.config import same_config
+
+    if not same_config(saved, cfg):
         raise SureclError(f"{out}: already holds a finished run with a different config; choose another --out")
     return True
 
@@ -76,47 +78,112 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _preset_orders(config: str) -> list[str] | None:
+    """The ``orders`` a protocol preset (standard-cl, lnt) names, if any of ``config`` has one."""
+    from surecl.config import load_yaml
+
+    found = None
+    for name in (c.strip() for c in (config or "").split(",") if c.strip()):
+        orders = load_yaml(name)[0].get("orders")
+        if orders:
+            found = [str(o) for o in orders]
+    return found
+
+
 def cmd_sweep(args) -> int:
     from surecl.config import build_config
+    from surecl.report import write_sweep_plan
+    from surecl.sweep import Plan, _grid, _orders, _seeds, _strings, expand, load_plan
     from surecl.trainer import run
 
     root = Path(args.out)
     check_out_dir(root)
-    methods = [m for m in args.methods.split(",") if m]
-    orders = [o for o in args.orders.split(",") if o]
-    seeds = [int(s) for s in args.seeds.split(",") if s]
-    grid = [[]]  # ablations: every combination of --grid key=v1,v2 values
-    for spec in args.grid:
-        if "=" not in spec:
-            raise SureclError(f"--grid {spec!r} must look like key.sub=v1,v2")
-        key, values = spec.split("=", 1)
-        grid = [g + [f"{key}={v}"] for g in grid for v in values.split(",") if v]
-    plan = []
-    for method in methods:
-        for point in grid:
-            # the table row: the preset, plus the grid values when there is a grid
-            row = " ".join([method, *point])
-            for order in orders:
-                for seed in seeds:
-                    overrides = list(args.overrides) + point + [f"data.order={order}", f"seed={seed}", f"preset={row}"]
-                    cfg = build_config(f"{args.config},{method}" if args.config else method, overrides)
-                    plan.append((cfg, root / "/".join([method, *point]) / f"order{order}" / f"seed{seed}"))
-    for k, (cfg, out) in enumerate(plan, 1):
+    plan = load_plan(args.plan) if args.plan else Plan(methods=["seq_lora", "reservoir", "surprise", "slow_surprise"])
+    # options given on the command line replace the plan's
+    if args.config is not None:
+        plan.config = args.config
+    if args.methods is not None:
+        plan.methods, plan.groups = _strings(args.methods, "--methods"), []
+    if args.seeds is not None:
+        plan.seeds = _seeds(args.seeds, "--seeds")
+        for g in plan.groups:
+            g.pop("seeds", None)
+    if args.orders is not None:
+        named = _orders(args.orders, "--orders")
+        # orders the plan defines keep their task lists
+        plan.orders = {o: plan.orders.get(o) for o in named}
+        for g in plan.groups:
+            g.pop("orders", None)
+    elif not args.plan:
+        plan.orders = _orders(_preset_orders(plan.config) or ["default"], "--orders")
+    if args.grid:
+        specs = {}
+        for spec in args.grid:
+            if "=" not in spec:
+                raise SureclError(f"--grid {spec!r} must look like key.sub=v1,v2")
+            key, values = spec.split("=", 1)
+            specs[key.strip()] = values
+        plan.grid = _grid(specs, "--grid")
+        for g in plan.groups:
+            g.pop("grid", None)
+    if args.layout is not None:
+        plan.layout = args.layout
+    if not (plan.orders and plan.seeds):
+        raise SureclError("sweep: --methods, --orders and --seeds each need at least one value")
+    planned, todo = [], []
+    for r in expand(plan):
+        cfg = build_config(f"{plan.config},{r.method}" if plan.config else r.method, list(args.overrides) + r.overrides)
+        todo.append((cfg, root / r.path))
+        planned.append({"row": r.row, "method": r.method, "grid": dict(p.split("=", 1) for p in r.point), "order": r.order,
+                        "seed": r.seed, "dual": bool(cfg.dual.enabled and cfg.eval.fast), "path": r.path})
+    # the plan first, so `surecl report` can name the runs a killed or failed sweep did not finish
+    meta = {"config": plan.config, "overrides": list(args.overrides), "plan": args.plan, "order_benchmark": plan.order_benchmark}
+    write_sweep_plan(root, planned, meta)
+    for k, (cfg, out) in enumerate(todo, 1):
         if _finished(out, cfg):
-            print(f"[{k}/{len(plan)}] {out}: finished, skipped", file=sys.stderr)
+            print(f"[{k}/{len(todo)}] {out}: finished, skipped", file=sys.stderr)
             continue
-        print(f"[{k}/{len(plan)}] {out}", file=sys.stderr)
+        print(f"[{k}/{len(todo)}] {out}", file=sys.stderr)
         run(cfg, out, resume=True, progress=not args.quiet)
+    if plan.layout == "paper":
+        return cmd_report(argparse.Namespace(dirs=[str(root)], metric=args.metric, csv=None, md=None, layout="paper",
+                                             out_dir=str(root / "report"), no_fast=False, claims="default", claim=[], order_benchmark=[]))
     return cmd_report(argparse.Namespace(dirs=[str(root)], metric=args.metric, csv=str(root / "table.csv"), md=str(root / "table.md")))
+
+
+def _order_benchmarks(specs: list[str]) -> dict[str, str]:
+    out = {}
+    for spec in specs:
+        order, _, bench = spec.partition("=")
+        if not order.strip() or not bench.strip():
+            raise SureclError(f"--order-benchmark {spec!r} must look like ORDER=BENCHMARK, e.g. lnt8a=LNT")
+        out[order.strip()] = bench.strip()
+    return out
 
 
 def cmd_report(args) -> int:
     from surecl.checkpoint import write_text
-    from surecl.report import aggregate, find_runs, table_csv, table_markdown
+    from surecl.report import METRICS, aggregate, find_runs, table_csv, table_markdown
 
+    if args.metric not in METRICS:
+        raise SureclError(f"--metric: unknown metric {args.metric!r} (choose from {', '.join(METRICS)})")
+    if getattr(args, "layout", "orders") == "paper":
+        from surecl.report import paper_report
+
+        rep = paper_report([Path(d) for d in args.dirs], args.metric, fast=not args.no_fast, claims=args.claims,
+                           custom_claims=args.claim, order_benchmark=_order_benchmarks(args.order_benchmark))
+        if args.out_dir:
+            check_out_dir(Path(args.out_dir))
+        print(rep.markdown(images=bool(args.out_dir)))
+        if args.out_dir:
+            written = rep.write(Path(args.out_dir))
+            print(f"surecl: wrote {len(written)} files to {args.out_dir} (report.md, main.md/.csv, ...)", file=sys.stderr)
+        if args.md:
+            write_text(Path(args.md), rep.markdown())
+        if args.csv:
+            write_text(Path(args.csv), rep.tables[0].csv)
+        return 0
     runs = find_runs([Path(d) for d in args.dirs])
-    if args.metric not in ("fp", "ap", "forgetting", "bwt", "avg_incremental"):
-        raise SureclError(f"--metric: unknown metric {args.metric!r}")
     orders, rows = aggregate(runs, args.metric)
     md = table_markdown(orders, rows, args.metric, runs[0].get("metric", "accuracy"))
     print(md)
@@ -139,6 +206,11 @@ def cmd_list(args) -> int:
     for name in preset_names():
         data, _ = load_yaml(name)
         print(f"  {name:16s} {data.get('description', '')}")
+    from surecl.sweep import load_plan, plan_names
+
+    print("sweep plans (surecl sweep --plan NAME):")
+    for name in plan_names():
+        print(f"  {name:16s} {load_plan(name).description}")
     print("benchmarks: embedded (offline default, 4 tasks), tiny (fixture), or a CL_Benchmark folder path")
     print("orders:")
     for k, tasks in ORDERS.items():
@@ -162,23 +234,37 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("sweep", help="methods x orders x seeds, skipping finished runs")
-    s.add_argument("--methods", default="seq_lora,reservoir,surprise,slow_surprise", help="comma-separated presets")
-    s.add_argument("--orders", default="default")
-    s.add_argument("--seeds", default="0")
+    s.add_argument("--plan", help="a sweep plan: a packaged name (surecl list) or a YAML file; the options below replace its values")
+    s.add_argument("--methods", help="comma-separated method presets (default: seq_lora,reservoir,surprise,slow_surprise)")
+    s.add_argument("--orders", help="comma-separated orders (default: the --config protocol preset's, e.g. lnt -> 4,5,6; else default)")
+    s.add_argument("--seeds", help="comma-separated seeds (default 0)")
     s.add_argument("--config", help="presets/YAML applied to every run before the method preset (e.g. tiny)")
     s.add_argument("--out", default="runs/sweep")
     s.add_argument("--grid", action="append", default=[], metavar="key.sub=v1,v2",
                    help="ablation axis (repeatable), e.g. replay.buffer_size=150,300,500 or dual.beta=0.99,0.995")
     s.add_argument("--metric", default="fp")
+    s.add_argument("--layout", choices=("orders", "paper"), default=None,
+                   help="report at the end (default: the plan's, else orders): orders -> <out>/table.md/.csv; paper -> <out>/report/ (see surecl report --layout paper)")
     s.add_argument("--quiet", action="store_true")
     s.add_argument("overrides", nargs="*", metavar="key.sub=value")
     s.set_defaults(func=cmd_sweep)
 
     rep = sub.add_parser("report", help="aggregate runs into the paper's table shape")
     rep.add_argument("dirs", nargs="+")
-    rep.add_argument("--metric", default="fp")
-    rep.add_argument("--csv", help="also write the table as CSV")
-    rep.add_argument("--md", help="also write the table as markdown")
+    rep.add_argument("--layout", choices=("orders", "paper"), default="orders",
+                     help="orders (default): one table, a column per order; paper: main table with Standard CL / LNT / All "
+                          "averages, forgetting table, ablations, paired claims and missing runs")
+    rep.add_argument("--metric", default="fp", help="fp (default), ap, forgetting, bwt or avg_incremental")
+    rep.add_argument("--csv", help="also write the (main) table as CSV")
+    rep.add_argument("--md", help="also write the table (paper: the whole report) as markdown")
+    rep.add_argument("--out-dir", help="paper: write report.md, main/forgetting/claims/missing .md+.csv, ablation_<key>.md/.csv/.png here")
+    rep.add_argument("--no-fast", action="store_true", help="paper: hide the '<row> (fast)' rows of dual runs from the tables")
+    rep.add_argument("--claims", choices=("default", "none"), default="default",
+                     help="paper: the paper's claims whose rows are in the runs (default) or none")
+    rep.add_argument("--claim", action="append", default=[], metavar="A>B",
+                     help="paper: also test 'row A is better than row B' (repeatable; quote it)")
+    rep.add_argument("--order-benchmark", action="append", default=[], metavar="ORDER=BENCHMARK",
+                     help="paper: count a custom order in a benchmark's average, e.g. lnt8a=LNT (orders 1-3 Standard CL, 4-6 LNT)")
     rep.set_defaults(func=cmd_report)
 
     ls = sub.add_parser("list", help="methods, presets, benchmarks and orders")

@@ -181,6 +181,11 @@ class EvalConfig:
     its matrix under ``fast`` beside the slow one's. The fast adapter is trained exactly as
     the same method without the dual learner, so one run gives both rows on one trajectory
     (paired comparison); costs a second evaluation."""
+    matrix: str = "full"
+    """Which cells of the accuracy matrix to fill: ``full`` (every task seen so far, after
+    every task: N(N+1)/2 evaluations) or ``fp_ap`` (only what FP, AP, forgetting and BWT need:
+    each task right after it is learned, and every task after the last: 2N-1 evaluations;
+    for long streams, where the full matrix costs more than training)."""
     batch_size: int = 32
     max_new_tokens: int = 0
     """0 = longest label of the task plus one."""
@@ -221,6 +226,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.train_sampling": ("balanced", "random"),
     "data.test_sampling": ("balanced", "random"),
     "train.batching": ("bucketed", "uniform"),
+    "eval.matrix": ("full", "fp_ap"),
 }
 
 
@@ -444,3 +450,16 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
     cfg = RunConfig()
     _apply_mapping(cfg, data, "", "saved config")
     return validate(cfg)
+
+
+def same_config(saved: dict[str, Any], cfg: RunConfig) -> bool:
+    """Whether a config saved by an earlier run (results, checkpoints) is ``cfg``.
+
+    The saved tree is rebuilt first, so keys added to the config since then take their
+    defaults: a finished or checkpointed run stays resumable when a later version adds an
+    option whose default keeps the old behaviour. A saved key that no longer exists, or a
+    saved value that no longer validates, is a different config."""
+    try:
+        return config_from_dict(saved).to_dict() == cfg.to_dict()
+    except SureclError:
+        return False

@@ -50,6 +50,10 @@ def backward_transfer(a: Matrix, higher_is_better: bool = True) -> float | None:
 
 
 def average_incremental_accuracy(a: Matrix) -> float | None:
+    """None unless every cell on and below the diagonal was evaluated (``eval.matrix=fp_ap``
+    leaves the inner cells empty, and a mean over the rest would mean something else)."""
+    if any(v is None for i in range(len(a)) for v in a[i][: i + 1]):
+        return None
     rows = [_mean(a[i][: i + 1]) for i in range(len(a))]
     return _mean(rows)
 

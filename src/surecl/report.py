@@ -1,5 +1,7 @@
 """Reports a researcher can paste into a paper: per-run markdown and heatmap, and the
-multi-run table (one column per task order, their mean, +- std over seeds, one row per method)."""
+multi-run table (one column per task order, their mean, +- std over seeds, one row per method),
+and the paper layout: main table with benchmark averages, forgetting table, ablation tables and
+plots, paired claims with Student-t intervals, and the runs a sweep planned but did not finish."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ import csv
 import io
 import json
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import fmean, pstdev
+from statistics import fmean, pstdev, stdev
 
 from surecl.checkpoint import write_text
 from surecl.errors import SureclError
@@ -63,6 +66,26 @@ def heatmap(path: Path, tasks: list[str], a: list[list[float | None]], title: st
     _atomic_write_bytes(path, buf.getvalue())
 
 
+def _fast_section(results: dict, digits: int) -> list[str]:
+    """A dual run's fast adapter on the same trajectory: the non-dual method's row, paired."""
+    fast = results.get("fast")
+    if not fast:
+        return []
+    diff = lambda k: None if results.get(k) is None or fast.get(k) is None else results[k] - fast[k]  # noqa: E731
+    return [
+        "## Fast adapter (the same run without the slow learner)",
+        "",
+        "| adapter | FP | AP | forgetting | BWT |",
+        "|---|---|---|---|---|",
+        f"| slow (evaluated above) | {_fmt(results['fp'], digits)} | {_fmt(results['ap'], digits)} | {_fmt(results['forgetting'], digits)} | {_fmt(results['bwt'], digits)} |",
+        f"| fast | {_fmt(fast['fp'], digits)} | {_fmt(fast['ap'], digits)} | {_fmt(fast['forgetting'], digits)} | {_fmt(fast['bwt'], digits)} |",
+        f"| slow - fast | {_fmt(diff('fp'), digits)} | {_fmt(diff('ap'), digits)} | {_fmt(diff('forgetting'), digits)} | {_fmt(diff('bwt'), digits)} |",
+        "",
+        matrix_markdown(results["tasks"], fast["accuracy_matrix"], None, digits),
+        "",
+    ]
+
+
 def write_run_report(out_dir: Path, results: dict) -> None:
     cfg = results["config"]
     name = cfg.get("preset") or cfg["method"]
@@ -83,6 +106,7 @@ def write_run_report(out_dir: Path, results: dict) -> None:
         "",
         matrix_markdown(results["tasks"], results["accuracy_matrix"], results.get("initial"), digits),
         "",
+        *_fast_section(results, digits),
         f"buffer: {results['buffer']['size']} / {results['buffer']['capacity']} {results['buffer']['per_task']}",
         "",
         "timing (s): " + ", ".join(f"{k} {v}" for k, v in results["timing"].items()),
@@ -152,3 +176,665 @@ def table_csv(orders: list[str], rows) -> str:
     for method, stats, (avg, _) in rows:
         w.writerow([method] + [x for o in orders for x in (stats[o] if o in stats else ("", "", 0))] + [round(avg, 4)])
     return buf.getvalue()
+
+
+# --------------------------------------------------------------------------- paper layout
+#
+# ``surecl report --layout paper``: the paper's tables from run directories. A run is one
+# (row, order, seed); its row is ``config.preset`` (``"<method>[ key=value ...]"`` for sweep grid
+# points), and a dual run with a ``fast`` section in results.json also gives the row
+# ``"<row> (fast)"``. The expected runs come from the ``sweep.json`` plans under the given
+# directories, or, for runs under no plan, every (row x order x seed) combination seen; a cell
+# computed from fewer runs than expected carries a dagger and the runs are named.
+
+FAST = " (fast)"
+METRICS = ("fp", "ap", "forgetting", "bwt", "avg_incremental")
+PLAN_FILE = "sweep.json"
+PLAN_KIND = "surecl-sweep-plan"
+DAGGER = "†"
+BENCH_ORDER = ("Standard CL", "LNT")
+# the paper's row order; unknown rows follow, alphabetically
+_ROW_RANK = ["seq_lora", "ewc", "reservoir", "random", "surprise", "surprise_sbua", "surprise_sa", "label_surprise",
+             "surprise_aging", "sum_surprise", "online_surprise", "slow_reservoir", "slow_random", "slow_surprise",
+             "slow_surprise_sbua", "slow_surprise_sa", "mtl", "per_task"]
+_LABEL = {"fp": "FP", "ap": "AP", "forgetting": "forgetting", "bwt": "BWT", "avg_incremental": "avg. incremental"}
+
+Key = tuple  # (row, order, seed)
+
+
+def higher_is_better(metric: str, kind: str = "accuracy") -> bool:
+    """Direction of a summary metric: forgetting is always lower-is-better, BWT always
+    higher-is-better; FP/AP/avg. incremental follow the stream (accuracy up, perplexity down)."""
+    if metric == "forgetting":
+        return False
+    if metric == "bwt":
+        return True
+    return kind != "perplexity"
+
+
+def _seed(v):
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _num(v: str):
+    try:
+        return (0, float(v), "")
+    except ValueError:
+        return (1, 0.0, v)
+
+
+def order_key(o: str):
+    return (not o.isdigit(), o.zfill(6))
+
+
+def parse_row(name: str) -> tuple[str, tuple[tuple[str, str], ...], bool]:
+    """``"slow_surprise replay.buffer_size=300 (fast)"`` -> ("slow_surprise", (("replay.buffer_size", "300"),), True)."""
+    fast = name.endswith(FAST)
+    base = name[: -len(FAST)] if fast else name
+    tokens = base.split()
+    if len(tokens) > 1 and all("=" in t for t in tokens[1:]):
+        return tokens[0], tuple(tuple(t.split("=", 1)) for t in tokens[1:]), fast
+    return base, (), fast
+
+
+def row_sort_key(name: str):
+    method, grid, fast = parse_row(name)
+    rank = _ROW_RANK.index(method) if method in _ROW_RANK else len(_ROW_RANK)
+    return (rank, method, tuple((k, _num(v)) for k, v in grid), fast)
+
+
+@dataclass
+class Record:
+    row: str
+    order: str
+    seed: int | str
+    values: dict[str, float | None]
+    path: Path
+
+
+@dataclass
+class Cell:
+    """A table cell: mean (None: no runs), the per-seed values behind its ± and whether any
+    expected run is missing from it."""
+
+    mean: float | None
+    per_seed: dict = field(default_factory=dict)
+    incomplete: bool = False
+    pooled: list[float] | None = None  # ablation cells: all values over orders and seeds
+
+    @property
+    def values(self) -> list[float]:
+        return self.pooled if self.pooled is not None else list(self.per_seed.values())
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def std(self) -> float | None:
+        v = self.values
+        return stdev(v) if len(v) > 1 else None
+
+
+def average_cells(cells: list[Cell]) -> Cell:
+    """Mean of the cells' means; its ± runs over the seeds present in every cell (each seed's
+    average over the cells). Incomplete when any cell is, or has no runs."""
+    present = [c for c in cells if c.mean is not None]
+    incomplete = any(c.incomplete for c in cells) or len(present) < len(cells)
+    if not present:
+        return Cell(None, {}, incomplete)
+    common = set.intersection(*(set(c.per_seed) for c in present))
+    per_seed = {s: fmean(c.per_seed[s] for c in present) for s in sorted(common, key=str)}
+    return Cell(fmean(c.mean for c in present), per_seed, incomplete)
+
+
+@dataclass
+class Missing:
+    row: str
+    order: str
+    seed: int | str
+    path: str  # "" where no plan names it
+    why: str
+
+
+def _read_results(paths: list[Path]) -> list[tuple[Path, dict]]:
+    out, seen = [], set()
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise SureclError(f"report: {p} does not exist")
+        files = [p] if p.is_file() else sorted(p.rglob("results.json"))
+        for f in files:
+            if f.resolve() in seen:
+                continue
+            seen.add(f.resolve())
+            try:
+                out.append((f, json.loads(f.read_text(encoding="utf-8"))))
+            except (OSError, ValueError):
+                raise SureclError(f"report: {f} is not a readable results.json") from None
+    if not out:
+        raise SureclError("report: no results.json found under " + ", ".join(map(str, paths)))
+    return out
+
+
+def read_plan(path: Path) -> dict | None:
+    """A ``sweep.json`` written by ``surecl sweep``; None for a JSON file of another kind."""
+    try:
+        plan = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise SureclError(f"report: {path} is not a readable sweep plan") from None
+    if not isinstance(plan, dict) or plan.get("kind") != PLAN_KIND:
+        return None
+    runs = plan.get("runs")
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and {"row", "order", "seed", "path"} <= set(r) for r in runs):
+        raise SureclError(f"report: {path}: 'runs' must be a list of objects with row, order, seed and path")
+    return plan
+
+
+def write_sweep_plan(root: Path, runs: list[dict], meta: dict | None = None) -> Path:
+    """Write ``<root>/sweep.json`` atomically: the runs a sweep plans (row, method, grid, order,
+    seed, dual, path relative to root). Runs already planned there by an earlier sweep into the
+    same folder are kept (a later sweep adds orders, seeds or methods)."""
+    from surecl.checkpoint import write_json
+
+    path = Path(root) / PLAN_FILE
+    merged: dict[str, dict] = {}
+    if path.exists():
+        old = read_plan(path)
+        if old is None:
+            raise SureclError(f"sweep: {path} exists and is not a surecl sweep plan; move it away")
+        merged = {r["path"]: r for r in old["runs"]}
+    for r in runs:
+        merged[r["path"]] = r
+    write_json(path, {"kind": PLAN_KIND, "format": 1, **(meta or {}), "runs": list(merged.values())})
+    return path
+
+
+class Study:
+    """Runs of one kind (accuracy or perplexity) keyed by (row, order, seed), with the expected
+    runs and the benchmark of every order."""
+
+    def __init__(self, records: dict[Key, Record], expected: dict[Key, str], kind: str, bench_of: dict[str, str]):
+        self.records, self.expected, self.kind, self.bench_of = records, expected, kind, bench_of
+        keys = set(records) | set(expected)
+        self.rows = sorted({k[0] for k in keys}, key=row_sort_key)
+        self.orders = sorted({k[1] for k in keys}, key=order_key)
+        self.seeds = sorted({k[2] for k in keys}, key=lambda s: (isinstance(s, str), s if isinstance(s, int) else 0, str(s)))
+        present = {bench_of[o] for o in self.orders if o in bench_of}
+        self.benchmarks = [b for b in BENCH_ORDER if b in present] + sorted(present - set(BENCH_ORDER))
+
+    # ---------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, paths: list[Path], order_benchmark: dict[str, str] | None = None) -> Study:
+        from surecl.data.cl_benchmark import BENCHMARK_OF_ORDER
+
+        bench_of = {**BENCHMARK_OF_ORDER, **(order_benchmark or {})}
+        found = _read_results(paths)
+        kinds = {r.get("metric", "accuracy") for _, r in found}
+        if len(kinds) > 1:
+            raise SureclError("report: the runs mix accuracy and perplexity streams; report them separately")
+        records: dict[Key, Record] = {}
+        for f, r in found:
+            try:
+                cfg = r["config"]
+                row = str(cfg.get("preset") or cfg["method"])
+                order, seed = str(cfg["data"]["order"]), _seed(cfg["seed"])
+            except (KeyError, TypeError):
+                raise SureclError(f"report: {f} has no config with preset/method, data.order and seed") from None
+            variants = [(row, r)]
+            if isinstance(r.get("fast"), dict):
+                variants.append((row + FAST, r["fast"]))
+            for name, src in variants:
+                key = (name, order, seed)
+                if key in records:
+                    raise SureclError(f"report: two runs of row {name!r}, order {order}, seed {seed}: {records[key].path} and {f.parent}; report them separately")
+                records[key] = Record(name, order, seed, {m: src.get(m) for m in METRICS}, f.parent)
+        # expected runs: the plans, then every combination seen among runs no plan covers
+        expected: dict[Key, str] = {}
+        plan_dirs = []
+        for p in paths:
+            p = Path(p)
+            for plan_path in sorted(p.rglob(PLAN_FILE)) if p.is_dir() else []:
+                plan = read_plan(plan_path)
+                if plan is None:
+                    continue
+                plan_dirs.append(plan_path.parent.resolve())
+                for o, b in (plan.get("order_benchmark") or {}).items():
+                    bench_of.setdefault(str(o), str(b))
+                for e in plan["runs"]:
+                    where = str(plan_path.parent / e["path"])
+                    expected[(str(e["row"]), str(e["order"]), _seed(e["seed"]))] = where
+                    if e.get("dual"):
+                        expected[(str(e["row"]) + FAST, str(e["order"]), _seed(e["seed"]))] = where
+
+        def planned(rec: Record) -> bool:
+            where = rec.path.resolve()
+            return any(d == where or d in where.parents for d in plan_dirs)
+
+        loose = [rec for rec in records.values() if not planned(rec)]
+        rows = {r.row for r in loose}
+        orders = {r.order for r in loose}
+        seeds = {r.seed for r in loose}
+        for row in rows:
+            for o in orders:
+                for s in seeds:
+                    expected.setdefault((row, o, s), "")
+        return cls(records, expected, kinds.pop(), bench_of)
+
+    # ---------------------------------------------------------------- cells
+    def value(self, key: Key, metric: str) -> float | None:
+        rec = self.records.get(key)
+        return None if rec is None else rec.values.get(metric)
+
+    def missing(self, metric: str, rows: list[str] | None = None) -> list[Missing]:
+        rows_set = set(self.rows if rows is None else rows)
+        out = []
+        for key, where in self.expected.items():
+            if key[0] not in rows_set or self.value(key, metric) is not None:
+                continue
+            row, order, seed = key
+            if key in self.records:
+                why = f"{metric} is null in results.json"
+            elif row.endswith(FAST) and (row[: -len(FAST)], order, seed) in self.records:
+                why = "results.json has no 'fast' section"
+            else:
+                why = "no results.json"
+            out.append(Missing(row, order, seed, where, why))
+        return sorted(out, key=lambda m: (row_sort_key(m.row), order_key(m.order), str(m.seed)))
+
+    def missing_runs(self, metric: str, rows: list[str] | None = None) -> list[Missing]:
+        """:meth:`missing`, with a run whose row and fast row both lack results named once."""
+        miss = self.missing(metric, rows)
+        keys = {(m.row, m.order, m.seed) for m in miss}
+        out = []
+        for m in miss:
+            if m.row.endswith(FAST) and (m.row[: -len(FAST)], m.order, m.seed) in keys:
+                continue
+            if (m.row + FAST, m.order, m.seed) in keys:
+                m = Missing(f"{m.row} (and its fast row)", m.order, m.seed, m.path, m.why)
+            out.append(m)
+        return out
+
+    def order_cell(self, row: str, order: str, metric: str) -> Cell:
+        per_seed = {}
+        for s in self.seeds:
+            v = self.value((row, order, s), metric)
+            if v is not None:
+                per_seed[s] = v
+        incomplete = any(self.value(k, metric) is None for k in self.expected if k[0] == row and k[1] == order)
+        return Cell(fmean(per_seed.values()) if per_seed else None, per_seed, incomplete)
+
+    def group_orders(self) -> list[tuple[str, list[str]]]:
+        """(benchmark, its orders in the runs) per benchmark, then each order of no benchmark."""
+        groups = [(b, [o for o in self.orders if self.bench_of.get(o) == b]) for b in self.benchmarks]
+        return groups + [(o, [o]) for o in self.orders if o not in self.bench_of]
+
+    def pooled_cell(self, row: str, metric: str) -> Cell:
+        vals = [self.value(k, metric) for k in sorted(self.records, key=str) if k[0] == row]
+        vals = [v for v in vals if v is not None]
+        incomplete = any(self.value(k, metric) is None for k in self.expected if k[0] == row)
+        return Cell(fmean(vals) if vals else None, {}, incomplete, pooled=vals)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _digits(kind: str) -> int:
+    return 2 if kind == "perplexity" else 1
+
+
+def _unit(metric: str, kind: str) -> str:
+    unit = "perplexity" if kind == "perplexity" else "accuracy %"
+    if metric == "forgetting":
+        how = "FP − AP" if kind == "perplexity" else "AP − FP"
+        return f"{unit}, {how}, lower is better"
+    return f"{unit}, {'higher' if higher_is_better(metric, kind) else 'lower'} is better"
+
+
+def fmt_cell(c: Cell, d: int, show_n: bool = False) -> str:
+    if c.mean is None:
+        return "-"
+    s = f"{c.mean:.{d}f}" + (f" ± {c.std:.{d}f}" if c.std is not None else "")
+    if show_n:
+        s += f" (n={c.n})"
+    return s + (f" {DAGGER}" if c.incomplete else "")
+
+
+def _md(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def _slug(s: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in s.lower()).strip("_")
+
+
+def _csv(rows: list[list]) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    return buf.getvalue()
+
+
+def _cell_csv(c: Cell) -> list:
+    return ["" if c.mean is None else round(c.mean, 6), "" if c.std is None else round(c.std, 6), c.n, int(not c.incomplete and c.mean is not None)]
+
+
+def _footer(missing: list[Missing], empty: list[str], limit: int = 30) -> str:
+    lines = []
+    if missing:
+        names = [f"{m.row} order {m.order} seed {m.seed}" for m in missing]
+        more = f"; … and {len(names) - limit} more" if len(names) > limit else ""
+        lines.append(f"{DAGGER} incomplete: computed from fewer runs than expected ({len(missing)} missing, paths under \"Missing runs\"): "
+                     + "; ".join(names[:limit]) + more + ".")
+    if empty:
+        lines.append("Cells \"-\" have no runs at all: " + "; ".join(empty) + ".")
+    return "\n\n".join(lines)
+
+
+@dataclass
+class Table:
+    name: str  # file stem: main, forgetting, ablation_<key>, claims, missing
+    title: str
+    markdown: str  # caption + table + footer
+    csv: str
+    png: bytes | None = None
+
+
+@dataclass
+class PaperReport:
+    study: Study
+    metric: str = "fp"
+    fast: bool = True
+    claims: list[tuple[str, str]] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+
+    @property
+    def shown_rows(self) -> list[str]:
+        return [r for r in self.study.rows if self.fast or not r.endswith(FAST)]
+
+    def markdown(self, images: bool = False) -> str:
+        st = self.study
+        n_missing = len(st.missing_runs(self.metric, self.shown_rows))
+        head = [f"# surecl report: {_LABEL[self.metric]} ({_unit(self.metric, st.kind)})", "",
+                f"{len(st.records)} result rows ({sum(1 for r in st.records if not r[0].endswith(FAST))} runs), "
+                f"orders {', '.join(st.orders)}, seeds {', '.join(map(str, st.seeds))}."]
+        if n_missing:
+            head += ["", f"**{n_missing} expected run(s) missing**: cells marked {DAGGER} are computed from fewer runs; see \"Missing runs\"."]
+        parts = ["\n".join(head)]
+        for t in self.tables:
+            body = f"## {t.title}\n\n{t.markdown}"
+            if images and t.png is not None:
+                body += f"\n\n![{t.title}]({t.name}.png)"
+            parts.append(body)
+        return "\n\n".join(parts) + "\n"
+
+    def write(self, out_dir: Path) -> list[Path]:
+        from surecl.checkpoint import _atomic_write_bytes
+
+        out_dir = Path(out_dir)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise SureclError(f"--out-dir: {out_dir} is a file, not a directory")
+        written = []
+        for t in self.tables:
+            md = f"## {t.title}\n\n{t.markdown}\n" + (f"\n![{t.title}]({t.name}.png)\n" if t.png is not None else "")
+            for path, data in ((out_dir / f"{t.name}.md", md.encode()), (out_dir / f"{t.name}.csv", t.csv.encode()),
+                               (out_dir / f"{t.name}.png", t.png)):
+                if data is not None:
+                    _atomic_write_bytes(path, data)
+                    written.append(path)
+        path = out_dir / "report.md"
+        write_text(path, self.markdown(images=True))
+        return [*written, path]
+
+
+def main_table(st: Study, metric: str, rows: list[str]) -> Table:
+    d = _digits(st.kind)
+    cols: list[tuple[str, str]] = [(f"Order-{o}" if o.isdigit() else o, f"order_{o}") for o in st.orders]
+    bench_orders = dict(st.group_orders()[: len(st.benchmarks)])
+    for b in st.benchmarks:
+        all_of_b = sorted((o for o, x in st.bench_of.items() if x == b), key=order_key)
+        label = f"{b} avg" + ("" if bench_orders[b] == all_of_b else f" ({', '.join(bench_orders[b])})")
+        cols.append((label, f"{_slug(b)}_avg"))
+    if len(st.benchmarks) > 1:
+        cols.append(("All avg", "all_avg"))
+    elif not st.benchmarks and len(st.orders) > 1:
+        cols.append(("avg", "avg"))
+    grid: dict[str, list[Cell]] = {}
+    for row in rows:
+        by_order = {o: st.order_cell(row, o, metric) for o in st.orders}
+        cells = [by_order[o] for o in st.orders]
+        benches = [average_cells([by_order[o] for o in bench_orders[b]]) for b in st.benchmarks]
+        cells += benches
+        if len(st.benchmarks) > 1:
+            cells.append(average_cells(benches))
+        elif not st.benchmarks and len(st.orders) > 1:
+            cells.append(average_cells(cells))
+        grid[row] = cells
+    ns = {c.n for cells in grid.values() for c in cells if c.mean is not None}
+    show_n = len(ns) > 1
+    body = [[row] + [fmt_cell(c, d, show_n) for c in cells] for row, cells in grid.items()]
+    seeds = f"n = {ns.pop()} seed(s) per cell" if len(ns) == 1 else "n = seeds per cell, shown where they differ"
+    caption = f"{_LABEL[metric]} ({_unit(metric, st.kind)}): mean ± sample std over seeds ({seeds})."
+    if len(cols) > len(st.orders):
+        caption += (" Averages over orders are means of the per-order means; their ± is the std over seeds of each seed's "
+                    "average (the seeds present in every order averaged).")
+    if len(st.benchmarks) > 1:
+        caption += " All avg = mean of the benchmark averages."
+    empty = [f"{row} {name}" for row, cells in grid.items() for (name, _), c in zip(cols, cells) if c.mean is None and not c.incomplete]
+    foot = _footer(st.missing(metric, rows), empty)
+    md = caption + "\n\n" + _md(["method"] + [c[0] for c in cols], body) + ("\n\n" + foot if foot else "")
+    csv_rows = [["row"] + [f"{slug}_{s}" for _, slug in cols for s in ("mean", "std", "n", "complete")]]
+    csv_rows += [[row] + [x for c in cells for x in _cell_csv(c)] for row, cells in grid.items()]
+    return Table("main", "Main table", md, _csv(csv_rows))
+
+
+def forgetting_table(st: Study, rows: list[str]) -> Table:
+    d = _digits(st.kind)
+    how = "FP − AP" if st.kind == "perplexity" else "AP − FP"
+    groups = st.group_orders()
+    metrics = ("ap", "fp", "forgetting")
+    header = ["method"] + [f"{g} {_LABEL[m]}" for g, _ in groups for m in metrics]
+    body, csv_rows = [], [["row"] + [f"{_slug(g)}_{m}_{s}" for g, _ in groups for m in metrics for s in ("mean", "std", "n", "complete")]]
+    empty = []
+    for row in rows:
+        cells = [average_cells([st.order_cell(row, o, m) for o in orders]) for _, orders in groups for m in metrics]
+        body.append([row] + [fmt_cell(Cell(c.mean, {}, c.incomplete), d) for c in cells])
+        csv_rows.append([row] + [x for c in cells for x in _cell_csv(c)])
+        empty += [f"{row} {g}" for (g, _), c in zip(groups, cells[::3]) if c.mean is None and not c.incomplete]
+    unit = "perplexity" if st.kind == "perplexity" else "accuracy %"
+    caption = (f"AP, FP and forgetting = {how} ({unit}; forgetting: lower is better) per benchmark: mean over its orders "
+               "(each order's mean over seeds).")
+    missing = sorted({(m.row, m.order, str(m.seed)): m for met in metrics for m in st.missing(met, rows)}.values(),
+                     key=lambda m: (row_sort_key(m.row), order_key(m.order), str(m.seed)))
+    foot = _footer(missing, empty)
+    return Table("forgetting", "Forgetting", caption + "\n\n" + _md(header, body) + ("\n\n" + foot if foot else ""), _csv(csv_rows))
+
+
+def ablation_tables(st: Study, metric: str, rows: list[str]) -> list[Table]:
+    d = _digits(st.kind)
+    keys = sorted({k for r in rows for k, _ in parse_row(r)[1]})
+    tables = []
+    for key in keys:
+        cells: dict[tuple[str, str], tuple[str, Cell]] = {}  # (column, value) -> (row, cell)
+        for r in rows:
+            method, grid, fast = parse_row(r)
+            g = dict(grid)
+            if key not in g:
+                continue
+            col = " ".join([method, *(f"{k}={v}" for k, v in grid if k != key)]) + (FAST if fast else "")
+            cells[(col, g[key])] = (r, st.pooled_cell(r, metric))
+        cols = sorted({c for c, _ in cells}, key=row_sort_key)
+        values = sorted({v for _, v in cells}, key=_num)
+        body, empty = [], []
+        csv_rows = [[key] + [f"{c} {s}" for c in cols for s in ("mean", "std", "n", "complete")]]
+        ns = {c.n for _, c in cells.values() if c.mean is not None}
+        for v in values:
+            line, cline = [v], [v]
+            for c in cols:
+                cell = cells.get((c, v), (None, Cell(None)))[1]
+                line.append(fmt_cell(cell, d, len(ns) > 1))
+                cline += _cell_csv(cell)
+                if cell.mean is None and not cell.incomplete:
+                    empty.append(f"{c} at {key}={v}")
+            body.append(line)
+            csv_rows.append(cline)
+        abl_rows = [r for r, _ in cells.values()]
+        caption = (f"{_LABEL[metric]} ({_unit(metric, st.kind)}) against {key}: mean ± sample std over all orders and seeds "
+                   f"of each point (orders {', '.join(sorted({k[1] for k in st.records if k[0] in abl_rows}, key=order_key))}).")
+        foot = _footer(st.missing(metric, abl_rows), empty)
+        md = caption + "\n\n" + _md([key] + cols, body) + ("\n\n" + foot if foot else "")
+        png = _ablation_png(key, values, cols, cells, metric, st.kind)
+        tables.append(Table(f"ablation_{_slug(key)}", f"Ablation: {key}", md, _csv(csv_rows), png))
+    return tables
+
+
+def _ablation_png(key: str, values: list[str], cols: list[str], cells: dict, metric: str, kind: str) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    numeric = all(_num(v)[0] == 0 for v in values)
+    xs = [float(v) for v in values] if numeric else list(range(len(values)))
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for c in cols:
+        pts = [(x, cells[(c, v)][1]) for x, v in zip(xs, values) if (c, v) in cells and cells[(c, v)][1].mean is not None]
+        if not pts:
+            continue
+        ax.errorbar([x for x, _ in pts], [p.mean for _, p in pts], yerr=[p.std or 0.0 for _, p in pts],
+                    marker="o", capsize=3, label=c)
+    if not numeric:
+        ax.set_xticks(xs, values)
+    ax.set_xlabel(key)
+    ax.set_ylabel(f"{_LABEL[metric]} ({'perplexity' if kind == 'perplexity' else '%'})")
+    ax.set_title(f"{_LABEL[metric]} vs {key} (mean ± std over orders and seeds)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------- claims
+
+_SURPRISE = ("slow_surprise" + FAST, "surprise")
+_RESERVOIR = ("slow_reservoir" + FAST, "reservoir")
+
+
+def default_claims(rows: list[str]) -> list[tuple[str, str]]:
+    """The paper's claims whose two rows are both in the runs: surprise > reservoir (the
+    fast adapters of the slow_* runs, or the single-learner runs), slow > fast, slow_surprise >
+    seq_lora."""
+    have = set(rows)
+    out = [(s, r) for s, r in zip(_SURPRISE, _RESERVOIR) if s in have and r in have]
+    if not out:
+        s = next((x for x in _SURPRISE if x in have), None)
+        r = next((x for x in _RESERVOIR if x in have), None)
+        if s and r:
+            out.append((s, r))
+    out += [(m, m + FAST) for m in ("slow_surprise", "slow_reservoir") if m in have and m + FAST in have]
+    if "slow_surprise" in have and "seq_lora" in have:
+        out.append(("slow_surprise", "seq_lora"))
+    return out
+
+
+def parse_claim(text: str, rows: list[str]) -> tuple[str, str]:
+    """``"A>B"`` (A better than B) or ``"A<B"`` (B better than A), row names as in the table."""
+    ops = [c for c in text if c in "<>"]
+    if len(ops) != 1:
+        raise SureclError(f"--claim {text!r} must look like 'A>B' (A better than B) with one '>' or '<'")
+    a, b = (s.strip() for s in text.split(ops[0]))
+    if not a or not b:
+        raise SureclError(f"--claim {text!r} must name a row on each side of {ops[0]!r}")
+    if ops[0] == "<":
+        a, b = b, a
+    for name in (a, b):
+        if name not in rows:
+            raise SureclError(f"--claim {text!r}: no row {name!r} in the runs (rows: {', '.join(rows)})")
+    if a == b:
+        raise SureclError(f"--claim {text!r} compares a row with itself")
+    return a, b
+
+
+def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: float = 0.95) -> Table:
+    from surecl.stats import paired, verdict
+
+    d = _digits(st.kind) + 1
+    up = higher_is_better(metric, st.kind)
+    pct = f"{level * 100:g} %"
+    side = "above" if up else "below"
+    caption = (f"{_LABEL[metric]} ({_unit(metric, st.kind)}). \"A > B\" claims A is better: paired differences A − B over the "
+               f"(order, seed) runs both rows have, {pct} two-sided Student-t interval mean ± t·sd/√n. **shown**: the whole "
+               f"interval lies {side} 0; **contradicted**: it lies on the other side; **not shown**: it contains 0 or n < 2.")
+    header = ["claim", "benchmark", "n pairs", "mean diff (A − B)", "sd", f"{pct} CI", "verdict"]
+    body, csv_rows = [], [["claim", "a", "b", "benchmark", "n", "mean_diff", "sd", "ci_lo", "ci_hi", "t", "verdict", "why"]]
+    if not claims:
+        body.append(["(none: no default claim has both rows in the runs; use --claim 'A>B')", "", "", "", "", "", ""])
+    for a, b in claims:
+        pairs = {}
+        for (row, order, seed) in st.records:
+            if row != a:
+                continue
+            va, vb = st.value((a, order, seed), metric), st.value((b, order, seed), metric)
+            if va is not None and vb is not None:
+                pairs[(order, seed)] = va - vb
+        groups: dict[str, list[float]] = defaultdict(list)
+        for (order, _), diff in sorted(pairs.items(), key=lambda kv: (order_key(kv[0][0]), str(kv[0][1]))):
+            groups[st.bench_of.get(order, "other")].append(diff)
+        names = [g for g in [*st.benchmarks, "other"] if g in groups]
+        if len(names) != 1:
+            names.append("all")
+        other = ", ".join(o for o in st.orders if o not in st.bench_of)
+        for g in names:
+            diffs = [v for vals in groups.values() for v in vals] if g == "all" else groups[g]
+            label = f"other (orders {other})" if g == "other" else g
+            res = paired(diffs, level)
+            word, why = verdict(res, up)
+            f = lambda v, dd=d: "-" if v is None else f"{v:+.{dd}f}"  # noqa: E731
+            ci = "-" if res.lo is None else f"[{res.lo:+.{d}f}, {res.hi:+.{d}f}]"
+            shown = f"**{word}**" if word != "not shown" else f"not shown ({why})"
+            body.append([f"{a} > {b}", label, str(res.n), f(res.mean), "-" if res.sd is None else f"{res.sd:.{d}f}", ci, shown])
+            csv_rows.append([f"{a} > {b}", a, b, g, res.n, *("" if v is None else round(v, 6) for v in (res.mean, res.sd, res.lo, res.hi, res.t)), word, why])
+    return Table("claims", f"Claims ({_LABEL[metric]}, paired)", caption + "\n\n" + _md(header, body), _csv(csv_rows))
+
+
+def missing_table(st: Study, metric: str, rows: list[str]) -> Table:
+    miss = st.missing_runs(metric, rows)
+    csv_rows = [["row", "order", "seed", "path", "why"]] + [[m.row, m.order, m.seed, m.path, m.why] for m in miss]
+    if not miss:
+        return Table("missing", "Missing runs", "None: every expected run is present.", _csv(csv_rows))
+    planned = any(m.path for m in miss)
+    caption = (f"{len(miss)} expected run(s) have no {_LABEL[metric]}; the cells that need them are marked {DAGGER}. "
+               + ("Expected runs come from sweep.json plans" + (" and, for runs under no plan, " if not all(m.path for m in miss) else "")
+                  if planned else "No sweep.json plan: expected = ")
+               + ("every (row x order x seed) combination seen in the runs." if not all(m.path for m in miss) else "."))
+    body = [[m.row, m.order, str(m.seed), m.path or "-", m.why] for m in miss]
+    return Table("missing", "Missing runs", caption + "\n\n" + _md(["row", "order", "seed", "path", "why"], body), _csv(csv_rows))
+
+
+def paper_report(paths: list[Path], metric: str = "fp", fast: bool = True, claims: str = "default",
+                 custom_claims: list[str] | None = None, order_benchmark: dict[str, str] | None = None) -> PaperReport:
+    """Main table, forgetting table, ablation tables (rows with grid values), paired claims and
+    missing runs from run directories (see ``surecl report --layout paper``)."""
+    if metric not in METRICS:
+        raise SureclError(f"--metric: unknown metric {metric!r} (choose from {', '.join(METRICS)})")
+    if claims not in ("default", "none"):
+        raise SureclError(f"--claims: {claims!r} must be 'default' or 'none'")
+    st = Study.load(paths, order_benchmark)
+    rep = PaperReport(st, metric, fast)
+    pairs = default_claims(st.rows) if claims == "default" else []
+    for text in custom_claims or []:
+        pair = parse_claim(text, st.rows)
+        if pair not in pairs:
+            pairs.append(pair)
+    rep.claims = pairs
+    rows = rep.shown_rows
+    rep.tables = [main_table(st, metric, rows), forgetting_table(st, rows), *ablation_tables(st, metric, rows),
+                  claims_table(st, metric, pairs), missing_table(st, metric, rows)]
+    return rep

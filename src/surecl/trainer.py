@@ -427,19 +427,27 @@ class ContinualRun:
     def evaluate_stage(self, stage: Stage) -> None:
         start = time.perf_counter()
         row = self.state.accuracy[stage.row]
-        for j in tqdm(stage.evaluate, desc="eval", disable=not self.progress or not self.accelerator.is_main_process, leave=False):
+        wanted = self.evaluated(stage)
+        for j in tqdm(wanted, desc="eval", disable=not self.progress or not self.accelerator.is_main_process, leave=False):
             row[j] = round(self.evaluate_task(j), 4)
         fast = None
         if self.eval_fast:  # the same trajectory's fast adapter: the non-dual method's row
             fast = self.state.accuracy_fast[stage.row]
-            for j in stage.evaluate:
+            for j in wanted:
                 fast[j] = round(self.evaluate_task(j, adapter="fast"), 4)
         release_memory()
         self.state.seconds["eval"] += time.perf_counter() - start
-        shown = ", ".join(f"{self.tasks[j].name} {row[j]:.1f}" for j in stage.evaluate)
+        shown = ", ".join(f"{self.tasks[j].name} {row[j]:.1f}" for j in wanted)
         if fast is not None:
-            shown += " (fast: " + ", ".join(f"{fast[j]:.1f}" for j in stage.evaluate) + ")"
+            shown += " (fast: " + ", ".join(f"{fast[j]:.1f}" for j in wanted) + ")"
         self.log(f"after {self._stage_name(stage)}: {shown}")
+
+    def evaluated(self, stage: Stage) -> list[int]:
+        """The tasks evaluated after ``stage``: all it names, or with ``eval.matrix=fp_ap`` only
+        its own task until the last stage (the diagonal and the final row)."""
+        if self.cfg.eval.matrix == "fp_ap" and stage is not self.stages[-1]:
+            return [j for j in stage.evaluate if j == stage.row] or list(stage.evaluate)
+        return list(stage.evaluate)
 
     def _stage_name(self, stage: Stage) -> str:
         return "+".join(self.tasks[t].name for t in stage.tasks) if len(stage.tasks) > 1 else self.tasks[stage.tasks[0]].name

@@ -1,0 +1,209 @@
+"""Sweep plans: a study or an ablation as one YAML file, run with ``surecl sweep --plan``.
+
+A plan names what ``surecl sweep`` would otherwise take from its options, plus what options
+cannot say: orders given as explicit task lists (``data.tasks``), which benchmark an order
+belongs to in the report, and groups of methods that run at different seeds::
+
+    description: "..."
+    config: paper-t5,lnt            # presets applied before each method preset
+    overrides: [data.n_test=200]    # applied to every run
+    orders: ["4", "5", "6"]         # or {s1: [dbpedia, amazon, agnews], ...}
+    order_benchmark: {s1: Standard CL}
+    seeds: [0, 1, 2]
+    methods: [seq_lora, slow_surprise]
+    grid: {replay.buffer_size: [150, 300, 500, 1500]}
+    groups:                         # optional: each group overrides methods/seeds/orders/grid
+      - {methods: [seq_lora, slow_surprise], seeds: [0, 1, 2]}
+      - {methods: [random, ewc], seeds: [0]}
+
+Packaged plans (``surecl list``) reproduce the paper's tables; a path to a YAML file runs
+your own. Options given on the command line (``--methods``, ``--orders``, ``--seeds``,
+``--grid``, ``--config``) replace the plan's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from surecl.errors import SureclError
+
+PLAN_KEYS = {"description", "config", "overrides", "orders", "order_benchmark", "seeds", "methods", "grid", "groups", "layout"}
+GROUP_KEYS = {"methods", "seeds", "orders", "grid", "overrides"}
+
+
+@dataclass
+class PlannedRun:
+    row: str
+    method: str
+    point: list[str]
+    order: str
+    seed: int
+    overrides: list[str]
+    path: str
+
+
+@dataclass
+class Plan:
+    description: str = ""
+    config: str = ""
+    overrides: list[str] = field(default_factory=list)
+    orders: dict[str, list[str] | None] = field(default_factory=lambda: {"default": None})
+    order_benchmark: dict[str, str] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=lambda: [0])
+    methods: list[str] = field(default_factory=list)
+    grid: dict[str, list[str]] = field(default_factory=dict)
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    layout: str = "orders"
+
+
+def plan_names() -> list[str]:
+    folder = resources.files("surecl") / "plans"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def _text(name_or_path: str) -> tuple[str, str]:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise SureclError(f"--plan: {path} is not a file")
+        try:
+            return path.read_text(encoding="utf-8-sig"), str(path)
+        except UnicodeDecodeError:
+            raise SureclError(f"--plan: {path} is not UTF-8 text") from None
+    if name_or_path not in plan_names():
+        raise SureclError(f"--plan: unknown plan {name_or_path!r} (choose from {', '.join(plan_names())}, or give a .yaml path)")
+    return (resources.files("surecl") / "plans" / f"{name_or_path}.yaml").read_text(encoding="utf-8"), f"plan {name_or_path}"
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+        raise SureclError(f"{where}: expected a list of names or numbers")
+    return [str(v) for v in value]
+
+
+def _seeds(value: Any, where: str) -> list[int]:
+    out = []
+    for v in _strings(value, where):
+        try:
+            out.append(int(v))
+        except ValueError:
+            raise SureclError(f"{where}: seed {v!r} is not an integer") from None
+    return out
+
+
+def _orders(value: Any, where: str) -> dict[str, list[str] | None]:
+    if isinstance(value, dict):
+        out = {}
+        for name, tasks in value.items():
+            if tasks is None:
+                out[str(name)] = None
+            else:
+                out[str(name)] = _strings(tasks, f"{where}.{name}")
+                if not out[str(name)]:
+                    raise SureclError(f"{where}.{name}: an order needs at least one task")
+        return out
+    return {o: None for o in _strings(value, where)}
+
+
+def _grid(value: Any, where: str) -> dict[str, list[str]]:
+    if not isinstance(value, dict):
+        raise SureclError(f"{where}: expected a mapping key.sub -> list of values")
+    return {str(k): _strings(v, f"{where}.{k}") for k, v in value.items()}
+
+
+def load_plan(name_or_path: str) -> Plan:
+    text, source = _text(name_or_path)
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        raise SureclError(f"{source}: invalid YAML") from None
+    if not isinstance(data, dict):
+        raise SureclError(f"{source}: top level must be a mapping")
+    unknown = sorted(set(data) - PLAN_KEYS)
+    if unknown:
+        raise SureclError(f"{source}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(PLAN_KEYS))})")
+    plan = Plan(description=str(data.get("description", "")), config=str(data.get("config", "") or ""))
+    if "overrides" in data:
+        plan.overrides = _strings(data["overrides"], f"{source}: overrides")
+    if "orders" in data:
+        plan.orders = _orders(data["orders"], f"{source}: orders")
+    if "order_benchmark" in data:
+        if not isinstance(data["order_benchmark"], dict):
+            raise SureclError(f"{source}: order_benchmark must map order names to benchmark names")
+        plan.order_benchmark = {str(k): str(v) for k, v in data["order_benchmark"].items()}
+    if "seeds" in data:
+        plan.seeds = _seeds(data["seeds"], f"{source}: seeds")
+    if "methods" in data:
+        plan.methods = _strings(data["methods"], f"{source}: methods")
+    if "grid" in data:
+        plan.grid = _grid(data["grid"], f"{source}: grid")
+    if data.get("layout", "orders") not in ("orders", "paper"):
+        raise SureclError(f"{source}: layout must be orders or paper")
+    plan.layout = data.get("layout", "orders")
+    groups = data.get("groups") or []
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        raise SureclError(f"{source}: groups must be a list of mappings")
+    for k, g in enumerate(groups):
+        bad = sorted(set(g) - GROUP_KEYS)
+        if bad:
+            raise SureclError(f"{source}: groups[{k}]: unknown key(s) {', '.join(bad)} (known: {', '.join(sorted(GROUP_KEYS))})")
+        where = f"{source}: groups[{k}]"
+        group: dict[str, Any] = {"methods": _strings(g.get("methods", []), f"{where}.methods")}
+        if "seeds" in g:
+            group["seeds"] = _seeds(g["seeds"], f"{where}.seeds")
+        if "orders" in g:
+            names = _strings(g["orders"], f"{where}.orders")
+            missing = [o for o in names if o not in plan.orders]
+            if missing:
+                raise SureclError(f"{where}.orders: {', '.join(missing)} not among the plan's orders")
+            group["orders"] = names
+        if "grid" in g:
+            group["grid"] = _grid(g["grid"], f"{where}.grid")
+        if "overrides" in g:
+            group["overrides"] = _strings(g["overrides"], f"{where}.overrides")
+        if not group["methods"]:
+            raise SureclError(f"{where}: a group needs methods")
+        plan.groups.append(group)
+    return plan
+
+
+def grid_points(grid: dict[str, list[str]]) -> list[list[str]]:
+    points: list[list[str]] = [[]]
+    for key, values in grid.items():
+        if not values:
+            raise SureclError(f"grid {key}: needs at least one value")
+        points = [p + [f"{key}={v}"] for p in points for v in values]
+    return points
+
+
+def expand(plan: Plan) -> list[PlannedRun]:
+    """Every run of the plan: groups (or the plan's methods) x grid points x orders x seeds."""
+    groups = plan.groups or [{"methods": plan.methods}]
+    if not any(g["methods"] for g in groups):
+        raise SureclError("sweep: no methods (give --methods or a plan with methods)")
+    runs: list[PlannedRun] = []
+    seen: set[str] = set()
+    for g in groups:
+        orders = g.get("orders", list(plan.orders))
+        for method in g["methods"]:
+            for point in grid_points(g.get("grid", plan.grid)):
+                row = " ".join([method, *point])
+                for order in orders:
+                    tasks = plan.orders[order]
+                    for seed in g.get("seeds", plan.seeds):
+                        data = [f"data.order={order}"] + ([f"data.tasks=[{','.join(tasks)}]"] if tasks else [])
+                        overrides = plan.overrides + g.get("overrides", []) + point + data + [f"seed={seed}", f"preset={row}"]
+                        folder = f"order{order}" if order.isdigit() or order == "default" else f"order-{order}"
+                        path = "/".join([method, *point, folder, f"seed{seed}"])
+                        if path in seen:
+                            raise SureclError(f"sweep: run {path} is planned twice (a method in two groups?)")
+                        seen.add(path)
+                        runs.append(PlannedRun(row, method, point, order, seed, overrides, path))
+    return runs

@@ -1,0 +1,54 @@
+"""Paired evaluation of the dual learner: a dual run evaluates its fast adapter beside the slow
+one, and that fast adapter is trained exactly as the same method without the dual learner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from surecl.config import build_config
+from surecl.trainer import run
+
+FAST = ["train.epochs=6", "data.n_train=48", "data.n_test=16", "data.tasks=[colors,animals]", "lora.dropout=0.1"]
+
+
+@pytest.mark.parametrize(("dual", "single"), [("slow_surprise", "surprise"), ("slow_reservoir", "reservoir")])
+def test_fast_matrix_of_a_dual_run_equals_the_non_dual_run(dual, single, tmp_path, tiny_cache):
+    # dropout 0.1: the dual learner must not shift the random stream the fast adapter's masks come from
+    d = run(build_config(f"tiny,{dual}", FAST), tmp_path / "dual", progress=False, cache_dir=tiny_cache)
+    s = run(build_config(f"tiny,{single}", FAST), tmp_path / "single", progress=False, cache_dir=tiny_cache)
+    assert "fast" not in s
+    assert d["fast"]["accuracy_matrix"] == s["accuracy_matrix"]
+    assert d["fast"]["fp"] == s["fp"] and d["fast"]["forgetting"] == s["forgetting"]
+    assert d["accuracy_matrix"] != d["fast"]["accuracy_matrix"]  # the slow adapter answers differently
+    # and the training losses (the fast trajectory) are the same step for step
+    loss = lambda p: [json.loads(line)["loss"] for line in (p / "log.jsonl").read_text().splitlines()]  # noqa: E731
+    assert loss(tmp_path / "dual") == loss(tmp_path / "single")
+    report = (tmp_path / "dual" / "report.md").read_text()
+    assert "Fast adapter" in report
+
+
+def test_fast_evaluation_can_be_turned_off_and_resumes(tmp_path, tiny_cache):
+    off = run(build_config("tiny,slow_surprise", FAST + ["eval.fast=false"]), tmp_path / "off", progress=False, cache_dir=tiny_cache)
+    assert "fast" not in off
+    # killed between tasks and resumed: the fast matrix survives the checkpoint
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "resumed"
+    cmd = [sys.executable, "-m", "surecl.cli", "run", "--quiet", "--config", "tiny,slow_surprise", "--out", str(out), *FAST]
+    env = {**os.environ, "SURECL_KILL_AT": "stage_end:0", "SURECL_CACHE": str(tiny_cache)}
+    assert subprocess.run(cmd, env=env, capture_output=True).returncode == -9
+    env.pop("SURECL_KILL_AT")
+    assert subprocess.run(cmd, env=env, capture_output=True).returncode == 0
+    whole = run(build_config("tiny,slow_surprise", FAST), tmp_path / "whole", progress=False, cache_dir=tiny_cache)
+    resumed = json.loads((out / "results.json").read_text())
+    assert resumed["fast"]["accuracy_matrix"] == whole["fast"]["accuracy_matrix"]
+    assert resumed["accuracy_matrix"] == whole["accuracy_matrix"]
+
+
+def test_per_task_has_no_fast_rows(tmp_path, tiny_cache):
+    res = run(build_config("tiny,per_task", FAST + ["dual.enabled=true"]), tmp_path / "pt", progress=False, cache_dir=tiny_cache)
+    assert "fast" not in res

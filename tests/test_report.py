@@ -1,0 +1,437 @@
+"""Paper layout of `surecl report` (main, forgetting, ablation, claims, missing runs) and the
+paired statistics behind the claims. Fixture runs are results.json files with hand-chosen
+numbers; no model runs except one tiny sweep for the plan file."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import shutil
+
+import pytest
+
+from surecl.cli import main
+from surecl.errors import SureclError
+from surecl.report import PLAN_FILE, Study, paper_report, parse_claim, write_sweep_plan
+from surecl.stats import betainc, paired, t_cdf, t_ppf, verdict
+
+SMALL = ["data.tasks=[colors,animals]", "data.n_train=16", "data.n_test=8", "train.epochs=1"]
+
+# FP per (order, seed); AP fixed per row, so forgetting = AP - FP
+SEQ = {("1", 0): 40.0, ("1", 1): 44.0, ("2", 0): 50.0, ("2", 1): 52.0, ("4", 0): 30.0, ("4", 1): 35.0}
+SLOW = {("1", 0): 60.0, ("1", 1): 64.0, ("2", 0): 70.0, ("2", 1): 72.0, ("4", 0): 50.0, ("4", 1): 54.0}
+FASTV = {("1", 0): 55.0, ("1", 1): 57.0, ("2", 0): 66.0, ("2", 1): 66.0, ("4", 0): 45.0, ("4", 1): 47.0}
+
+
+def results(row, order, seed, fp, ap, fast=None, kind="accuracy"):
+    method = row.split()[0].removesuffix(" (fast)")
+    res = {
+        "tasks": ["a", "b"], "metric": kind, "accuracy_matrix": [[ap, None], [fp, ap]],
+        "fp": fp, "ap": ap, "forgetting": ap - fp, "bwt": fp - ap, "avg_incremental": (ap + fp) / 2,
+        "config": {"preset": row, "method": "sequential", "seed": seed, "data": {"order": order}, "dual": {"enabled": fast is not None},
+                   "replay": {"policy": "surprise" if "surprise" in method else "none"}},
+    }
+    if fast is not None:
+        fast_fp, fast_ap = fast
+        res["fast"] = {"accuracy_matrix": [[fast_ap, None], [fast_fp, fast_ap]], "fp": fast_fp, "ap": fast_ap,
+                       "forgetting": fast_ap - fast_fp, "bwt": fast_fp - fast_ap, "avg_incremental": (fast_ap + fast_fp) / 2}
+    return res
+
+
+def rel(row, order, seed):
+    return "/".join([*row.split(), f"order{order}", f"seed{seed}"])
+
+
+def put(root, row, order, seed, fp, ap, fast=None, kind="accuracy"):
+    d = root / rel(row, order, seed)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "results.json").write_text(json.dumps(results(row, order, seed, fp, ap, fast, kind)))
+    return d
+
+
+@pytest.fixture
+def runs(tmp_path):
+    root = tmp_path / "runs"
+    for (order, seed), fp in SEQ.items():
+        put(root, "seq_lora", order, seed, fp, 80.0)
+    for (order, seed), fp in SLOW.items():
+        put(root, "slow_surprise", order, seed, fp, 90.0, fast=(FASTV[(order, seed)], 85.0))
+    return root
+
+
+def table_rows(md: str, title: str) -> dict[str, list[str]]:
+    """{first cell: other cells} of the markdown table under ``## title``."""
+    section = md.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for line in section.splitlines():
+        if line.startswith("| ") and not line.startswith("|---"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            out[cells[0]] = cells[1:]
+    return out
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@pytest.mark.parametrize("df, t", [(1, 12.706), (2, 4.303), (4, 2.776), (8, 2.306), (29, 2.045), (10**7, 1.960)])
+def test_t_quantile_known_values(df, t):
+    assert t_ppf(0.975, df) == pytest.approx(t, abs=5e-4)
+    assert t_cdf(t_ppf(0.975, df), df) == pytest.approx(0.975, abs=1e-10)
+    assert t_ppf(0.025, df) == pytest.approx(-t, abs=5e-4)
+
+
+def test_incomplete_beta_and_t_cdf():
+    assert betainc(2, 3, 0.4) == pytest.approx(0.5248, abs=1e-12)  # 1 - sum of binomial terms, exact
+    assert betainc(1, 1, 0.3) == pytest.approx(0.3, abs=1e-14)
+    assert t_cdf(0.0, 3) == pytest.approx(0.5)
+    assert t_cdf(1.0, 1) == pytest.approx(0.75, abs=1e-12)  # Cauchy: 1/2 + atan(1)/pi
+    assert t_cdf(-2.0, 5) == pytest.approx(0.0509697394, abs=1e-9)
+
+
+def test_paired_interval_hand_computed():
+    res = paired([1.0, 2.0, 3.0, 4.0])
+    sd = math.sqrt(5 / 3)
+    assert (res.n, res.mean, res.sd) == (4, 2.5, pytest.approx(sd))
+    assert res.sd == pytest.approx(1.291, abs=1e-3)
+    half = t_ppf(0.975, 3) * sd / 2
+    assert t_ppf(0.975, 3) == pytest.approx(3.182, abs=1e-3)
+    assert (res.lo, res.hi) == (pytest.approx(2.5 - half), pytest.approx(2.5 + half))
+    assert (round(res.lo, 3), round(res.hi, 3)) == (0.446, 4.554)
+    assert verdict(res)[0] == "shown"
+    assert verdict(res, higher_is_better=False)[0] == "contradicted"
+
+
+def test_verdicts():
+    assert verdict(paired([-1.0, 2.0, 0.5]))[0] == "not shown"  # interval contains 0
+    assert verdict(paired([-1.0, 2.0, 0.5]))[1] == "the interval contains 0"
+    assert verdict(paired([-4.0, -3.0, -5.0]))[0] == "contradicted"
+    assert verdict(paired([-4.0, -3.0, -5.0]), higher_is_better=False)[0] == "shown"
+    one = paired([3.0])
+    assert (one.n, one.mean, one.lo) == (1, 3.0, None)
+    assert verdict(one) == ("not shown", "n=1: an interval needs at least two pairs")
+    assert verdict(paired([]))[0] == "not shown"
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def test_main_table_cells_and_benchmark_averages(runs):
+    rep = paper_report([runs])
+    md = rep.markdown()
+    main_rows = table_rows(md, "Main table")
+    assert main_rows["method"] == ["Order-1", "Order-2", "Order-4", "Standard CL avg (1, 2)", "LNT avg (4)", "All avg"]
+    # seq_lora: order 1 {40, 44}, order 2 {50, 52}, order 4 {30, 35}; sample std (ddof=1)
+    # Standard CL avg = (42 + 51) / 2 = 46.5, per seed (45, 48) -> sd 2.12; LNT 32.5 ± 3.54
+    # All = (46.5 + 32.5) / 2 = 39.5, per seed (37.5, 41.5) -> sd 2.83
+    assert main_rows["seq_lora"] == ["42.0 ± 2.8", "51.0 ± 1.4", "32.5 ± 3.5", "46.5 ± 2.1", "32.5 ± 3.5", "39.5 ± 2.8"]
+    # slow: 62 ± 2.8, 71 ± 1.4, 52 ± 2.8; SCL 66.5 (per seed 65, 68); All (66.5 + 52) / 2 = 59.25
+    assert main_rows["slow_surprise"][:5] == ["62.0 ± 2.8", "71.0 ± 1.4", "52.0 ± 2.8", "66.5 ± 2.1", "52.0 ± 2.8"]
+    assert main_rows["slow_surprise"][5].startswith("59.2")
+    # the fast row comes from results["fast"] of the same runs
+    assert main_rows["slow_surprise (fast)"] == ["56.0 ± 1.4", "66.0 ± 0.0", "46.0 ± 1.4", "61.0 ± 0.7", "46.0 ± 1.4", "53.5 ± 1.1"]
+    assert list(main_rows)[1:] == ["seq_lora", "slow_surprise", "slow_surprise (fast)"]
+    assert "missing" not in md.split("## Missing runs")[0].lower()
+    # CSV of the main table
+    table = list(csv.DictReader(io.StringIO(rep.tables[0].csv)))
+    seq = next(r for r in table if r["row"] == "seq_lora")
+    assert float(seq["standard_cl_avg_mean"]) == pytest.approx(46.5)
+    assert float(seq["all_avg_std"]) == pytest.approx(math.sqrt(8))
+    assert (seq["order_1_n"], seq["order_1_complete"]) == ("2", "1")
+    assert float(seq["lnt_avg_mean"]) == pytest.approx(32.5)
+
+
+def test_no_fast_hides_fast_rows_and_metric_choice(runs):
+    md = paper_report([runs], fast=False).markdown()
+    assert "slow_surprise (fast) |" not in md.split("## Claims")[0]
+    ap = table_rows(paper_report([runs], metric="ap").markdown(), "Main table")
+    assert ap["slow_surprise (fast)"][0] == "85.0 ± 0.0"
+    with pytest.raises(SureclError, match="unknown metric"):
+        paper_report([runs], metric="accuracy")
+
+
+def test_full_benchmark_header_and_varying_seed_counts(tmp_path):
+    root = tmp_path / "r"
+    for o in ("1", "2", "3"):
+        put(root, "seq_lora", o, 0, 40.0 + int(o), 80.0)
+        put(root, "seq_lora", o, 1, 42.0 + int(o), 80.0)
+    put(root, "seq_lora", "1", 2, 50.0, 80.0)
+    plan_runs = [{"row": "seq_lora", "order": o, "seed": s, "path": rel("seq_lora", o, s)} for o in ("1", "2", "3") for s in (0, 1)]
+    plan_runs.append({"row": "seq_lora", "order": "1", "seed": 2, "path": rel("seq_lora", "1", 2)})
+    write_sweep_plan(root, plan_runs)
+    rows = table_rows(paper_report([root]).markdown(), "Main table")
+    assert rows["method"] == ["Order-1", "Order-2", "Order-3", "Standard CL avg"]  # no LNT, no All
+    # order 1 has 3 seeds, the others 2: n is shown; the average's ± runs over seeds 0, 1
+    assert rows["seq_lora"][0] == "44.7 ± 4.7 (n=3)"  # 41, 43, 50
+    assert rows["seq_lora"][1] == "43.0 ± 1.4 (n=2)"
+    assert rows["seq_lora"][3].endswith("(n=2)") and "†" not in rows["seq_lora"][3]
+
+
+def test_forgetting_table(runs):
+    rep = paper_report([runs])
+    rows = table_rows(rep.markdown(), "Forgetting")
+    assert rows["method"] == ["Standard CL AP", "Standard CL FP", "Standard CL forgetting", "LNT AP", "LNT FP", "LNT forgetting"]
+    assert rows["seq_lora"] == ["80.0", "46.5", "33.5", "80.0", "32.5", "47.5"]
+    assert rows["slow_surprise"] == ["90.0", "66.5", "23.5", "90.0", "52.0", "38.0"]
+    assert rows["slow_surprise (fast)"] == ["85.0", "61.0", "24.0", "85.0", "46.0", "39.0"]
+    assert "AP − FP" in rep.tables[1].markdown
+    table = list(csv.DictReader(io.StringIO(rep.tables[1].csv)))
+    assert float(next(r for r in table if r["row"] == "seq_lora")["lnt_forgetting_mean"]) == pytest.approx(47.5)
+
+
+def test_ablation_table_and_png(tmp_path):
+    root = tmp_path / "abl"
+    fps = {"100": (50.0, 54.0), "300": (60.0, 62.0), "1000": (70.0, 76.0)}
+    for size, (a, b) in fps.items():
+        row = f"slow_surprise replay.buffer_size={size}"
+        for order, shift in (("1", 0.0), ("4", 10.0)):
+            put(root, row, order, 0, a + shift, 90.0, fast=(a + shift - 5, 85.0))
+            put(root, row, order, 1, b + shift, 90.0, fast=(b + shift - 5, 85.0))
+    put(root, "seq_lora", "1", 0, 40.0, 80.0)  # a row without grid values: not in the ablation
+    put(root, "seq_lora", "1", 1, 40.0, 80.0)
+    put(root, "seq_lora", "4", 0, 40.0, 80.0)
+    put(root, "seq_lora", "4", 1, 40.0, 80.0)
+    rep = paper_report([root])
+    abl = next(t for t in rep.tables if t.name == "ablation_replay.buffer_size")
+    rows = table_rows(f"## {abl.title}\n" + abl.markdown, abl.title)
+    assert rows["replay.buffer_size"] == ["slow_surprise", "slow_surprise (fast)"]
+    assert list(rows)[1:] == ["100", "300", "1000"]  # numeric order
+    # buffer 100: values {50, 54, 60, 64} over orders and seeds: mean 57, sample sd 6.22
+    assert rows["100"] == ["57.0 ± 6.2", "52.0 ± 6.2"]
+    assert rows["1000"][0] == f"78.0 ± {math.sqrt(((70 - 78) ** 2 + (76 - 78) ** 2 + (80 - 78) ** 2 + (86 - 78) ** 2) / 3):.1f}"
+    assert abl.png[:8] == b"\x89PNG\r\n\x1a\n"
+    out = tmp_path / "out"
+    rep.write(out)
+    import matplotlib.image
+
+    img = matplotlib.image.imread(out / "ablation_replay.buffer_size.png")
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    assert (out / "ablation_replay.buffer_size.md").read_text().count("| 300 |") == 1
+    assert "![Ablation: replay.buffer_size](ablation_replay.buffer_size.png)" in (out / "report.md").read_text()
+    table = list(csv.reader(open(out / "ablation_replay.buffer_size.csv")))
+    assert table[0][:3] == ["replay.buffer_size", "slow_surprise mean", "slow_surprise std"]
+    assert [r[0] for r in table[1:]] == ["100", "300", "1000"]
+
+
+# --------------------------------------------------------------------------- missing runs
+
+
+def test_planned_run_without_results_is_flagged_and_named(runs):
+    plan = [{"row": row, "method": row, "grid": {}, "order": o, "seed": s, "dual": row == "slow_surprise", "path": rel(row, o, s)}
+            for row in ("seq_lora", "slow_surprise") for o in ("1", "2", "4") for s in (0, 1)]
+    write_sweep_plan(runs, plan)
+    shutil.rmtree(runs / rel("slow_surprise", "2", 1))  # planned, never finished
+    rep = paper_report([runs])
+    md = rep.markdown()
+    rows = table_rows(md, "Main table")
+    # order 2 has seed 0 only (70.0): shown with a dagger, not silently averaged
+    assert rows["slow_surprise"][1] == "70.0 (n=1) †"
+    assert rows["slow_surprise"][3].endswith("†")  # Standard CL avg needs it
+    assert rows["slow_surprise"][4] == "52.0 ± 2.8 (n=2)"  # LNT is complete
+    assert rows["slow_surprise (fast)"][1].endswith("†")
+    assert "†" not in " ".join(rows["seq_lora"])
+    assert "**1 expected run(s) missing**" in md
+    under_main = md.split("## Forgetting")[0]  # both affected rows named under the table
+    assert "slow_surprise order 2 seed 1; slow_surprise (fast) order 2 seed 1" in under_main
+    missing = table_rows(md, "Missing runs")
+    assert missing["slow_surprise (and its fast row)"] == ["2", "1", str(runs / rel("slow_surprise", "2", 1)), "no results.json"]
+    assert len(missing) == 2  # header + the one run
+    main_csv = list(csv.DictReader(io.StringIO(rep.tables[0].csv)))
+    slow = next(r for r in main_csv if r["row"] == "slow_surprise")
+    assert (slow["order_2_n"], slow["order_2_complete"], slow["order_1_complete"]) == ("1", "0", "1")
+
+
+def test_cell_without_runs_shows_dash_and_is_listed(runs):
+    plan = [{"row": "seq_lora", "order": o, "seed": s, "path": rel("seq_lora", o, s)} for o in ("1", "2", "4", "5") for s in (0, 1)]
+    write_sweep_plan(runs, plan)
+    md = paper_report([runs]).markdown()
+    rows = table_rows(md, "Main table")
+    assert rows["method"][3] == "Order-5"
+    assert rows["seq_lora"][3] == "-"
+    assert rows["slow_surprise"][3] == "-"  # not planned for this row: no runs, said under the table
+    assert rows["seq_lora"][5].endswith("†")  # LNT avg over 4 and 5 lacks order 5
+    missing = table_rows(md, "Missing runs")
+    assert missing["seq_lora"][:2] == ["5", "1"] or missing["seq_lora"][:2] == ["5", "0"]
+    assert "seq_lora order 5 seed 0" in md and "seq_lora order 5 seed 1" in md
+    assert 'Cells "-" have no runs at all: slow_surprise Order-5' in md
+
+
+def test_holes_inferred_without_plan(runs):
+    (runs / rel("seq_lora", "4", 1) / "results.json").unlink()
+    md = paper_report([runs]).markdown()
+    rows = table_rows(md, "Main table")
+    assert rows["seq_lora"][2] == "30.0 (n=1) †"
+    missing = table_rows(md, "Missing runs")
+    assert missing["seq_lora"] == ["4", "1", "-", "no results.json"]
+    assert "every (row x order x seed) combination seen" in md
+
+
+def test_dual_run_without_fast_section_is_flagged(runs):
+    path = runs / rel("slow_surprise", "1", 0) / "results.json"
+    res = json.loads(path.read_text())
+    del res["fast"]
+    path.write_text(json.dumps(res))
+    md = paper_report([runs]).markdown()
+    assert table_rows(md, "Main table")["slow_surprise (fast)"][0] == "57.0 (n=1) †"
+    assert table_rows(md, "Missing runs")["slow_surprise (fast)"][3] == "results.json has no 'fast' section"
+
+
+def test_write_sweep_plan_merges(tmp_path):
+    write_sweep_plan(tmp_path, [{"row": "a", "order": "1", "seed": 0, "path": "a/order1/seed0"}])
+    write_sweep_plan(tmp_path, [{"row": "a", "order": "2", "seed": 0, "path": "a/order2/seed0"}])
+    plan = json.loads((tmp_path / PLAN_FILE).read_text())
+    assert plan["kind"] == "surecl-sweep-plan"
+    assert [r["path"] for r in plan["runs"]] == ["a/order1/seed0", "a/order2/seed0"]
+    (tmp_path / PLAN_FILE).write_text("[]")
+    with pytest.raises(SureclError, match="not a surecl sweep plan"):
+        write_sweep_plan(tmp_path, [])
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def test_default_claims(runs):
+    rep = paper_report([runs])
+    assert rep.claims == [("slow_surprise", "slow_surprise (fast)"), ("slow_surprise", "seq_lora")]
+    rows = [r for r in csv.DictReader(io.StringIO(next(t for t in rep.tables if t.name == "claims").csv))]
+    by = {(r["claim"], r["benchmark"]): r for r in rows}
+    # slow - fast on Standard CL: o1 {5, 7}, o2 {4, 6} -> mean 5.5, sd 1.291, CI 5.5 ± 3.182 * 1.291 / 2
+    scl = by[("slow_surprise > slow_surprise (fast)", "Standard CL")]
+    assert (int(scl["n"]), float(scl["mean_diff"]), scl["verdict"]) == (4, 5.5, "shown")
+    assert float(scl["ci_lo"]) == pytest.approx(5.5 - t_ppf(0.975, 3) * math.sqrt(5 / 3) / 2)
+    # LNT: {5, 7}, n = 2: t_{0.975,1} = 12.706 -> [-6.7, 18.7] contains 0
+    lnt = by[("slow_surprise > slow_surprise (fast)", "LNT")]
+    assert (lnt["n"], lnt["verdict"], lnt["why"]) == ("2", "not shown", "the interval contains 0")
+    assert by[("slow_surprise > slow_surprise (fast)", "all")]["n"] == "6"
+    assert by[("slow_surprise > seq_lora", "all")]["verdict"] == "shown"
+    md = rep.markdown()
+    assert "higher is better" in md.split("## Claims")[1]
+    assert "**shown**" in md and "not shown (the interval contains 0)" in md
+
+
+def test_surprise_vs_reservoir_uses_fast_rows_and_forgetting_direction(tmp_path):
+    root = tmp_path / "r"
+    for s, (a, b) in enumerate([(60.0, 55.0), (61.0, 57.0), (59.0, 54.5)]):
+        put(root, "slow_surprise", "1", s, a + 3, 90.0, fast=(a, 90.0))
+        put(root, "slow_reservoir", "1", s, b + 3, 90.0, fast=(b, 90.0))
+    rep = paper_report([root], metric="forgetting")
+    assert ("slow_surprise (fast)", "slow_reservoir (fast)") in rep.claims
+    claims = next(t for t in rep.tables if t.name == "claims")
+    assert "lower is better" in claims.markdown and "lies below 0" in claims.markdown
+    by = {r["claim"]: r for r in csv.DictReader(io.StringIO(claims.csv))}
+    # forgetting = 90 - FP, so surprise forgets 5, 4, 4.5 points less: CI -4.5 ± 4.303 * 0.5 / sqrt(3), below 0
+    row = by["slow_surprise (fast) > slow_reservoir (fast)"]
+    assert float(row["mean_diff"]) == pytest.approx(-4.5)
+    assert row["verdict"] == "shown"
+
+
+def test_custom_claims_and_errors(runs):
+    rep = paper_report([runs], claims="none", custom_claims=["seq_lora > slow_surprise", "slow_surprise (fast)<slow_surprise"])
+    assert rep.claims == [("seq_lora", "slow_surprise"), ("slow_surprise", "slow_surprise (fast)")]
+    by = {(r["claim"], r["benchmark"]): r["verdict"] for r in csv.DictReader(io.StringIO(rep.tables[-2].csv))}
+    assert by[("seq_lora > slow_surprise", "all")] == "contradicted"
+    rows = Study.load([runs]).rows
+    for bad, words in [("seq_lora", "must look like"), ("a>b>c", "must look like"), (">seq_lora", "name a row"),
+                       ("nope>seq_lora", "no row 'nope'"), ("seq_lora>seq_lora", "itself")]:
+        with pytest.raises(SureclError, match=words):
+            parse_claim(bad, rows)
+
+
+def test_n1_claim_not_shown(tmp_path):
+    root = tmp_path / "r"
+    put(root, "slow_surprise", "1", 0, 70.0, 90.0, fast=(60.0, 85.0))
+    rep = paper_report([root])
+    md = rep.markdown()
+    assert "not shown (n=1: an interval needs at least two pairs)" in md
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_paper_layout_writes_files(runs, tmp_path, capsys):
+    out = tmp_path / "paper"
+    argv = ["report", str(runs), "--layout", "paper", "--out-dir", str(out), "--claim", "slow_surprise (fast)>seq_lora", "--md", str(tmp_path / "all.md")]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    for name in ("report.md", "main.md", "main.csv", "forgetting.md", "forgetting.csv", "claims.md", "claims.csv", "missing.md", "missing.csv"):
+        assert (out / name).is_file(), name
+    assert "| seq_lora | 42.0 ± 2.8 |" in (out / "main.md").read_text()
+    assert "slow_surprise (fast) > seq_lora" in (out / "claims.md").read_text()
+    assert (tmp_path / "all.md").read_text().startswith("# surecl report: FP")
+    assert "## Main table" in printed and "## Claims" in printed
+    assert not list(out.glob("ablation_*"))
+    # the default layout is unchanged
+    assert main(["report", str(runs)]) == 0
+    assert "| seq_lora | 42.0 ± 2.0 | 51.0 ± 1.0 | 32.5 ± 2.5 | 41.8 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--claim", "nope>seq_lora"], "no row 'nope'"),
+    (["--claim", "seq_lora"], "must look like"),
+    (["--metric", "accuracy"], "unknown metric"),
+    (["--order-benchmark", "lnt8a"], "ORDER=BENCHMARK"),
+])
+def test_cli_bad_input_one_line_exit_2(runs, capsys, extra, words):
+    assert main(["report", str(runs), "--layout", "paper", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("surecl: error: ") and err.count("\n") == 1 and words in err
+
+
+def test_cli_errors_no_runs_and_mixed_kinds(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty"), "--layout", "paper"]) == 2
+    assert "no results.json" in capsys.readouterr().err
+    put(tmp_path / "mix", "seq_lora", "1", 0, 40.0, 80.0)
+    put(tmp_path / "mix", "surprise", "1", 0, 12.0, 10.0, kind="perplexity")
+    assert main(["report", str(tmp_path / "mix"), "--layout", "paper"]) == 2
+    assert "mix accuracy and perplexity" in capsys.readouterr().err
+
+
+def test_two_runs_of_one_cell_are_an_error(runs, tmp_path):
+    put(tmp_path / "other", "seq_lora", "1", 0, 41.0, 80.0)
+    with pytest.raises(SureclError, match="two runs of row 'seq_lora', order 1, seed 0"):
+        paper_report([runs, tmp_path / "other"])
+    assert len(Study.load([runs, runs]).records) == 18  # the same folder twice is read once
+
+
+def test_custom_order_benchmark(tmp_path, capsys):
+    root = tmp_path / "r"
+    for s in (0, 1):
+        put(root, "seq_lora", "lnt8a", s, 30.0 + s, 80.0)
+        put(root, "seq_lora", "4", s, 40.0 + s, 80.0)
+    rows = table_rows(paper_report([root]).markdown(), "Main table")
+    assert rows["method"] == ["Order-4", "lnt8a", "LNT avg (4)"]  # an unknown order belongs to no benchmark
+    rows = table_rows(paper_report([root], order_benchmark={"lnt8a": "LNT"}).markdown(), "Main table")
+    assert rows["method"][-1] == "LNT avg (4, lnt8a)" and rows["seq_lora"][-1] == "35.5 ± 0.7"
+
+
+def test_perplexity_runs(tmp_path):
+    root = tmp_path / "ppl"
+    for s in (0, 1):
+        put(root, "seq_lora", "default", s, 20.0 + s, 15.0, kind="perplexity")
+        put(root, "slow_surprise", "default", s, 16.0 + s, 15.0, kind="perplexity")
+    rep = paper_report([root], claims="none", custom_claims=["slow_surprise>seq_lora"])
+    md = rep.markdown()
+    assert "perplexity, lower is better" in md
+    assert table_rows(md, "Main table")["seq_lora"] == ["20.50 ± 0.71"]
+    by = {r["benchmark"]: r for r in csv.DictReader(io.StringIO(rep.tables[-2].csv))}
+    assert by["default" if "default" in by else "other"]["verdict"] == "shown"  # 4 points lower, sd 0
+
+
+def test_sweep_writes_plan_before_running(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SURECL_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "sw"
+    argv = ["sweep", "--config", "tiny", "--methods", "seq_lora", "--orders", "default", "--seeds", "0,1", "--out", str(out), "--quiet", *SMALL]
+    assert main(argv) == 0
+    plan = json.loads((out / PLAN_FILE).read_text())
+    assert [(r["row"], r["order"], r["seed"], r["path"], r["dual"]) for r in plan["runs"]] == [
+        ("seq_lora", "default", 0, "seq_lora/orderdefault/seed0", False), ("seq_lora", "default", 1, "seq_lora/orderdefault/seed1", False)]
+    assert all((out / r["path"] / "results.json").is_file() for r in plan["runs"])
+    capsys.readouterr()
+    shutil.rmtree(out / "seq_lora" / "orderdefault" / "seed1")
+    assert main(["report", str(out), "--layout", "paper"]) == 0
+    md = capsys.readouterr().out
+    assert table_rows(md, "Missing runs")["seq_lora"] == ["default", "1", str(out / "seq_lora/orderdefault/seed1"), "no results.json"]
+    assert table_rows(md, "Main table")["seq_lora"][0].endswith(" †")  # one seed of two
+    assert main(["sweep", "--config", "tiny", "--seeds", "x", "--out", str(out)]) == 2

@@ -1,0 +1,105 @@
+"""Sweep plans: the packaged paper plans and a study file expand to the runs they name, the
+command line replaces a plan's values, and bad plans are one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from surecl.cli import _preset_orders, main
+from surecl.config import build_config, same_config
+from surecl.errors import SureclError
+from surecl.sweep import expand, load_plan, plan_names
+
+
+def test_packaged_plans_reproduce_the_papers_tables():
+    assert {"paper-standard", "paper-lnt", "ablation-buffer", "ablation-ratio", "ablation-beta"} <= set(plan_names())
+    lnt = load_plan("paper-lnt")
+    runs = expand(lnt)
+    assert len(runs) == 8 * 3 * 3 and {r.order for r in runs} == {"4", "5", "6"} and {r.seed for r in runs} == {0, 1, 2}
+    ratio = expand(load_plan("ablation-ratio"))
+    assert {r.row for r in ratio if r.method == "slow_surprise_sa"} == {f"slow_surprise_sa replay.every={k}" for k in (1, 2, 4, 8)}
+    cfg = build_config(f"{load_plan('ablation-ratio').config},slow_surprise_sa", ratio[0].overrides)
+    assert cfg.replay.buffer_size == 300 and cfg.data.n_train == 1000 and cfg.replay.batch_size == 32
+    beta = expand(load_plan("ablation-beta"))
+    assert {r.row.split(" ")[1] for r in beta} == {f"dual.beta={b}" for b in ("0.985", "0.99", "0.995", "0.999")}
+    cfg = build_config("paper-t5,lnt,slow_surprise", beta[0].overrides)
+    assert cfg.replay.every == 1 and not cfg.dual.bias_correction
+
+
+def test_plan_with_named_orders_and_groups(tmp_path):
+    f = tmp_path / "study.yaml"
+    f.write_text(
+        "description: a study\n"
+        "overrides: [data.n_train=8]\n"
+        "orders: {a: [colors, animals], b: [animals, colors]}\n"
+        "order_benchmark: {a: Standard CL}\n"
+        "groups:\n"
+        "  - {methods: [seq_lora], seeds: [0, 1]}\n"
+        "  - {methods: [reservoir], seeds: [0], orders: [b], grid: {replay.every: [1, 2]}, overrides: [data.n_test=4]}\n"
+    )
+    runs = expand(load_plan(str(f)))
+    assert [(r.row, r.order, r.seed) for r in runs] == [
+        ("seq_lora", "a", 0), ("seq_lora", "a", 1), ("seq_lora", "b", 0), ("seq_lora", "b", 1),
+        ("reservoir replay.every=1", "b", 0), ("reservoir replay.every=2", "b", 0),
+    ]
+    assert runs[0].path == "seq_lora/order-a/seed0"
+    assert "data.tasks=[animals,colors]" in runs[-1].overrides and "data.n_test=4" in runs[-1].overrides
+    cfg = build_config("tiny,reservoir", runs[-1].overrides)
+    assert cfg.data.tasks == ["animals", "colors"] and cfg.data.order == "b" and cfg.replay.every == 2 and cfg.preset == runs[-1].row
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("methods: [a]\nbogus: 1\n", "unknown key"),
+        ("orders: {a: []}\nmethods: [x]\n", "at least one task"),
+        ("seeds: [zero]\nmethods: [x]\n", "not an integer"),
+        ("orders: [1]\ngroups: [{methods: [x], orders: [9]}]\n", "not among the plan's orders"),
+        ("groups: [{methods: [x], colour: red}]\n", "unknown key"),
+        (": : :\n", "invalid YAML"),
+    ],
+)
+def test_bad_plans_are_one_line_errors(tmp_path, text, match):
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    with pytest.raises(SureclError, match=match):
+        load_plan(str(f))
+
+
+def test_unknown_plan_name_exits_2(tmp_path, capsys):
+    assert main(["sweep", "--plan", "nope", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown plan 'nope'" in err[0]
+
+
+def test_protocol_preset_orders_are_the_sweep_default():
+    assert _preset_orders("paper-t5,lnt") == ["4", "5", "6"]
+    assert _preset_orders("paper-t5,standard-cl") == ["1", "2", "3"]
+    assert _preset_orders("tiny") is None
+
+
+def test_command_line_replaces_plan_values_and_keeps_named_orders(tmp_path, tiny_cache, monkeypatch):
+    monkeypatch.setenv("SURECL_CACHE", str(tiny_cache))
+    f = tmp_path / "study.yaml"
+    f.write_text("config: tiny\norders: {a: [colors], b: [animals]}\nseeds: [0, 1, 2]\nmethods: [seq_lora, reservoir]\n")
+    out = tmp_path / "out"
+    assert main(["sweep", "--plan", str(f), "--out", str(out), "--methods", "seq_lora", "--orders", "b", "--seeds", "1", "--quiet",
+                 "train.epochs=1", "data.n_train=8", "data.n_test=4"]) == 0
+    plan = json.loads((out / "sweep.json").read_text())
+    assert [r["path"] for r in plan["runs"]] == ["seq_lora/order-b/seed1"]
+    res = json.loads((out / "seq_lora/order-b/seed1/results.json").read_text())
+    assert res["tasks"] == ["animals"]
+
+
+def test_finished_runs_stay_finished_when_the_config_gains_a_key():
+    cfg = build_config("tiny,slow_surprise")
+    saved = cfg.to_dict()
+    del saved["train"]["fresh_optimizer"]  # as written by a version without that key
+    assert same_config(saved, cfg)
+    saved["train"]["batching"] = "uniform"
+    assert not same_config(saved, cfg)
+    legacy = cfg.to_dict()
+    legacy["data"]["balanced"] = True  # a key that no longer exists
+    assert not same_config(legacy, cfg)
