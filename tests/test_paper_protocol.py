@@ -226,12 +226,13 @@ def test_quota_warning_fires_when_the_buffer_is_smaller_than_the_stream():
     assert quota_warning("reservoir", 3, 4) is None  # online: no per-task quota
 
 
-def test_quota_warning_is_printed_by_a_run(tmp_path, capsys, tiny_cache):
+def test_quota_warning_is_printed_by_a_run(tmp_path, caplog, tiny_cache):
+    """Logged as a warning on the ``surecl`` logger (the CLI prints it as ``surecl: warning: ...``)."""
     cfg = build_config("tiny,surprise", ["train.epochs=1", "data.n_train=8", "data.n_test=4", "replay.buffer_size=2",
                                          "data.tasks=[colors,animals,numbers]"])
     res = run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
-    err = capsys.readouterr().err
-    assert "per-task quota floor(S/d) is 0 from task 3 on" in err
+    warned = [r.getMessage() for r in caplog.records if r.name == "surecl" and r.levelname == "WARNING"]
+    assert any("per-task quota floor(S/d) is 0 from task 3 on" in m for m in warned), caplog.text
     assert res["buffer"]["size"] == 0  # what the warning announced
 
 

@@ -1,0 +1,71 @@
+"""surecl: continual learning of language models with surprise-prioritised replay (SuRe) and
+a fast/slow dual LoRA learner.
+
+The public face::
+
+    import surecl
+    cfg = surecl.build_config("tiny,slow_surprise", ["replay.buffer_size=20"])
+    results = surecl.run(cfg, "runs/api")          # or surecl.ContinualRun(cfg, out).run()
+    from surecl.config import TrainConfig
+    cfg = surecl.RunConfig(train=TrainConfig(lr=1e-4))  # validated on construction: SureclError
+
+Names are imported on first use (PEP 562): ``run`` and ``ContinualRun`` pull in torch,
+transformers and peft (about 5 s on a 2-core CPU), which ``surecl --help`` and
+``surecl list`` need not pay for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["ContinualRun", "RunConfig", "SureclError", "__version__", "build_config", "run"]
+
+_LAZY = {
+    "run": "surecl.trainer",
+    "ContinualRun": "surecl.trainer",
+    "RunConfig": "surecl.config",
+    "build_config": "surecl.config",
+    "SureclError": "surecl.errors",
+}
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time these load on first use
+    from surecl.config import RunConfig, build_config
+    from surecl.errors import SureclError
+    from surecl.trainer import ContinualRun, run
+
+
+def _version() -> str:
+    """The installed distribution's version, else the one pyproject.toml declares (a source tree
+    on ``sys.path`` without ``pip install``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("surecl")
+    except PackageNotFoundError:
+        import re
+        from pathlib import Path
+
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        try:
+            text = pyproject.read_text(encoding="utf-8")
+        except OSError:
+            return "0+unknown"
+        project = text.split("[project]", 1)[-1].split("\n[", 1)[0]
+        found = re.search(r'^version\s*=\s*"([^"]+)"', project, re.M)
+        return found.group(1) if found else "0+unknown"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value = _version()
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module 'surecl' has no attribute {name!r}")
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

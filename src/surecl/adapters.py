@@ -85,11 +85,7 @@ class DualLoRA:
             # Bias-corrected EMA keeps a raw average that starts at zero (Adam-style).
             self._raw = [torch.zeros_like(p) for p in self.slow_params] if dual.bias_correction else None
         else:
-            # the same (sorted) order as with the dual learner: the gradient-norm clip sums
-            # over this list, so a different order would round a dual run's fast trajectory
-            # differently from the non-dual run's
-            named = dict(self.model.named_parameters())
-            self.fast_params = [named[n] for n in sorted(n for n in named if f".{FAST}." in n)]
+            self.fast_params = [p for n, p in self.model.named_parameters() if f".{FAST}." in n]
             self.slow_params = []
             self._raw = None
         self._fast_dropout()
@@ -111,8 +107,10 @@ class DualLoRA:
                 p.data = p.data.float()
 
     def _pairs(self) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+        # the module order, as without the dual learner: the gradient-norm clip sums over this
+        # list, so another order would round a dual run's fast trajectory differently
         named = dict(self.model.named_parameters())
-        fast = sorted(n for n in named if f".{FAST}." in n)
+        fast = [n for n in named if f".{FAST}." in n]
         return [named[n] for n in fast], [named[n.replace(f".{FAST}.", f".{SLOW}.")] for n in fast]
 
     @property

@@ -57,13 +57,22 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def save_adapter(adapters, folder: Path, name: str) -> None:
-    """PEFT-format adapter folder ``folder/name``, replaced atomically."""
+def save_adapter(adapters, folder: Path, name: str, base_model: str | None = None, card: str | None = None) -> None:
+    """PEFT-format adapter folder ``folder/name``, replaced atomically; ``base_model`` replaces
+    the ``base_model_name_or_path`` PEFT records (the folder the base was loaded from) and
+    ``card`` is written as the folder's ``README.md``."""
     folder.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=folder))
     try:
         adapters.save_pretrained(tmp, name)
         written = tmp / name if (tmp / name).is_dir() else tmp
+        if base_model is not None:
+            config_path = written / "adapter_config.json"
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+            config["base_model_name_or_path"] = base_model
+            config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        if card is not None:
+            (written / "README.md").write_text(card, encoding="utf-8")
         target = folder / name
         old = None
         if target.exists():
@@ -75,6 +84,65 @@ def save_adapter(adapters, folder: Path, name: str) -> None:
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- a run directory
+
+RUN_FILES = ("config.yaml", "results.json", "buffer.json", "log.jsonl", "report.md", "heatmap.png")
+"""The files ``surecl run`` writes at the top of its output directory."""
+RUN_DIRS = {"checkpoints": ("stage-",), "adapters": ("fast", "slow")}
+"""The folders it writes there, and what it names inside them (atomic writes add ``.``-prefixed
+temporaries of those names)."""
+
+
+def _ours(name: str, known: tuple[str, ...]) -> bool:
+    return name.startswith(known) or name.startswith(tuple("." + k for k in known))
+
+
+def run_outputs(out: Path) -> list[Path]:
+    """What ``surecl run --fresh`` removes from ``out``: every file and folder surecl writes
+    there, in the order to remove them (config and results first, so a removal cut short
+    never looks like a finished run). Raise naming the first entry surecl did not write; the
+    directory is then left as it is."""
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    found = []
+    for entry in sorted(out.iterdir()):
+        name = entry.name
+        if name in RUN_DIRS and entry.is_dir() and not entry.is_symlink():
+            for inner in sorted(entry.iterdir()):
+                if not _ours(inner.name, RUN_DIRS[name]):
+                    from surecl.errors import SureclError
+
+                    raise SureclError(f"--fresh: {inner} was not written by surecl; remove it or choose another --out (nothing was removed)")
+            found.append(entry)
+        elif (name in RUN_FILES and entry.is_file()) or name.startswith(".surecl-probe-") or (
+            name.startswith(".") and any(name.startswith(f".{f}.") for f in RUN_FILES) and entry.is_file()
+        ):
+            found.append(entry)
+        else:
+            from surecl.errors import SureclError
+
+            raise SureclError(f"--fresh: {entry} was not written by surecl; remove it or choose another --out (nothing was removed)")
+    first = {"config.yaml": 0, "results.json": 1}
+    return sorted(found, key=lambda p: first.get(p.name, 2))
+
+
+def clear_run(out: Path) -> list[Path]:
+    """Remove a run's outputs from ``out`` (see :func:`run_outputs`); return what was removed."""
+    removed = run_outputs(out)
+    for path in removed:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    return removed
+
+
+def write_config(out: Path, cfg) -> None:
+    """The resolved config as ``config.yaml``: ``surecl run --config <it>`` runs it again."""
+    write_text(Path(out) / "config.yaml", cfg.to_yaml())
 
 
 # --------------------------------------------------------------------------- run checkpoints

@@ -67,12 +67,19 @@ def cmd_run(args) -> int:
         return 0
     out = _out_dir(args.out, cfg)
     check_out_dir(out)
-    if _finished(out, cfg):
+    if args.no_resume:
+        print("surecl: --no-resume is deprecated; it now means --fresh", file=sys.stderr)
+        args.fresh = True
+    if args.fresh:
+        from surecl.checkpoint import run_outputs
+
+        run_outputs(out)  # refuses a directory holding files surecl did not write, before any compute
+    elif _finished(out, cfg):
         print(f"surecl: {out} already finished (results.json); nothing to do", file=sys.stderr)
         return 0
     from surecl.trainer import run
 
-    results = run(cfg, out, resume=not args.no_resume, progress=not args.quiet)
+    results = run(cfg, out, fresh=args.fresh, progress=not args.quiet)
     print(f"FP {results['fp']:.1f}  AP {results['ap'] if results['ap'] is None else round(results['ap'], 1)}  "
           f"forgetting {results['forgetting'] if results['forgetting'] is None else round(results['forgetting'], 1)}  -> {out}/results.json")
     return 0
@@ -224,10 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="one continual run")
-    r.add_argument("--config", help="preset name or YAML file (default: slow_surprise)")
+    r.add_argument("--config", help="preset names or YAML files, comma-separated, applied in order (default: slow_surprise); "
+                                    "an earlier run's config.yaml runs that config again")
     r.add_argument("--out", help="output directory (default: runs/<preset>-<benchmark>-o<order>-s<seed>)")
-    r.add_argument("--no-resume", action="store_true", help="ignore checkpoints in --out")
-    r.add_argument("--resume", action="store_true", help="continue a killed run (the default when --out holds checkpoints)")
+    r.add_argument("--fresh", action="store_true",
+                   help="start over in a used --out: remove the earlier run's outputs there (checkpoints/, adapters/, config.yaml, "
+                        "results.json, buffer.json, log.jsonl, report.md, heatmap.png) once the new run has loaded its data and model; "
+                        "refused, removing nothing, if --out holds anything else. Without it a rerun continues from the newest "
+                        "checkpoint, or does nothing if the run finished")
+    r.add_argument("--no-resume", action="store_true", help=argparse.SUPPRESS)  # deprecated alias of --fresh
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.add_argument("--dry-run", action="store_true", help="print the resolved config and the planned steps, buffer and EMA window per task; train nothing")
     r.add_argument("overrides", nargs="*", metavar="key.sub=value")
@@ -275,8 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from surecl.logs import console
+
     try:
-        return args.func(args)
+        with console():  # the library logs; the command shows its records as `surecl: ...` lines
+            return args.func(args)
     except SureclError as exc:
         if args.debug:
             raise

@@ -142,7 +142,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 0
     scheduler: str = "constant"
-    """``constant`` or ``linear`` decay over a task's steps (restarted per task)."""
+    """Learning-rate schedule over a task's steps, restarted per task, with the values of
+    ``transformers.get_scheduler``: ``constant``, ``constant_with_warmup``, ``linear`` (decay to
+    0 at the task's last step) or ``cosine`` (half a cosine to 0), each after ``warmup_steps``
+    of linear warmup from 0 (``constant`` with ``warmup_steps`` > 0 warms up as
+    ``constant_with_warmup``)."""
     fresh_optimizer: bool = False
     """Start every task with fresh AdamW state, as O-LoRA's protocol (one process per task)
     does (the ``paper-*`` presets). Default off: carried-over moment estimates keep a new
@@ -208,8 +212,42 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log_every: int = 1
 
+    def __post_init__(self) -> None:
+        # Built in Python, a config is checked at once: each leaf's type, then ranges and
+        # choices (validate). build_config starts from the (valid) defaults and validates again
+        # after its presets and overrides.
+        _check_types(self, "")
+        validate(self)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        """The whole tree as YAML that ``--config`` / :func:`build_config` reads back to an equal config."""
+        head = "# surecl run config, resolved (presets and overrides applied); `surecl run --config <this file>` runs it again\n"
+        return head + yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+
+def _check_types(obj: Any, prefix: str) -> None:
+    """Each leaf has its declared type (an int is a valid float); raise naming the first that has not."""
+    for name, typ in _field_types(type(obj)).items():
+        key, value = f"{prefix}{name}", getattr(obj, name)
+        if dataclasses.is_dataclass(typ):
+            if not isinstance(value, typ):
+                raise SureclError(f"{key}: expected a {typ.__name__}, got {value!r}")
+            _check_types(value, key + ".")
+            continue
+        if typing.get_origin(typ) is list:
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        elif typ is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif typ is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, typ)
+        if not ok:
+            want = "a list of strings" if typing.get_origin(typ) is list else f"a {typ.__name__}"
+            raise SureclError(f"{key}: expected {want}, got {value!r}")
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -219,7 +257,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "replay.insert_time": ("before", "after"),
     "replay.reduction": ("mean", "sum"),
     "replay.scope": ("sequence", "label"),
-    "train.scheduler": ("constant", "linear"),
+    "train.scheduler": ("constant", "constant_with_warmup", "linear", "cosine"),
     "eval.mode": ("generate", "rank", "perplexity"),
     "data.kind": ("classify", "text"),
     "data.invalid_labels": ("error", "drop"),
@@ -395,9 +433,11 @@ def preset_names() -> list[str]:
 def load_yaml(path_or_preset: str) -> tuple[dict[str, Any], str]:
     """Read a preset by name or a YAML file by path; return its mapping and a display name."""
     path = Path(path_or_preset)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.is_file():
+    if path.suffix in (".yaml", ".yml") or path.is_file():  # a folder named like a preset is not a config file
+        if not path.exists():
             raise SureclError(f"config file {path} does not exist")
+        if not path.is_file():
+            raise SureclError(f"config file {path} is not a regular file")
         text_source = str(path)
         try:
             text = path.read_text(encoding="utf-8")
@@ -439,7 +479,7 @@ def build_config(config: str | None = None, overrides: list[str] | None = None) 
     for name, data, source in loaded:
         body = {k: v for k, v in data.items() if k not in META_KEYS}
         _apply_mapping(cfg, body, "", source)
-        if data.get("kind", "method") == "method" and not body.get("preset"):
+        if data.get("kind", "method") == "method" and "preset" not in body:  # a saved config.yaml keeps its own
             cfg.preset = Path(name).stem
     apply_overrides(cfg, overrides or [])
     return validate(cfg)

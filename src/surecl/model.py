@@ -100,7 +100,9 @@ def smollm2_folder(cache_dir: Path) -> Path:
         clean.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
 
-    print("surecl: dequantising the embedded SmolLM2-135M once (about 30 s)...", flush=True)
+    from surecl.logs import logger
+
+    logger.info("dequantising the embedded SmolLM2-135M once (about 30 s)...")
     _atomic_save_folder(build, target)
     return target
 

@@ -23,7 +23,6 @@ import math
 import os
 import random
 import signal
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from surecl.data.loading import load_stream
 from surecl.data.task import Task
 from surecl.errors import SureclError
 from surecl.evaluate import accuracy, generate_answers, perplexity, rank_answers
+from surecl.logs import logger
 from surecl.methods import METHODS, Stage
 from surecl.model import default_cache_dir, load_model
 from surecl.nll import token_nll
@@ -178,16 +178,32 @@ class ContinualRun:
             )
 
     def log(self, message: str) -> None:
+        """A message for the user, on the ``surecl`` logger (main process only): ``warning: ...``
+        at WARNING, the rest at INFO. The CLI shows them as ``surecl: ...`` lines (surecl.logs)."""
         if self.accelerator.is_main_process:
-            tqdm.write(f"surecl: {message}", file=sys.stderr)
+            if message.startswith("warning: "):
+                logger.warning(message.removeprefix("warning: "))
+            else:
+                logger.info(message)
 
     def _lr_at(self, step: int, total: int) -> float:
-        lr, warm = self.cfg.train.lr, self.cfg.train.warmup_steps
-        if warm and step < warm:
-            return lr * (step + 1) / warm
-        if self.cfg.train.scheduler == "linear":
-            return lr * max(0.0, (total - step) / max(1, total - warm))
-        return lr
+        """The learning rate of ``step`` (0-based) in a stage of ``total`` steps: transformers'
+        schedule ``train.scheduler`` with ``train.warmup_steps``, restarted every stage. A pure
+        function of the step, so a run resumed inside a stage continues on the same curve."""
+        return self.cfg.train.lr * self._schedule(total)(step)
+
+    def _schedule(self, total: int):
+        """The multiplier ``get_scheduler`` builds for a stage of ``total`` steps (cached per length)."""
+        cache = self.__dict__.setdefault("_schedules", {})
+        if total not in cache:
+            from transformers import get_scheduler
+
+            name, warm = self.cfg.train.scheduler, self.cfg.train.warmup_steps
+            if name == "constant" and warm:  # warmup_steps always meant warming up: keep that
+                name = "constant_with_warmup"
+            probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # the schedule needs an optimizer to wrap
+            cache[total] = get_scheduler(name, probe, num_warmup_steps=warm, num_training_steps=max(1, total)).lr_lambdas[0]
+        return cache[total]
 
     # ------------------------------------------------------------------ scoring
 
@@ -454,12 +470,23 @@ class ContinualRun:
 
     # ------------------------------------------------------------------ the loop
 
-    def run(self, resume: bool = True) -> dict:
+    def run(self, resume: bool = True, fresh: bool = False) -> dict:
+        """Run into ``out_dir``: continue from its newest valid checkpoint (``resume``), or with
+        ``fresh`` first remove the outputs an earlier run left there (:func:`checkpoint.clear_run`:
+        only files surecl writes; a directory holding others is refused)."""
+        if fresh:
+            if self.accelerator.is_main_process:
+                removed = checkpoint.clear_run(self.out_dir)
+                if removed:
+                    self.log(f"--fresh: removed {', '.join(p.name for p in removed)} from {self.out_dir}")
+            self.accelerator.wait_for_everyone()
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        if resume:
+        if resume and not fresh:
             restored = checkpoint.load_latest(self)
             if restored:
                 self.log(f"resumed from {restored} at stage {self.state.next_stage}/{len(self.stages)}")
+        if self.accelerator.is_main_process:  # after the checkpoint check: another run's config stays
+            checkpoint.write_config(self.out_dir, self.cfg)
         wall = time.perf_counter()
         log_path = self.out_dir / "log.jsonl"
         if self.accelerator.is_main_process and log_path.exists() and self.state.log_bytes < log_path.stat().st_size:
@@ -536,15 +563,22 @@ class ContinualRun:
             checkpoint.write_json(self.out_dir / "buffer.json", self.policy.buffer.state_dict())
             adapters_dir = self.out_dir / "adapters"
             names = ["fast", "slow"] if self.cfg.dual.enabled else ["fast"]
+            from surecl import __version__
+            from surecl.card import model_card, portable_base
+
+            base_model, note = portable_base(self.cfg.model.name, self.model_path)
             for name in names:
-                checkpoint.save_adapter(self.adapters, adapters_dir, name)
+                card = model_card(results, name, base_model, note, __version__)
+                checkpoint.save_adapter(self.adapters, adapters_dir, name, base_model=base_model, card=card)
             write_run_report(self.out_dir, results)
         return results
 
 
-def run(cfg: RunConfig, out_dir: Path, *, resume: bool = True, progress: bool = True, cache_dir: Path | None = None) -> dict:
-    """Run (or resume) one continual run into ``out_dir``; return the results dict."""
+def run(cfg: RunConfig, out_dir: Path, *, resume: bool = True, fresh: bool = False, progress: bool = True, cache_dir: Path | None = None) -> dict:
+    """Run (or resume) one continual run into ``out_dir``; return the results dict.
+
+    ``fresh``: start over, removing what an earlier run wrote there (see :meth:`ContinualRun.run`)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*use_cache=True.*")
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        return ContinualRun(cfg, out_dir, progress=progress, cache_dir=cache_dir).run(resume=resume)
+        return ContinualRun(cfg, out_dir, progress=progress, cache_dir=cache_dir).run(resume=resume, fresh=fresh)

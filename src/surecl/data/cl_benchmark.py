@@ -27,12 +27,14 @@ BENCHMARK_OF_ORDER = {"1": "Standard CL", "2": "Standard CL", "3": "Standard CL"
 
 
 def read_json(path: Path) -> Any:
+    if path.exists() and not path.is_file():  # a directory or FIFO: reading one fails or blocks
+        raise SureclError(f"{path}: is not a regular file")
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise SureclError(f"{path}: cannot read ({exc.strerror})") from None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark is dropped
     except UnicodeDecodeError as exc:
         raise SureclError(f"{path}: not UTF-8 (byte {exc.start})") from None
     try:

