@@ -52,3 +52,21 @@ def test_fast_evaluation_can_be_turned_off_and_resumes(tmp_path, tiny_cache):
 def test_per_task_has_no_fast_rows(tmp_path, tiny_cache):
     res = run(build_config("tiny,per_task", FAST + ["dual.enabled=true"]), tmp_path / "pt", progress=False, cache_dir=tiny_cache)
     assert "fast" not in res
+
+
+def test_window_tasks_sets_beta_from_the_steps_per_task(tmp_path, tiny_cache, capsys):
+    from surecl.adapters import resolve_beta
+    from surecl.cli import main
+    from surecl.config import DualConfig
+
+    assert resolve_beta(DualConfig(beta=0.995), 15) == 0.995
+    assert resolve_beta(DualConfig(beta=0.995, window_tasks=2), 15) == pytest.approx(1 - 1 / 30)
+    assert resolve_beta(DualConfig(window_tasks=0.01), 15) == 0.0  # a window below one step is one step
+    # 48 examples at batch 8, 6 epochs: 36 steps per task; a window of 2 tasks is 72 steps
+    res = run(build_config("tiny,slow_surprise", FAST + ["dual.window_tasks=2"]), tmp_path / "w", progress=False, cache_dir=tiny_cache)
+    assert res["dual_beta"] == pytest.approx(1 - 1 / 72)
+    # the EMA really ran at that rate: the fast trajectory is the non-dual one, the slow one differs from beta 0.9's
+    other = run(build_config("tiny,slow_surprise", FAST), tmp_path / "b", progress=False, cache_dir=tiny_cache)
+    assert other["dual_beta"] == 0.9 and res["fast"]["accuracy_matrix"] == other["fast"]["accuracy_matrix"]
+    assert main(["run", "--dry-run", "--config", "tiny,slow_surprise", "dual.window_tasks=2", *FAST]) == 0
+    assert "beta 0.9861 (window of 2 tasks)" in capsys.readouterr().out

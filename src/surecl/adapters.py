@@ -55,6 +55,8 @@ class DualLoRA:
 
     def __init__(self, base: torch.nn.Module, lora: LoraConfig, dual: DualConfig, is_seq2seq: bool):
         self.dual = dual
+        self.beta = dual.beta
+        """The EMA rate in use (``resolve_beta`` may replace ``dual.beta`` by the window rule)."""
         self.peft_config = PeftLoraConfig(
             r=lora.r,
             lora_alpha=lora.alpha,
@@ -143,7 +145,7 @@ class DualLoRA:
         self.steps += 1
         if not self.dual.enabled:
             return
-        beta = self.dual.beta
+        beta = self.beta
         if self._raw is None:
             torch._foreach_lerp_(self.slow_params, self.fast_params, 1.0 - beta)
         else:
@@ -188,3 +190,11 @@ class DualLoRA:
             torch._foreach_copy_(self.slow_params, self.fast_params)
             if self._raw is not None:
                 torch._foreach_zero_(self._raw)
+
+
+def resolve_beta(dual: DualConfig, steps_first_task: int) -> float:
+    """The EMA rate a run uses: ``dual.beta``, or with ``dual.window_tasks`` = w > 0 the rate
+    whose window 1/(1-beta) is w tasks of ``steps_first_task`` steps (at least one step)."""
+    if dual.window_tasks <= 0:
+        return dual.beta
+    return 1.0 - 1.0 / max(1.0, dual.window_tasks * steps_first_task)

@@ -95,16 +95,19 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     if warning:
         lines.append(f"warning: {warning}")
     if cfg.dual.enabled:
-        window = 1.0 / (1.0 - cfg.dual.beta)
+        from surecl.adapters import resolve_beta
+
+        beta = resolve_beta(cfg.dual, steps_all[0])
+        window = 1.0 / (1.0 - beta)
         per_task = sum(steps_all) / len(steps_all)
         form = "bias-corrected" if cfg.dual.bias_correction else "plain recursion (the paper's)"
         lines.append(
-            f"dual learner: slow = EMA of fast, beta {cfg.dual.beta:g}, {form}; window 1/(1-beta) = {window:.0f} steps "
+            f"dual learner: slow = EMA of fast, beta {beta:.4g}{f' (window of {cfg.dual.window_tasks:g} tasks)' if cfg.dual.window_tasks > 0 else ''}, {form}; window 1/(1-beta) = {window:.0f} steps "
             f"against {per_task:.0f} steps per task ({per_task / window:.2f} windows per task)"
         )
         if not cfg.dual.bias_correction and window > steps_all[0]:
             lines.append(
-                f"  note: after the first task the slow adapter still holds {cfg.dual.beta ** steps_all[0]:.0%} of its initial weights "
+                f"  note: after the first task the slow adapter still holds {beta ** steps_all[0]:.0%} of its initial weights "
                 f"(beta^{steps_all[0]})"
             )
     lines += ["", "resolved config:", yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip()]

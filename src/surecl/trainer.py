@@ -33,7 +33,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from surecl import checkpoint, metrics
-from surecl.adapters import DualLoRA
+from surecl.adapters import DualLoRA, resolve_beta
 from surecl.config import RunConfig
 from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, micro_batch_positions, uniform_batches
 from surecl.data.loading import load_stream
@@ -150,6 +150,7 @@ class ContinualRun:
         if self.eval_fast:
             self.state.accuracy_fast = [[None] * len(self.tasks) for _ in self.tasks]
         self.stages: list[Stage] = self.method.stages(len(self.tasks))
+        self.adapters.beta = resolve_beta(cfg.dual, self.steps_in_stage(self.stages[0]))
         self._warn_slow_window()
         warning = quota_warning(policy_name, self.policy.capacity, len(self.tasks))
         if warning:
@@ -169,7 +170,7 @@ class ContinualRun:
     def _warn_slow_window(self) -> None:
         if not self.cfg.dual.enabled or self.cfg.dual.bias_correction:
             return
-        window = 1.0 / (1.0 - self.cfg.dual.beta)
+        window = 1.0 / (1.0 - self.adapters.beta)
         first = self.steps_in_stage(self.stages[0])
         if window > first:
             self.log(
@@ -542,6 +543,7 @@ class ContinualRun:
             "config": self.cfg.to_dict(),
             "timing": {k: round(v, 3) for k, v in self.state.seconds.items()},
             "steps": self.state.global_step,
+            "dual_beta": self.adapters.beta if self.cfg.dual.enabled else None,
             "model_path": self.model_path,
             "base_dtype": self.base_dtype,
             "device": str(self.device),
