@@ -204,11 +204,10 @@ def cmd_report(args) -> int:
 def cmd_list(args) -> int:
     from surecl.config import load_yaml, preset_names
     from surecl.data.cl_benchmark import BENCHMARK_OF_ORDER, ORDERS
-    from surecl.methods import METHODS
-    from surecl.replay.policies import POLICIES
+    from surecl.registry import method_names, policy_names
 
-    print("methods:  " + ", ".join(sorted(METHODS)))
-    print("replay:   " + ", ".join(POLICIES))
+    print("methods:  " + ", ".join(sorted(method_names())))
+    print("replay:   " + ", ".join(policy_names()))
     print("presets:")
     for name in preset_names():
         data, _ = load_yaml(name)
@@ -225,12 +224,22 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _registered() -> str:
+    """The registered methods and replay policies (those of ``surecl.register_method`` /
+    ``register_policy`` included), for ``--help``."""
+    from surecl.registry import method_names, policy_names
+
+    return (f"methods (method=NAME): {', '.join(sorted(method_names()))}; "
+            f"replay policies (replay.policy=NAME): {', '.join(policy_names())}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="surecl", description="Continual learning of language models with surprise-prioritised replay.")
+    p = argparse.ArgumentParser(prog="surecl", description="Continual learning of language models with surprise-prioritised replay.",
+                                epilog=_registered())
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="one continual run")
+    r = sub.add_parser("run", help="one continual run", epilog=_registered())
     r.add_argument("--config", help="preset names or YAML files, comma-separated, applied in order (default: slow_surprise); "
                                     "an earlier run's config.yaml runs that config again")
     r.add_argument("--out", help="output directory (default: runs/<preset>-<benchmark>-o<order>-s<seed>)")
