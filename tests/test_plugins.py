@@ -297,3 +297,68 @@ def test_sure_config_views_the_replay_section():
     policy = SurprisePolicy(cfg.replay, 10, seed=0)
     assert policy.config == SureConfig(buffer_size=cfg.replay.buffer_size, score_time="after", insert_time="after", reduction="sum",
                                        scope="label", aging=True)
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def _as_format_1(folder):
+    """Rewrite a checkpoint into the layout of format 1 (one layout for the whole run, before
+    the components owned their state), as the previous version wrote it."""
+    from safetensors.torch import load_file, save_file
+
+    from surecl.checkpoint import _sha256
+
+    meta = json.loads((folder / "meta.json").read_text())
+    c = meta["components"]
+    renamed = {"adapters/": "adapter/", "optimizer/": "opt/", "method/": "method/", "rng/torch": "rng/torch"}
+    tensors = {renamed[p] + k[len(p):]: v for k, v in load_file(str(folder / "tensors.safetensors")).items() for p in renamed if k.startswith(p)}
+    save_file(tensors, str(folder / "tensors.safetensors"))
+    old = {
+        "format": 1, "sha256": _sha256(folder / "tensors.safetensors"),
+        "state": {**c["run"], "log_bytes": c["log"]["log_bytes"], "ema_steps": c["adapters"]["ema_steps"]},
+        "policy": c["replay"], "method": c["method"], "optimizer": c["optimizer"], "rng": c["rng"], "config": meta["config"], "tasks": meta["tasks"],
+    }
+    (folder / "meta.json").write_text(json.dumps(old))
+
+
+def test_a_format_1_checkpoint_resumes_to_the_same_result(tmp_path, tiny_cache, monkeypatch, caplog):
+    # EWC (method tensors) + SuRe (policy meta) + the dual learner (slow adapter, bias-corrected EMA)
+    cfg = build_config("tiny,ewc", SMALL + ["replay.policy=surprise", "dual.enabled=true", "train.checkpoint_every=2", "lora.dropout=0.1"])
+    whole = surecl.run(cfg, tmp_path / "whole", progress=False, cache_dir=tiny_cache)
+    monkeypatch.setenv("SURECL_NAN_AT", "1:3")  # stops the run in task 2, after its step-2 checkpoint
+    with pytest.raises(SureclError, match="non-finite loss"):
+        surecl.run(cfg, tmp_path / "old", progress=False, cache_dir=tiny_cache)
+    monkeypatch.delenv("SURECL_NAN_AT")
+    kept = sorted((tmp_path / "old" / "checkpoints").iterdir())
+    assert [p.name for p in kept] == ["stage-0001", "stage-0001-step-000002"]
+    for folder in kept:
+        _as_format_1(folder)
+    caplog.set_level("INFO", logger="surecl")
+    resumed = surecl.run(cfg, tmp_path / "old", progress=False, cache_dir=tiny_cache)
+    assert "resumed from " + str(kept[-1]) in caplog.text  # read, not started over
+    assert resumed["accuracy_matrix"] == whole["accuracy_matrix"] and resumed["fast"] == whole["fast"]
+    assert log_lines(tmp_path / "old") == log_lines(tmp_path / "whole")
+    for name in ("buffer.json", "adapters/slow/adapter_model.safetensors", "adapters/fast/adapter_model.safetensors"):
+        assert (tmp_path / "old" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+
+
+def test_cuda_generator_state_is_checkpointed_on_a_gpu(tmp_path, tiny_cache, monkeypatch):
+    """On a GPU the device's generator (dropout masks there) is saved and restored too; faked
+    here on the CPU: the run believes it is on cuda:0 while it checkpoints and restores."""
+    state = torch.arange(16, dtype=torch.uint8)
+    restored = {}
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": state.clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda new, device="cuda": restored.update(state=new, device=device))
+    cfg = build_config("tiny,seq_lora", SMALL)
+    first = surecl.ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    first.device = torch.device("cuda", 0)
+    first.checkpoint()
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "run" / "checkpoints" / "stage-0000" / "tensors.safetensors"))
+    assert torch.equal(saved["rng/cuda"], state)
+    second = surecl.ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    second.device = torch.device("cuda", 0)
+    assert second.restore() is not None
+    assert torch.equal(restored["state"], state) and restored["device"] == torch.device("cuda", 0)
