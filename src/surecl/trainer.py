@@ -100,7 +100,7 @@ class ContinualRun:
     """One continual run: builds everything from a config, then :meth:`run` executes it.
 
     ``plugins``: extra :class:`~surecl.plugins.base.Plugin` instances taking part in the run
-    (after the replay policy, before the step log), each checkpointed under its ``name``."""
+    (after the replay policy, before the step log), each checkpointed under ``plugin:<name>``."""
 
     def __init__(self, cfg: RunConfig, out_dir: Path, *, progress: bool = True, cache_dir: Path | None = None, plugins: list[Plugin] = ()):
         self.cfg = cfg
