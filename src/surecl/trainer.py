@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs
 from tqdm.auto import tqdm
 
 from surecl import checkpoint, metrics
@@ -113,7 +114,13 @@ class ContinualRun:
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.progress = progress
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        # No buffer broadcast in DDP's forward: the base is frozen and its buffers (rotary
+        # frequencies) never change, and a collective per forward would deadlock the ranks,
+        # whose steps may run different numbers of forwards (micro-batch slices and shared
+        # prefix passes are cut from each rank's own rows). The one collective of a step is
+        # the gradient all-reduce of its last slice's backward.
+        ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp])
         self.device = self.accelerator.device
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.rng = random.Random(f"batches:{cfg.seed}")
