@@ -66,35 +66,48 @@ def test_jsonl_text_task(tmp_path):
         load_jsonl_task(f, "text")
 
 
+SEEDS = (0, 1, 2)
+
+
 @pytest.fixture(scope="module")
 def cpt_runs(tmp_path_factory, tiny_cache):
     out = tmp_path_factory.mktemp("cpt")
     results = {}
     for preset in ("seq_lora", "reservoir"):
-        cfg = build_config(f"tiny,cpt,{preset}", ["data.tasks=[colors,animals]"])
-        results[preset] = run(cfg, out / preset, progress=False, cache_dir=tiny_cache)
+        for seed in SEEDS:
+            cfg = build_config(f"tiny,cpt,{preset}", ["data.tasks=[colors,animals]", f"seed={seed}"])
+            results.setdefault(preset, []).append(run(cfg, out / preset / str(seed), progress=False, cache_dir=tiny_cache))
     return out, results
 
 
+@pytest.mark.slow
 def test_cpt_learns_forgets_and_replay_protects(cpt_runs):
+    """Averaged over three seeds (one tiny run is chaotic); measured: seq_lora's first domain
+    2.3-2.8x its own perplexity once the second is learned, reservoir 0.44-0.50x seq_lora's."""
     out, results = cpt_runs
-    seq, res = results["seq_lora"], results["reservoir"]
-    for r in (seq, res):
+    for r in results["seq_lora"] + results["reservoir"]:
         assert r["metric"] == "perplexity" and len(r["initial"]) == 2
         a = r["accuracy_matrix"]
         assert a[0][0] < r["initial"][0] / 10, "training on the first domain must lower its perplexity"
         assert r["forgetting"] == pytest.approx(r["fp"] - r["ap"])
+
+    def mean(preset, row, col):
+        return sum(r["accuracy_matrix"][row][col] for r in results[preset]) / len(results[preset])
+
     # seq_lora: the first domain's perplexity rises a lot once the second is learned
-    assert seq["accuracy_matrix"][1][0] > 1.5 * seq["accuracy_matrix"][0][0], seq["accuracy_matrix"]
+    assert mean("seq_lora", 1, 0) > 1.5 * mean("seq_lora", 0, 0), [r["accuracy_matrix"] for r in results["seq_lora"]]
     # replay keeps it lower than no replay
-    assert res["accuracy_matrix"][1][0] < 0.75 * seq["accuracy_matrix"][1][0], (res["accuracy_matrix"], seq["accuracy_matrix"])
-    report = (out / "seq_lora" / "report.md").read_text()
+    assert mean("reservoir", 1, 0) < 0.75 * mean("seq_lora", 1, 0), {p: [r["accuracy_matrix"] for r in rs] for p, rs in results.items()}
+    report = (out / "seq_lora" / "0" / "report.md").read_text()
     assert "Perplexity matrix" in report and "(before training)" in report
 
 
-def test_report_refuses_mixed_metrics(cpt_runs):
-    out, results = cpt_runs
-    runs = find_runs([out])
+def test_report_refuses_mixed_metrics(tmp_path, tiny_cache):
+    results = {}
+    for preset in ("seq_lora", "reservoir"):
+        cfg = build_config(f"tiny,cpt,{preset}", ["data.tasks=[colors,animals]", "data.n_train=16", "data.n_test=4", "train.epochs=1"])
+        results[preset] = run(cfg, tmp_path / preset, progress=False, cache_dir=tiny_cache)
+    runs = find_runs([tmp_path])
     orders, rows = aggregate(runs, "fp")
     assert {name for name, _, _ in rows} == {"seq_lora", "reservoir"}
     accuracy_run = dict(results["seq_lora"], metric="accuracy")

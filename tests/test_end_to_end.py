@@ -44,6 +44,7 @@ def test_every_preset_runs_on_tiny(preset, tmp_path, cache_dir):
     assert (saved["buffer"]["size"] > 0) == buffer_expected
 
 
+@pytest.mark.slow
 def test_replay_keeps_more_of_earlier_tasks_than_seq_lora(tmp_path, cache_dir):
     """The tiny stream is class-incremental: without replay earlier tasks are forgotten.
 
@@ -64,21 +65,52 @@ def test_replay_keeps_more_of_earlier_tasks_than_seq_lora(tmp_path, cache_dir):
 
 
 def test_saved_adapters_load_with_peft_and_reproduce_eval(tmp_path, cache_dir):
+    """Both adapters of a dual run load with plain PEFT and, decoded greedily by
+    ``generate`` one prompt at a time, reproduce their own rows of the final evaluation: slow
+    = ``accuracy_matrix``, fast = ``fast.accuracy_matrix``. The run is chosen so that the two
+    rows differ, so an adapter saved under the other's name cannot pass."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    cfg = build_config("tiny,slow_surprise", FAST)
-    res = run(cfg, tmp_path / "run", progress=False, cache_dir=cache_dir)
-    base = AutoModelForCausalLM.from_pretrained(res["model_path"])
-    model = PeftModel.from_pretrained(base, tmp_path / "run" / "adapters" / "slow")
     from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    saved = load_file(str(tmp_path / "run" / "adapters" / "slow" / "adapter_model.safetensors"))
-    assert saved, "no tensors saved"
-    loaded = {n: p for n, p in model.named_parameters() if "lora_" in n}
-    b_norm = sum(float(p.abs().sum()) for n, p in loaded.items() if "lora_B" in n)
-    assert b_norm > 0, "slow adapter B matrices should have moved off zero"
-    assert all(not torch.isnan(p).any() for p in loaded.values())
+    from surecl.data.encode import TaskEncoder
+    from surecl.data.loading import load_stream
+    from surecl.evaluate import accuracy
+
+    cfg = build_config("tiny,slow_surprise", ["data.tasks=[colors,animals]", "data.n_train=32", "data.n_test=8", "train.epochs=4"])
+    res = run(cfg, tmp_path / "run", progress=False, cache_dir=cache_dir)
+    final = {"slow": res["accuracy_matrix"][-1], "fast": res["fast"]["accuracy_matrix"][-1]}
+    assert final["slow"] != final["fast"], final
+    tok = AutoTokenizer.from_pretrained(res["model_path"])
+    encoder = TaskEncoder(tok, cfg.model.max_length)
+    tasks = load_stream(cfg, cache_dir=cache_dir)
+    assert [t.name for t in tasks] == res["tasks"]
+    weights = {}
+    for name in ("slow", "fast"):
+        folder = tmp_path / "run" / "adapters" / name
+        weights[name] = load_file(str(folder / "adapter_model.safetensors"))
+        base = AutoModelForCausalLM.from_pretrained(res["model_path"])
+        model = PeftModel.from_pretrained(base, folder).eval()
+        loaded = {n: p for n, p in model.named_parameters() if "lora_" in n}
+        assert sum(float(p.abs().sum()) for n, p in loaded.items() if "lora_B" in n) > 0, "B matrices should have moved off zero"
+        assert all(not torch.isnan(p).any() for p in loaded.values())
+        row = []
+        for t in tasks:
+            items = encoder.encode(t, t.test)
+            new_tokens = max(len(encoder.answer_ids(lab)) for lab in t.labels) + 1
+            preds = []
+            for e in items:
+                ids = torch.tensor([e.prompt])
+                with torch.no_grad():
+                    out = model.generate(
+                        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                    )
+                preds.append(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+            row.append(accuracy(preds, [e.label for e in items]))
+        assert row == final[name], (name, row, final)
+    assert weights["slow"].keys() == weights["fast"].keys()
+    assert any(not torch.equal(weights["slow"][k], weights["fast"][k]) for k in weights["slow"])
 
 
 def test_rank_evaluation_mode(tmp_path, cache_dir):
@@ -103,21 +135,29 @@ def test_rerun_resumes_from_checkpoint_and_matches(tmp_path, cache_dir):
     assert json.loads((out / "buffer.json").read_text()) == buffer_before
 
 
+@pytest.mark.slow
 def test_ewc_penalty_pulls_toward_the_previous_task(tmp_path, cache_dir):
     """A strong penalty trades plasticity for retention: the first task is kept better than
-    without it and the second is learned worse. (The first task is learned to near-zero loss,
-    so its Fisher is small and only a large lambda pins the adapter; ``bench/ewc_lambda.py``
-    with the per-example Fisher: colors kept 0 / 0 / 37.5 / 37.5 % at lambda 0 / 1e6 / 1e7 / 1e8.)"""
-    kept, learned = {}, {}
-    for lam in (0, 1e7, 1e8):
-        cfg = build_config("tiny,ewc", ["data.tasks=[colors,animals]", f"train.ewc_lambda={lam}"])
-        res = run(cfg, tmp_path / f"ewc{lam}", progress=False, cache_dir=cache_dir)
-        kept[lam], learned[lam] = res["accuracy_matrix"][1]
-        assert res["accuracy_matrix"][0][0] >= 90.0
-    assert kept[0] <= 10.0, kept
-    assert kept[1e7] > kept[0], kept
-    assert kept[1e8] >= kept[0] + 25, kept
-    assert learned[1e8] < learned[0], learned
+    without it and the second is learned worse, more so the larger lambda, on average over
+    three seeds (one tiny run is chaotic). Three epochs: trained for the default eight, the
+    first task reaches a loss near 1e-6 on some seeds, its per-example Fisher is then ~0 and no
+    lambda up to 1e11 pins the adapter (bench/ewc_lambda.py: the same at 1e6-1e8)."""
+    lams = (0, 1e5, 1e7)
+    first, kept, learned = {lam: [] for lam in lams}, {lam: [] for lam in lams}, {lam: [] for lam in lams}
+    for seed in (0, 1, 2):
+        for lam in lams:
+            cfg = build_config("tiny,ewc", ["data.tasks=[colors,animals]", "train.epochs=3", f"train.ewc_lambda={lam}", f"seed={seed}"])
+            a = run(cfg, tmp_path / f"ewc{lam}-{seed}", progress=False, cache_dir=cache_dir)["accuracy_matrix"]
+            first[lam].append(a[0][0])
+            kept[lam].append(a[1][0])
+            learned[lam].append(a[1][1])
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    assert first[0] == first[1e5] == first[1e7]  # the penalty only acts from the second task on
+    assert mean(first[0]) >= 40.0, first  # the first task was learned (measured: 55.6)
+    assert mean(kept[0]) <= 10.0, kept  # without the penalty it is forgotten (measured: 0)
+    assert mean(kept[0]) < mean(kept[1e5]) <= mean(kept[1e7]), kept  # measured: 0 < 33.3 <= 54.2
+    assert mean(kept[1e7]) >= 0.75 * mean(first[0]), (kept, first)  # a strong one keeps most of it
+    assert mean(learned[1e7]) <= mean(learned[0]) - 20, learned  # ...at the second task's cost (measured: 0 vs 45.8)
 
 
 def test_ewc_fisher_is_per_example(tmp_path, cache_dir):

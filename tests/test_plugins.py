@@ -114,7 +114,7 @@ def test_hook_order_per_task(tracing, tmp_path, tiny_cache):
     cfg = build_config("tiny,slow_surprise_sa", SMALL + ["method=tracing", "eval.before=true"])
     res = surecl.run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
     steps, m = 6, res["buffer"]["capacity"]
-    expected = [("eval", None, j, None) for j in range(2)]  # the before-training row
+    expected = []  # the before-training row (eval.before) is the initial weights: no method eval_context
     for s in range(2):
         expected.append(("before_task", s, m if s else 0))
         for k in range(steps):

@@ -253,3 +253,78 @@ def test_trainer_passes_scope_and_reduction_to_the_scorer(tiny_cache, tmp_path, 
     run.policy.at_task_start(2, len(run.train_sets[2]), run.surprise_of_task)
     n = len(run.train_sets[2])
     assert _indices(run.policy, 2) == set(range(n - m, n))
+
+
+# ---------------------------------------------------------------------------- top-m of real scores
+
+
+def _plain_nll(model, item, scope: str) -> tuple[float, int]:
+    """Summed NLL and token count of one example from a plain forward of prompt + answer:
+    the answer tokens (``label``) or every token after the first (``sequence``)."""
+    import torch
+
+    ids = torch.tensor([item.prompt + item.answer])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+    start = len(item.prompt) if scope == "label" else 1
+    targets = ids[0, start:]
+    return float(-logp[start - 1 : -1].gather(1, targets[:, None]).sum()), len(targets)
+
+
+def test_surprise_keeps_exactly_the_top_m_of_the_fast_adapters_scores(tiny_cache, tmp_path):
+    """A buffer smaller than a task (m < n) keeps that task's m most surprising examples, by
+    the fast adapter's NLL with the configured scope and reduction, and each keeps its score;
+    the second task halves the quota and each task keeps its own top-m/2. Mean and sum rank
+    the whole sequence differently (the rows differ in length); for the answer alone, whose
+    token count is the same for every row of a tiny task, they keep the same examples."""
+    import torch
+
+    from surecl.trainer import ContinualRun
+
+    n, capacity = 16, 10
+    kept, values = {}, {}
+    for scope in ("sequence", "label"):
+        for reduction in ("mean", "sum"):
+            cfg = build_config(
+                "tiny,slow_surprise",
+                ["data.tasks=[colors,animals]", f"data.n_train={n}", "data.n_test=4", f"replay.buffer_size={capacity}",
+                 f"replay.scope={scope}", f"replay.reduction={reduction}"],
+            )
+            run = ContinualRun(cfg, tmp_path / f"{scope}-{reduction}", progress=False, cache_dir=tiny_cache)
+            g = torch.Generator().manual_seed(0)
+            with torch.no_grad():  # move the fast adapter off its init; the slow one stays there
+                for p in run.adapters.fast_params:
+                    p.add_(0.05 * torch.randn(p.shape, generator=g))
+            run.adapters.model.eval()
+            expected = {}
+            for task in (0, 1):
+                assert len(run.train_sets[task]) == n
+                sums = [_plain_nll(run.adapters.model, e, scope) for e in run.train_sets[task]]
+                expected[task] = [s / c if reduction == "mean" else s for s, c in sums]
+                if scope == "label":
+                    assert len({c for _, c in sums}) == 1  # every answer has the same token count
+            run.adapters.model.train()
+            values[(scope, reduction)] = expected
+            for task, m in ((0, capacity), (1, capacity // 2)):
+                run.policy.at_task_start(task, n, run.surprise_of_task)
+                assert len(run.policy) == capacity
+                for t in range(task + 1):
+                    mine = {e.index: e.score for e in run.policy.buffer.entries if e.task == t}
+                    assert len(mine) == m < n
+                    for i, score in mine.items():
+                        assert score == pytest.approx(expected[t][i], rel=1e-4)
+                    worst_kept = min(expected[t][i] for i in mine)
+                    best_dropped = max(expected[t][i] for i in range(n) if i not in mine)
+                    assert worst_kept >= best_dropped - 1e-4 * abs(best_dropped), (t, sorted(mine))
+            kept[(scope, reduction)] = {(e.task, e.index) for e in run.policy.buffer.entries}
+
+    def top(key, task, m):
+        v = values[key][task]
+        return set(sorted(range(n), key=lambda i: -v[i])[:m])
+
+    # the four variants are not the same selection in disguise: the data tells them apart
+    assert top(("sequence", "mean"), 0, capacity) != top(("sequence", "sum"), 0, capacity)
+    assert top(("sequence", "mean"), 0, capacity) != top(("label", "mean"), 0, capacity)
+    assert kept[("sequence", "mean")] != kept[("sequence", "sum")]
+    assert kept[("sequence", "mean")] != kept[("label", "mean")]
+    assert kept[("label", "mean")] == kept[("label", "sum")]

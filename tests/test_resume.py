@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here runs surecl two or three times as a subprocess (16-23 s each)
+
 ARGS = [
     "--config", "tiny,slow_surprise", "--quiet",
     "data.tasks=[colors,animals,numbers]", "data.n_train=24", "data.n_test=8",

@@ -83,15 +83,46 @@ def _losses(out):
     return [json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()]
 
 
+def counting_prefix_passes(monkeypatch) -> dict[str, list[int]]:
+    """Count the batches that run a shared prefix (``prefix_ids``) and those that do not, in
+    training (``token_nll`` with grad), scoring (``token_nll`` without) and evaluation
+    (generation's prompt pass): ``{where: [with prefix, without]}``."""
+    import surecl.evaluate
+    import surecl.nll
+
+    seen = {"train": [0, 0], "score": [0, 0], "eval": [0, 0]}
+
+    def spy(original, where):
+        def prefixed(model, batch, *args, **kwargs):
+            kind = where or ("train" if torch.is_grad_enabled() else "score")
+            seen[kind][0 if batch.get("prefix_ids") is not None else 1] += 1
+            return original(model, batch, *args, **kwargs)
+
+        return prefixed
+
+    monkeypatch.setattr(surecl.nll, "prefixed", spy(surecl.nll.prefixed, None))
+    monkeypatch.setattr(surecl.evaluate, "prefixed", spy(surecl.evaluate.prefixed, "eval"))
+    return seen
+
+
 @pytest.mark.parametrize("preset", ["slow_surprise", "online_surprise"])
 def test_run_with_shared_prefix_equals_run_without(preset, tmp_path, tiny_cache):
     """Scoring, training (mixed current + replay batches, sliced) and evaluation through the
     shared prefix give the run the plain path gives."""
     base = ["data.tasks=[colors,animals]", "data.n_train=24", "data.n_test=8", "train.micro_batch_tokens=200"]
-    res = {}
+    res, passes = {}, {}
     for share in (True, False):
         cfg = build_config(f"tiny,{preset}", base + [f"model.share_prefix={str(share).lower()}"])
-        res[share] = run(cfg, tmp_path / str(share), progress=False, cache_dir=tiny_cache)
+        with pytest.MonkeyPatch.context() as mp:
+            passes[share] = counting_prefix_passes(mp)
+            res[share] = run(cfg, tmp_path / str(share), progress=False, cache_dir=tiny_cache)
+    # the prefix path really ran: at least one prefixed slice per training step, prefixed
+    # scoring batches (slow_surprise scores each task) and prefixed evaluation batches
+    assert passes[True]["train"][0] >= res[True]["steps"], passes
+    assert passes[True]["eval"][0] > 0, passes
+    assert (passes[True]["score"][0] > 0) == (preset == "slow_surprise"), passes
+    assert all(with_prefix == 0 and without > 0 for with_prefix, without in [passes[False]["train"], passes[False]["eval"]]), passes
+    assert passes[False]["score"][0] == 0, passes
     assert res[True]["accuracy_matrix"] == res[False]["accuracy_matrix"]
     shared, plain = _losses(tmp_path / "True"), _losses(tmp_path / "False")
     # equal to rounding at first; fp32 rounding differences (other matmul shapes) then grow

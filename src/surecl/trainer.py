@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs
 from tqdm.auto import tqdm
 
 from surecl import checkpoint, metrics
@@ -106,7 +107,13 @@ class ContinualRun:
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.progress = progress
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        # No buffer broadcast in DDP's forward: the base is frozen and its buffers (rotary
+        # frequencies) never change, and a collective per forward would deadlock the ranks,
+        # whose steps may run different numbers of forwards (micro-batch slices and shared
+        # prefix passes are cut from each rank's own rows). The one collective of a step is
+        # the gradient all-reduce of its last slice's backward.
+        ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp])
         self.device = self.accelerator.device
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.rng = random.Random(f"batches:{cfg.seed}")
@@ -386,13 +393,14 @@ class ContinualRun:
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate_task(self, j: int, adapter: str | None = None) -> float:
+    def evaluate_task(self, j: int, method_weights: bool = True, adapter: str | None = None) -> float:
         """Accuracy (percent) on task ``j``'s test split, or its perplexity for text streams,
-        inside every plugin's ``eval_context``, asking for ``adapter`` (``ctx.eval_view``;
-        default: the evaluation adapter, slow if dual)."""
+        inside every plugin's ``eval_context`` (without the method's when not
+        ``method_weights``: the learner's own weights, e.g. not per-task FT's snapshot), asking
+        for ``adapter`` (``ctx.eval_view``; default: the evaluation adapter, slow if dual)."""
         self.eval_view = adapter
         try:
-            with self.plugins.eval_context(self, j):
+            with self.plugins.eval_context(self, j, skip=() if method_weights else (self.method,)):
                 return self._evaluate(j)
         finally:
             self.eval_view = None
@@ -426,7 +434,7 @@ class ContinualRun:
     def evaluate_before(self) -> None:
         """The before-training row: every task under the initial weights (base + zero LoRA)."""
         start = time.perf_counter()
-        self.state.initial = [round(self.evaluate_task(j), 4) for j in range(len(self.tasks))]
+        self.state.initial = [round(self.evaluate_task(j, method_weights=False), 4) for j in range(len(self.tasks))]
         self.state.seconds["eval"] += time.perf_counter() - start
         self.log("before training: " + ", ".join(f"{t.name} {v:.1f}" for t, v in zip(self.tasks, self.state.initial)))
 

@@ -17,8 +17,8 @@ these hooks (all optional; the defaults do nothing):
   estimate, adapter snapshot, score and insert after the task).
 * ``eval_context(ctx, task)``  - a context manager entered around the evaluation of one
   task: chooses the weights that answer (slow or fast adapter, a per-task snapshot). Also
-  entered for the before-training row (``eval.before``; ``ctx.stage`` is None then) and, in a
-  dual run, for the fast adapter's row (``ctx.eval_view == "fast"``).
+  entered, in a dual run, for the fast adapter's row (``ctx.eval_view == "fast"``) and, except
+  the method's, for the before-training row (``eval.before``; ``ctx.stage`` is None then).
 * ``state_dict()`` / ``load_state_dict(meta, tensors)`` - the plugin's own state for
   checkpoints: JSON-able ``meta`` and a flat ``{name: tensor}`` dict (tensors are handed
   back on the CPU; a plugin moves them where it needs them). A checkpoint without the
@@ -218,10 +218,12 @@ class Plugins:
             p.after_task(ctx, stage)
 
     @contextlib.contextmanager
-    def eval_context(self, ctx: RunContext, task: int) -> Iterator[None]:
+    def eval_context(self, ctx: RunContext, task: int, skip: tuple[Plugin, ...] = ()) -> Iterator[None]:
+        """Every plugin's ``eval_context`` but those in ``skip``, entered in list order."""
         with contextlib.ExitStack() as stack:
             for p in self._list:
-                stack.enter_context(p.eval_context(ctx, task))
+                if p not in skip:
+                    stack.enter_context(p.eval_context(ctx, task))
             yield
 
     def state_dicts(self) -> dict[str, tuple[dict, dict[str, torch.Tensor]]]:
