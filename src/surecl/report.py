@@ -122,20 +122,8 @@ def write_run_report(out_dir: Path, results: dict) -> None:
 
 
 def find_runs(paths: list[Path]) -> list[dict]:
-    runs = []
-    for p in paths:
-        p = Path(p)
-        if not p.exists():
-            raise SureclError(f"report: {p} does not exist")
-        files = [p] if p.is_file() else sorted(p.rglob("results.json"))
-        for f in files:
-            try:
-                runs.append(json.loads(f.read_text(encoding="utf-8")))
-            except (OSError, ValueError):
-                raise SureclError(f"report: {f} is not a readable results.json") from None
-    if not runs:
-        raise SureclError("report: no results.json found under " + ", ".join(map(str, paths)))
-    return runs
+    """Every results.json under ``paths`` (files or folders), each read once."""
+    return [r for _, r in _read_results(paths)]
 
 
 def aggregate(runs: list[dict], metric: str = "fp") -> tuple[list[str], list[tuple[str, dict[str, tuple[float, float, int]], tuple[float, float]]]]:
