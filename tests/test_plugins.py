@@ -22,6 +22,7 @@ from surecl.config import build_config
 from surecl.errors import SureclError
 from surecl.plugins.base import Plugin, StepRecord
 from surecl.replay.policies import QuotaPolicy
+from surecl.trainer import ContinualRun
 
 SMALL = ["data.tasks=[colors,animals]", "data.n_train=24", "data.n_test=8", "train.epochs=2"]
 
@@ -362,3 +363,35 @@ def test_cuda_generator_state_is_checkpointed_on_a_gpu(tmp_path, tiny_cache, mon
     second.device = torch.device("cuda", 0)
     assert second.restore() is not None
     assert torch.equal(restored["state"], state) and restored["device"] == torch.device("cuda", 0)
+
+
+# ------------------------------------------------------------------ what the optimizer trains
+
+
+class OnlyB(surecl.Method):
+    """Trains the fast adapter's B matrices only, and attaches a module of its own in ``setup``."""
+
+    def setup(self, ctx):
+        ctx.model.add_module("only_b_probe", torch.nn.Linear(2, 2))
+        self.attached = ctx.model.only_b_probe
+
+    def parameters(self, ctx):
+        return [p for n, p in ctx.model.named_parameters() if "lora_B" in n and ".fast." in n]
+
+
+def test_a_method_chooses_what_the_optimizer_trains(tmp_path, tiny_cache):
+    surecl.register_method("only_b", OnlyB)
+    try:
+        cfg = build_config("tiny,seq_lora", ["data.tasks=[colors,animals]", "data.n_train=16", "data.n_test=8", "method=only_b"])
+        run = ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+        trained = {id(p) for p in run.trained_params}
+        assert trained and {id(p) for g in run.optimizer.param_groups for p in g["params"]} == trained
+        assert run.accelerator.unwrap_model(run.model).only_b_probe is run.method.attached  # attached before prepare
+        before = {n: p.detach().clone() for n, p in run.model.named_parameters() if ".fast." in n}
+        res = run.run()
+        after = dict(run.model.named_parameters())
+        changed = {n for n, p in before.items() if not torch.equal(p, after[n].detach())}
+        assert changed and all("lora_B" in n for n in changed), sorted(changed)[:3]  # the A matrices never moved
+        assert res["accuracy_matrix"][0][0] is not None
+    finally:
+        registry.unregister_method("only_b")

@@ -53,7 +53,9 @@ class TrainStep(Plugin):
 
     def __init__(self, config: StepConfig, params: list[torch.nn.Parameter]) -> None:
         super().__init__(config)
-        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        self.params = list(params)
+        """The parameters it trains (the method's :meth:`~surecl.methods.Method.parameters`)."""
+        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
         self._schedules: dict = {}
 
     # ------------------------------------------------------------------ schedule
@@ -138,7 +140,7 @@ class TrainStep(Plugin):
         nll, count = torch.cat([p[0] for p in parts])[back], torch.cat([p[1] for p in parts])[back]
         shown = accelerator.reduce(loss_total, "sum") / world if world > 1 else loss_total
         if self.config.grad_clip:
-            accelerator.clip_grad_norm_(ctx.adapters.fast_params, self.config.grad_clip)
+            accelerator.clip_grad_norm_(self.params, self.config.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepRecord(

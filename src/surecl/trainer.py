@@ -144,7 +144,10 @@ class ContinualRun:
         total = sum(len(s) for s in self.train_sets)
         policy_name = cfg.replay.policy if self.method.continual else "none"
         self.policy = policy_class(policy_name)(cfg.replay, buffer_capacity(cfg.replay, total), cfg.seed)
-        self.train_step = TrainStep(TrainStep.config_from(cfg), self.adapters.fast_params)
+        self.method.setup(self)
+        self.trained_params = self.method.parameters(self)
+        """What the optimizer trains and gradient clipping bounds (the method's choice)."""
+        self.train_step = TrainStep(TrainStep.config_from(cfg), self.trained_params)
         self.model, self.train_step.optimizer = self.accelerator.prepare(self.model, self.train_step.optimizer)
         self.steplog = StepLog(StepLog.config_from(cfg))
         extra = {f"plugin:{p.name}": p for p in plugins}

@@ -10,6 +10,13 @@ also decides:
 * ``continual``  - False for MTL: no intermediate rows, no forgetting to measure, no replay.
 * ``fast_eval``  - whether a dual run may also evaluate its fast adapter (``eval.fast``):
   False where the method swaps the evaluation weights itself (per-task FT).
+* ``setup(ctx)``  - once, after the model and the learner's adapters exist and before the
+  optimizer is built and the model handed to ``accelerate``: a method may attach modules of
+  its own to ``ctx.model`` (so they move to the device and take part in DDP's all-reduce),
+  freeze or unfreeze weights, or refuse a combination (raise ``SureclError``).
+* ``parameters(ctx)``  - the parameters the optimizer trains (and gradient clipping bounds):
+  by default the learner's fast adapter (``ctx.adapters.fast_params``); full fine-tuning
+  returns the base weights, prompt tuning its prompts. Called once, after ``setup``.
 
 Examples: fresh adapters per task (per-task FT, ``before_task``), a penalty on the loss (EWC,
 ``loss``), a Fisher estimate or an adapter snapshot (``after_task``), the weights that answer
@@ -29,6 +36,13 @@ class Method(Plugin):
     fast_eval = True
     """Whether a dual run may also evaluate its fast adapter (``eval.fast``): False where
     the method swaps the evaluation weights itself (per-task FT)."""
+
+    def setup(self, ctx) -> None:
+        """Attach, freeze or check before the optimizer and ``accelerate`` see the model."""
+
+    def parameters(self, ctx) -> list:
+        """The parameters the optimizer trains: the learner's fast adapter by default."""
+        return list(ctx.adapters.fast_params)
 
     def stages(self, n_tasks: int) -> list[Stage]:
         return [Stage((t,), t, tuple(range(t + 1))) for t in range(n_tasks)]

@@ -113,6 +113,9 @@ class RunContext(Protocol):
     adapters: Any
     """The :class:`~surecl.adapters.DualLoRA` learner (``fast_params``, ``adapter_state``, ...)."""
     model: Any
+    trained_params: list
+    """The parameters the optimizer trains (the method's ``parameters(ctx)``; by default the
+    fast adapter's)."""
     optimizer: Any
     policy: Any
     """The replay policy (``len(policy)`` is the buffer size)."""
