@@ -395,3 +395,83 @@ def test_a_method_chooses_what_the_optimizer_trains(tmp_path, tiny_cache):
         assert res["accuracy_matrix"][0][0] is not None
     finally:
         registry.unregister_method("only_b")
+
+
+# ------------------------------------------------------------------ what the model reads
+
+
+class LeadWord(surecl.Method):
+    """Puts one real token before every prompt once the first task has trained, and trains the
+    fast adapter as a param group of its own lr."""
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self.on = False
+        self.word: int | None = None
+
+    def setup(self, ctx):
+        self.word = ctx.tokenizer.convert_tokens_to_ids("red")
+
+    def parameters(self, ctx):
+        return [{"params": list(ctx.adapters.fast_params), "lr": 0.01}]
+
+    def input_prefix(self, ctx, task):
+        return (self.word,) if self.on else ()
+
+    def after_task(self, ctx, stage):
+        self.on = True
+
+
+class SeenInputs(Plugin):
+    """What the examples of the step and of each evaluation began with."""
+
+    name = "seen_inputs"
+
+    def __init__(self):
+        super().__init__()
+        self.steps: list[set] = []
+        self.evals: list[tuple[int, int]] = []
+
+    def after_step(self, ctx, record):
+        self.steps.append({ctx.train_sets[t][i].prompt[0] for t, i in record.items})
+
+    @contextlib.contextmanager
+    def eval_context(self, ctx, task):
+        self.evals.append((task, ctx.test_sets[task][0].prompt[0]))
+        yield
+
+
+def test_a_method_puts_tokens_before_every_input_and_sets_its_own_lr(tmp_path, tiny_cache):
+    surecl.register_method("lead_word", LeadWord)
+    try:
+        cfg = build_config("tiny,reservoir", SMALL + ["method=lead_word", "eval.before=true"])
+        seen = SeenInputs()
+        run = ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache, plugins=[seen])
+        plain = [e.prompt[0] for e in run.train_sets.encoded[1]]
+        assert run.train_sets[1] is run.train_sets.encoded[1]  # no prefix yet: the encoded list itself
+        res = run.run()
+        word = run.method.word
+        steps = run.steps_in_stage(run.stages[0])
+        first, second = seen.steps[:steps], seen.steps[steps:]
+        assert all(word not in s for s in first) and all(s == {word} for s in second), (first, second)  # replayed rows too
+        assert any(r["replayed"] for r in log_lines(tmp_path / "run")[steps:])
+        assert {r["lr"] for r in log_lines(tmp_path / "run")} == {0.01}
+        # the before-training row reads the inputs as encoded; every later evaluation with the word
+        assert [w for _, w in seen.evals[:2]] == [plain[0], plain[0]] and all(w == word for _, w in seen.evals[3:]), seen.evals
+        assert [e.prompt for e in run.train_sets[1]] == [[word] + e.prompt for e in run.train_sets.encoded[1]]
+        assert run.train_sets[1] is run.train_sets[1]  # built once per prefix
+        # the learner's own weights read the inputs as encoded (no method prefix)
+        seen.evals.clear()
+        run.evaluate_task(0, method_weights=False)
+        assert seen.evals == [(0, run.test_sets.encoded[0][0].prompt[0])]
+        assert res["accuracy_matrix"][1][1] is not None
+    finally:
+        registry.unregister_method("lead_word")
+
+
+def test_virtual_tokens_stay_on_the_encoder_side_of_a_full_sequence():
+    from surecl.data.encode import Encoded
+    from surecl.replay.surprise import as_full_sequence
+
+    assert as_full_sequence(Encoded([-1, -2, 7, 8], [9, 1], "x")) == Encoded([-1, -2, 1], [7, 8, 9, 1], "x")
+    assert as_full_sequence(Encoded([7, 8], [9, 1], "x")) == Encoded([1], [7, 8, 9, 1], "x")

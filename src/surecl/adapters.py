@@ -82,6 +82,9 @@ class DualLoRA(Plugin):
             raise SureclError(f"lora.target_modules: {str(exc).splitlines()[0]}") from None
         self._lora_dtype_fp32()
         self.steps = 0
+        self.fast_trainable = True
+        """Whether the fast adapter requires grad; a method that trains something else (its
+        ``parameters``) sets it False in ``setup``, so the frozen adapter costs no gradients."""
         if dual.enabled:
             # The slow adapter's random init is overwritten by a copy of fast below; drawing it
             # from a forked RNG leaves the global stream (dropout masks, later draws) exactly as
@@ -130,10 +133,11 @@ class DualLoRA(Plugin):
         return SLOW if self.dual.enabled else FAST
 
     def activate(self, name: str) -> None:
-        """Make ``name`` the active adapter; only fast parameters ever require grad."""
+        """Make ``name`` the active adapter; only fast parameters ever require grad (unless
+        :attr:`fast_trainable` is off)."""
         self.model.set_adapter(name)
         for p in self.fast_params:
-            p.requires_grad_(True)
+            p.requires_grad_(self.fast_trainable)
         for p in self.slow_params:
             p.requires_grad_(False)
 

@@ -5,7 +5,9 @@ runs once and the rows attend to its KV cache; the result is the same as for the
 
 Returns, for each row of a collated batch, the summed NLL and the number of tokens scored, so
 callers choose the reduction (mean = the paper's surprise, sum = its ablation) and scope
-(``label``: answer tokens only; ``sequence``: every real token after the first).
+(``label``: answer tokens only; ``sequence``: every real token after the first). Virtual
+tokens (negative ids: a method's soft prompt, see :meth:`surecl.methods.Method.input_prefix`)
+are read, never scored.
 """
 
 from __future__ import annotations
@@ -34,18 +36,24 @@ def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_se
         kwargs, prefix_logits = prefixed(model, batch, want_logits=True)
         out = model(input_ids=ids, position_ids=batch["position_ids"], use_cache=False, **kwargs)
         logits = out.logits[:, :-1]
-        targets = ids[:, 1:]
-        valid = (mask[:, 1:] * mask[:, :-1]).float()
+        # Virtual tokens (negative ids, a method's soft prompt) are attended to but never scored:
+        # neither as a target nor as the predecessor of a target, so a row scores the same real
+        # tokens (every one after its first) with or without them.
+        real = mask * (ids >= 0)
+        targets = ids[:, 1:].clamp(min=0)
+        valid = (real[:, 1:] * real[:, :-1]).float()
         if prefix_logits is not None:
             # The shared prefix's own tokens (the same NLL for every row) and each row's first
             # token, which the prefix's last position predicts.
             prefix = batch["prefix_ids"][0]
             lse = torch.logsumexp(prefix_logits.float(), dim=-1)
-            own = (lse[:-1] - prefix_logits[:-1].gather(1, prefix[1:, None]).squeeze(1).float()).sum()
+            pairs = ((prefix[1:] >= 0) & (prefix[:-1] >= 0)).float()
+            own = ((lse[:-1] - prefix_logits[:-1].gather(1, prefix[1:, None].clamp(min=0)).squeeze(1).float()) * pairs).sum()
             first = ids.gather(1, (mask == 0).sum(1, keepdim=True)).squeeze(1)
-            edge = lse[-1] - prefix_logits[-1, first].float()
+            at_edge = ((first >= 0) & (prefix[-1] >= 0)).float()
+            edge = (lse[-1] - prefix_logits[-1, first.clamp(min=0)].float()) * at_edge
             nll, count = _rows_nll(logits, targets, valid)
-            return nll + own + edge, count + prefix.shape[0]
+            return nll + own + edge, count + pairs.sum() + at_edge
     return _rows_nll(logits, targets, valid)
 
 

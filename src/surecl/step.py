@@ -1,7 +1,7 @@
 """The training step: one optimizer step on a mixed batch, as its own unit.
 
-:class:`TrainStep` owns the AdamW optimizer of the fast adapter and the learning-rate
-schedule, and is the run's ``optimizer`` plugin (``before_task`` clears the AdamW state with
+:class:`TrainStep` owns the AdamW optimizer (of the fast adapter, or what the method trains)
+and the learning-rate schedule, and is the run's ``optimizer`` plugin (``before_task`` clears the AdamW state with
 ``train.fresh_optimizer``; its state is the optimizer's). Calling it takes one step:
 
 1. the batch = the current examples, then the replayed entries; with W processes each takes
@@ -51,20 +51,24 @@ class TrainStep(Plugin):
     def config_from(cls, cfg) -> StepConfig:
         return StepConfig(**{f: getattr(cfg.train, f) for f in StepConfig.__dataclass_fields__})
 
-    def __init__(self, config: StepConfig, params: list[torch.nn.Parameter]) -> None:
+    def __init__(self, config: StepConfig, params: list) -> None:
         super().__init__(config)
-        self.params = list(params)
-        """The parameters it trains (the method's :meth:`~surecl.methods.Method.parameters`)."""
-        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(list(params), lr=config.lr, weight_decay=config.weight_decay)
+        self.params: list[torch.nn.Parameter] = [p for group in self.optimizer.param_groups for p in group["params"]]
+        """The parameters it trains (the method's :meth:`~surecl.methods.Method.parameters`:
+        tensors, or param groups whose own ``lr`` replaces ``train.lr``)."""
+        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        """Each param group's learning rate before the schedule (``train.lr`` unless the group set its own)."""
         self._schedules: dict = {}
 
     # ------------------------------------------------------------------ schedule
 
-    def lr_at(self, step: int, total: int) -> float:
+    def lr_at(self, step: int, total: int, base: float | None = None) -> float:
         """The learning rate of ``step`` (0-based) in a stage of ``total`` steps: transformers'
-        schedule ``train.scheduler`` with ``train.warmup_steps``, restarted every stage. A pure
-        function of the step, so a run resumed inside a stage continues on the same curve."""
-        return self.config.lr * self._schedule(total)(step)
+        schedule ``train.scheduler`` with ``train.warmup_steps``, restarted every stage, times
+        ``base`` (default ``train.lr``; a param group's own lr). A pure function of the step,
+        so a run resumed inside a stage continues on the same curve."""
+        return (self.config.lr if base is None else base) * self._schedule(total)(step)
 
     def _schedule(self, total: int):
         """The multiplier ``get_scheduler`` builds for a stage of ``total`` steps (cached per length)."""
@@ -112,8 +116,8 @@ class TrainStep(Plugin):
         n_tokens = sum(len(e.answer) for e in items)
         local = items[rank::world] if world > 1 else items
         weight = float(world) if local else 0.0
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr_at(step, total)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = self.lr_at(step, total, base)
         rows = local or items[:1]  # a rank without items runs one at weight 0 (DDP needs every rank's backward)
         tasks = None
         if ctx.share_prefix:

@@ -76,6 +76,37 @@ class RunState:
     """A dual run's matrix under its fast adapter (``eval.fast``), beside the slow one's."""
 
 
+class InputSets:
+    """Per task, its encoded examples as the model reads them now: the method's input prefix
+    (:meth:`surecl.methods.Method.input_prefix`, asked at every access) before each prompt.
+
+    Indexed and iterated as the list of per-task lists it stands for. Without a prefix a
+    task's list is the encoded list itself; with one, a copy carrying it, built once per
+    prefix (a method whose prefix grows with each task rebuilds a task's list once per stage)."""
+
+    def __init__(self, encoded: list[list[Encoded]], prefix_of) -> None:
+        self.encoded = encoded
+        """The tokenised examples without any prefix."""
+        self._prefix_of = prefix_of
+        self._views: dict[int, tuple[tuple[int, ...], list[Encoded]]] = {}
+
+    def __len__(self) -> int:
+        return len(self.encoded)
+
+    def __iter__(self):
+        return (self[t] for t in range(len(self.encoded)))
+
+    def __getitem__(self, task: int) -> list[Encoded]:
+        prefix = self._prefix_of(task)
+        if not prefix:
+            return self.encoded[task]
+        view = self._views.get(task)
+        if view is None or view[0] != prefix:
+            head = list(prefix)
+            view = self._views[task] = (prefix, [Encoded(head + e.prompt, e.answer, e.label) for e in self.encoded[task]])
+        return view[1]
+
+
 def release_memory() -> None:
     """Hand freed heap memory back to the OS between phases (glibc only; a no-op elsewhere).
 
@@ -130,9 +161,12 @@ class ContinualRun:
         if cfg.data.kind == "text" and self.is_seq2seq:
             raise SureclError(f"data.kind=text (continual pre-training) needs a causal LM; {cfg.model.name} is encoder-decoder")
         encoder = TaskEncoder(self.tokenizer, cfg.model.max_length)
-        # Tokenised once per dataset; the hot loop only indexes these lists.
-        self.train_sets: list[list[Encoded]] = [encoder.encode(t, t.train) for t in self.tasks]
-        self.test_sets: list[list[Encoded]] = [encoder.encode(t, t.test) for t in self.tasks]
+        # Tokenised once per dataset; the hot loop only indexes these lists. The run reads them
+        # through InputSets, which puts the method's input prefix (if any) before each prompt.
+        self.method = None
+        self._method_inputs = True
+        self.train_sets = InputSets([encoder.encode(t, t.train) for t in self.tasks], self._input_prefix)
+        self.test_sets = InputSets([encoder.encode(t, t.test) for t in self.tasks], self._input_prefix)
         self.label_answers = [{lab: encoder.answer_ids(lab) for lab in t.labels} for t in self.tasks]
         # Seeded right before the adapters are drawn, so a cold cache (which builds or converts
         # the base model first) gives the same LoRA init as a warm one.
@@ -145,9 +179,9 @@ class ContinualRun:
         policy_name = cfg.replay.policy if self.method.continual else "none"
         self.policy = policy_class(policy_name)(cfg.replay, buffer_capacity(cfg.replay, total), cfg.seed)
         self.method.setup(self)
-        self.trained_params = self.method.parameters(self)
+        self.train_step = TrainStep(TrainStep.config_from(cfg), self.method.parameters(self))
+        self.trained_params = self.train_step.params
         """What the optimizer trains and gradient clipping bounds (the method's choice)."""
-        self.train_step = TrainStep(TrainStep.config_from(cfg), self.trained_params)
         self.model, self.train_step.optimizer = self.accelerator.prepare(self.model, self.train_step.optimizer)
         self.steplog = StepLog(StepLog.config_from(cfg))
         extra = {f"plugin:{p.name}": p for p in plugins}
@@ -173,6 +207,13 @@ class ContinualRun:
             self.log(f"warning: {warning}")
 
     # ------------------------------------------------------------------ setup helpers
+
+    def _input_prefix(self, task: int) -> tuple[int, ...]:
+        """The method's input prefix for ``task`` now (none before the method exists, nor
+        while the learner's own weights are evaluated: ``evaluate_task(method_weights=False)``)."""
+        if self.method is None or not self._method_inputs:
+            return ()
+        return tuple(self.method.input_prefix(self, task))
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -398,15 +439,18 @@ class ContinualRun:
 
     def evaluate_task(self, j: int, method_weights: bool = True, adapter: str | None = None) -> float:
         """Accuracy (percent) on task ``j``'s test split, or its perplexity for text streams,
-        inside every plugin's ``eval_context`` (without the method's when not
-        ``method_weights``: the learner's own weights, e.g. not per-task FT's snapshot), asking
-        for ``adapter`` (``ctx.eval_view``; default: the evaluation adapter, slow if dual)."""
+        inside every plugin's ``eval_context`` (without the method's, nor its input prefix,
+        when not ``method_weights``: the learner's own weights, e.g. not per-task FT's
+        snapshot nor Progressive Prompts' prompts), asking for ``adapter``
+        (``ctx.eval_view``; default: the evaluation adapter, slow if dual)."""
         self.eval_view = adapter
+        self._method_inputs = method_weights
         try:
             with self.plugins.eval_context(self, j, skip=() if method_weights else (self.method,)):
                 return self._evaluate(j)
         finally:
             self.eval_view = None
+            self._method_inputs = True
 
     def _evaluate(self, j: int) -> float:
         items = self.test_sets[j]
@@ -515,6 +559,7 @@ class ContinualRun:
             for name in names:
                 card = model_card(results, name, base_model, note, __version__)
                 checkpoint.save_adapter(self.adapters, adapters_dir, name, base_model=base_model, card=card)
+            self.plugins.export(self, adapters_dir)
             write_run_report(self.out_dir, results)
         return results
 

@@ -16,7 +16,18 @@ also decides:
   freeze or unfreeze weights, or refuse a combination (raise ``SureclError``).
 * ``parameters(ctx)``  - the parameters the optimizer trains (and gradient clipping bounds):
   by default the learner's fast adapter (``ctx.adapters.fast_params``); full fine-tuning
-  returns the base weights, prompt tuning its prompts. Called once, after ``setup``.
+  returns the base weights, prompt tuning its prompts. Called once, after ``setup``. A list
+  of tensors, or of torch param groups (dicts with ``params`` and optionally ``lr``: the
+  group's own base learning rate, which ``train.scheduler`` scales as it scales ``train.lr``).
+* ``input_prefix(ctx, task)``  - token ids put before the prompt of every example of
+  ``task`` wherever the run builds the model's input: training (current and replayed
+  examples), surprise scoring, evaluation by generation, ranking or perplexity. Asked at each
+  use, so the answer may change with the method's state (Progressive Prompts: one more
+  prompt per task); ``ctx.train_sets`` / ``ctx.test_sets`` are the examples as they read
+  with it. Negative ids are *virtual tokens*: ``-1 - s`` names slot ``s`` of vectors the
+  method gives the model's input embedding itself (a hook on the input embedding module);
+  no loss or surprise score ever predicts one (:mod:`surecl.nll`), and an encoder-decoder
+  keeps them on its encoder side. Default: none.
 
 Examples: fresh adapters per task (per-task FT, ``before_task``), a penalty on the loss (EWC,
 ``loss``), a Fisher estimate or an adapter snapshot (``after_task``), the weights that answer
@@ -25,6 +36,8 @@ own and combine with any method. Register your own with :func:`surecl.register_m
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from surecl.plugins.base import Plugin, Stage
 
@@ -41,8 +54,14 @@ class Method(Plugin):
         """Attach, freeze or check before the optimizer and ``accelerate`` see the model."""
 
     def parameters(self, ctx) -> list:
-        """The parameters the optimizer trains: the learner's fast adapter by default."""
+        """The parameters the optimizer trains (tensors or param groups): the learner's fast
+        adapter by default."""
         return list(ctx.adapters.fast_params)
+
+    def input_prefix(self, ctx, task: int) -> Sequence[int]:
+        """Token ids before every prompt of ``task``, as the method's state is now (negative:
+        virtual tokens, see the module docstring). None by default."""
+        return ()
 
     def stages(self, n_tasks: int) -> list[Stage]:
         return [Stage((t,), t, tuple(range(t + 1))) for t in range(n_tasks)]

@@ -19,6 +19,9 @@ these hooks (all optional; the defaults do nothing):
   task: chooses the weights that answer (slow or fast adapter, a per-task snapshot). Also
   entered, in a dual run, for the fast adapter's row (``ctx.eval_view == "fast"``) and, except
   the method's, for the before-training row (``eval.before``; ``ctx.stage`` is None then).
+* ``export(ctx, folder)``  - at the end of a run, on the main process: write what the plugin
+  learned that a user may reuse, beside the saved adapters (``folder`` is the run's
+  ``adapters/``; Progressive Prompts writes ``prompts/`` there). Safetensors and JSON only.
 * ``state_dict()`` / ``load_state_dict(meta, tensors)`` - the plugin's own state for
   checkpoints: JSON-able ``meta`` and a flat ``{name: tensor}`` dict (tensors are handed
   back on the CPU; a plugin moves them where it needs them). A checkpoint without the
@@ -108,7 +111,8 @@ class RunContext(Protocol):
     tasks: list
     """The stream's :class:`~surecl.data.task.Task` list."""
     train_sets: list[list]
-    """Per task, its training examples, tokenised (:class:`~surecl.data.encode.Encoded`)."""
+    """Per task, its training examples, tokenised (:class:`~surecl.data.encode.Encoded`), as
+    the model reads them now: with the method's ``input_prefix`` before each prompt."""
     test_sets: list[list]
     adapters: Any
     """The :class:`~surecl.adapters.DualLoRA` learner (``fast_params``, ``adapter_state``, ...)."""
@@ -186,6 +190,9 @@ class Plugin:
     def eval_context(self, ctx: RunContext, task: int) -> Iterator[None]:
         yield
 
+    def export(self, ctx: RunContext, folder: Any) -> None:
+        pass
+
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
         return {}, {}
 
@@ -228,6 +235,10 @@ class Plugins:
                 if p not in skip:
                     stack.enter_context(p.eval_context(ctx, task))
             yield
+
+    def export(self, ctx: RunContext, folder: Any) -> None:
+        for p in self._list:
+            p.export(ctx, folder)
 
     def state_dicts(self) -> dict[str, tuple[dict, dict[str, torch.Tensor]]]:
         return {key: p.state_dict() for key, p in self.by_key.items()}

@@ -52,5 +52,9 @@ def score_examples(
 def as_full_sequence(e: Encoded) -> Encoded:
     """An encoder-decoder example rewritten so its decoder target is the whole sequence:
     encoder input = the end-of-sequence token alone (every answer ends with it), target =
-    prompt + answer."""
-    return Encoded([e.answer[-1]], e.prompt + e.answer, e.label)
+    prompt + answer. Virtual tokens leading the prompt (a method's soft prompt, negative ids)
+    stay on the encoder side, before that token: the decoder only ever predicts real ones."""
+    n = 0
+    while n < len(e.prompt) and e.prompt[n] < 0:
+        n += 1
+    return Encoded(e.prompt[:n] + [e.answer[-1]], e.prompt[n:] + e.answer, e.label)
