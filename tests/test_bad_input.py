@@ -85,6 +85,11 @@ CASES = {
     "perplexity of a labelled stream": (["eval.mode=perplexity"], None, ["eval.mode", "data.kind='classify'"]),
     "unknown data kind": (["data.kind=audio"], None, ["data.kind", "'audio'"]),
     "online policy on whole sequences": (["replay.policy=online_surprise"], None, ["replay.scope", "online_surprise"]),
+    "progressive prompts with the dual learner": (
+        ["dual.enabled=true", "--config", "tiny,progressive_prompts"], None, ["dual.enabled", "progressive_prompts", "soft prompts"],
+    ),
+    "prompt length zero": (["method=progressive_prompts", "prompts.length=0"], None, ["prompts.length", ">= 1"]),
+    "unknown prompts.eval": (["method=progressive_prompts", "prompts.eval=task"], None, ["prompts.eval", "'task'"]),
 }
 
 

@@ -13,6 +13,10 @@ What each case restores besides the adapters and AdamW state:
 * ``ewc``: the Fisher and anchor (the penalty is active in task 2).
 * ``per_task``: the snapshot of every finished task (evaluated after the resume).
 * ``cpt``: the before-training row (killed while writing its checkpoint) and a text stream.
+* ``progressive_prompts`` (with its MLP and reservoir replay): the frozen prompts, the prompt
+  and MLP being trained, their AdamW state; killed right after a new prompt was drawn (the
+  resumed run draws it again from the restored RNG), then mid-task. The exported prompts
+  (``adapters/prompts``) are compared too.
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ CASES = {
     "ewc": ("tiny,ewc", ["train.ewc_lambda=1e5", "train.ewc_samples=8"], ["step:1:3"], ["stage-0001-step-000002"]),
     "per_task": ("tiny,per_task", [], ["step:1:3"], ["stage-0001-step-000002"]),
     "cpt": ("tiny,cpt,slow_surprise", [], ["checkpoint:stage-0000", "step:1:3"], [None, "stage-0001-step-000002"]),
+    "progressive_prompts": (
+        "tiny,progressive_prompts", ["prompts.mlp=true", "prompts.mlp_hidden=16", "replay.policy=reservoir"],
+        ["step:1:0", "step:1:3"], ["stage-0001", "stage-0001-step-000002"],
+    ),
 }
 
 
@@ -126,8 +134,8 @@ def started_from(stderr: str, out: Path, checkpoint: str | None) -> None:
 def outcome(out: Path) -> dict:
     res = json.loads((out / "results.json").read_text())
     adapters = {}
-    for name in ("fast", "slow"):
-        f = out / "adapters" / name / "adapter_model.safetensors"
+    for name, file in (("fast", "adapter_model"), ("slow", "adapter_model"), ("prompts", "prompts")):
+        f = out / "adapters" / name / f"{file}.safetensors"
         if f.is_file():
             adapters[name] = {k: v.tolist() for k, v in load_file(str(f)).items()}
     return {
@@ -172,5 +180,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(case, surecl):
     assert len(expected["log"]) == 12 and first_task[-1] < first_task[0]
     if case not in ("ewc", "per_task"):
         assert expected["buffer"]["entries"], "the policy should have kept entries"
+    if case == "progressive_prompts":
+        assert len(expected["adapters"]["prompts"]["prefix"]) == 3 * 10
     if case == "cpt":
         assert expected["results"]["initial"] is not None and len(expected["results"]["initial"]) == 3

@@ -55,6 +55,14 @@ def write_text(path: Path, text: str) -> None:
     _atomic_write_bytes(Path(path), text.encode("utf-8"))
 
 
+def write_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """One safetensors file, written atomically (tensors contiguous, on the CPU)."""
+    from safetensors.torch import save
+
+    data = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, metadata=metadata)
+    _atomic_write_bytes(Path(path), data)
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -96,7 +104,7 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
 
 RUN_FILES = ("config.yaml", "results.json", "buffer.json", "log.jsonl", "report.md", "heatmap.png")
 """The files ``surecl run`` writes at the top of its output directory."""
-RUN_DIRS = {"checkpoints": ("stage-",), "adapters": ("fast", "slow")}
+RUN_DIRS = {"checkpoints": ("stage-",), "adapters": ("fast", "slow", "prompts")}
 """The folders it writes there, and what it names inside them (atomic writes add ``.``-prefixed
 temporaries of those names)."""
 

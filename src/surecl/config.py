@@ -210,12 +210,44 @@ class EvalConfig:
 
 
 @dataclass
+class PromptsConfig:
+    """Progressive Prompts (``method=progressive_prompts``; Razdaibiedina et al., ICLR 2023): a
+    new soft prompt of ``length`` vectors per task, trained with the prompts of the earlier
+    tasks (frozen) before it and the base model frozen. Defaults are those of the paper's
+    public code (arazd/ProgressivePrompts, ``T5_codebase/train_t5_cl.py``): its T5 setting.
+    The paper has no decoder-only model; the same values serve one here (README)."""
+
+    length: int = 10
+    """Soft-prompt vectors per task (reference ``--prefix_len 10``, T5 and BERT). After task
+    t every input carries t x length virtual tokens, on top of ``model.max_length``."""
+    lr: float = 0.3
+    """Learning rate of the prompt (and its MLP): replaces ``train.lr`` for this method and
+    follows ``train.scheduler`` as ``train.lr`` would (reference ``--lr 0.3``, T5, after
+    Lester et al.'s prompt tuning; its BERT runs trained prompts at 3e-5 for 50 epochs)."""
+    mlp: bool = False
+    """Residual reparameterisation: the prompt the model reads is P + MLP(P), with MLP =
+    Linear(d, mlp_hidden) -> ReLU -> Linear(mlp_hidden, d), a fresh one per task trained at
+    ``lr`` with it (the reference's ``mlp_lr`` defaults to ``lr``); after the task P + MLP(P)
+    is kept (frozen) and the MLP dropped. The reference's ``ResMLP`` of type ``MLP1`` with its
+    skip connection, as its BERT codebase builds it (the T5 codebase's ``MLP1`` branch reads
+    a ``layer_norm`` flag its constructor does not take; ``MLP2`` is not offered). Off by
+    default there (``--prefix_MLP None``)."""
+    mlp_hidden: int = 800
+    """The MLP's bottleneck width (reference ``--bottleneck_size 800``)."""
+    eval: str = "all"
+    """Which prompts answer at test time: ``all`` (every prompt learned so far, for every
+    task: no task id needed) or ``own`` (task j reads the prompts up to its own,
+    [P_j; ...; P_1], as right after it was learned: the task id chooses them; the accuracy
+    the paper reports per task, measured right after learning it)."""
+
+
+@dataclass
 class RunConfig:
     """A whole continual run."""
 
     method: str = "sequential"
     """Training regime: ``sequential`` (continual), ``mtl`` (joint upper bound), ``per_task``,
-    ``ewc``, or a method added with ``surecl.register_method``."""
+    ``ewc``, ``progressive_prompts``, or a method added with ``surecl.register_method``."""
     preset: str = ""
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -225,6 +257,7 @@ class RunConfig:
     dual: DualConfig = field(default_factory=DualConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
     log_every: int = 1
 
     def __post_init__(self) -> None:
@@ -280,6 +313,7 @@ CHOICES: dict[str, tuple[str, ...] | None] = {
     "data.test_sampling": ("balanced", "random"),
     "train.batching": ("bucketed", "uniform"),
     "eval.matrix": ("full", "fp_ap"),
+    "prompts.eval": ("all", "own"),
 }
 
 
@@ -321,6 +355,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("eval.batch_size", cfg.eval.batch_size >= 1, "must be >= 1"),
         ("eval.max_new_tokens", cfg.eval.max_new_tokens >= 0, "must be >= 0"),
         ("log_every", cfg.log_every >= 1, "must be >= 1"),
+        ("prompts.length", cfg.prompts.length >= 1, "must be >= 1"),
+        ("prompts.lr", cfg.prompts.lr > 0 and math.isfinite(cfg.prompts.lr), "must be > 0"),
+        ("prompts.mlp_hidden", cfg.prompts.mlp_hidden >= 1, "must be >= 1"),
     ]
     for key, ok, why in checks:
         if not ok:
