@@ -96,7 +96,7 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
 
 RUN_FILES = ("config.yaml", "results.json", "buffer.json", "log.jsonl", "report.md", "heatmap.png")
 """The files ``surecl run`` writes at the top of its output directory."""
-RUN_DIRS = {"checkpoints": ("stage-",), "adapters": ("fast", "slow")}
+RUN_DIRS = {"checkpoints": ("stage-",), "adapters": ("fast", "slow"), "tensorboard": ("surecl",)}
 """The folders it writes there, and what it names inside them (atomic writes add ``.``-prefixed
 temporaries of those names)."""
 

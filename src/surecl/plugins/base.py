@@ -19,6 +19,11 @@ these hooks (all optional; the defaults do nothing):
   task: chooses the weights that answer (slow or fast adapter, a per-task snapshot). Also
   entered, in a dual run, for the fast adapter's row (``ctx.eval_view == "fast"``) and, except
   the method's, for the before-training row (``eval.before``; ``ctx.stage`` is None then).
+* ``after_eval(ctx, stage)``   - after a stage's row of the accuracy matrix (and the fast
+  adapter's, ``ctx.state.accuracy_fast``) is filled; ``stage`` is None for the before-training
+  row (``ctx.state.initial``). Loggers and trackers read the matrix here.
+* ``after_run(ctx, results)`` - once, when the run has finished and ``results`` (the dict
+  written to ``results.json``) is final: close trackers, export.
 * ``state_dict()`` / ``load_state_dict(meta, tensors)`` - the plugin's own state for
   checkpoints: JSON-able ``meta`` and a flat ``{name: tensor}`` dict (tensors are handed
   back on the CPU; a plugin moves them where it needs them). A checkpoint without the
@@ -186,6 +191,12 @@ class Plugin:
     def eval_context(self, ctx: RunContext, task: int) -> Iterator[None]:
         yield
 
+    def after_eval(self, ctx: RunContext, stage: Stage | None) -> None:
+        pass
+
+    def after_run(self, ctx: RunContext, results: dict) -> None:
+        pass
+
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
         return {}, {}
 
@@ -228,6 +239,14 @@ class Plugins:
                 if p not in skip:
                     stack.enter_context(p.eval_context(ctx, task))
             yield
+
+    def after_eval(self, ctx: RunContext, stage: Stage | None) -> None:
+        for p in self._list:
+            p.after_eval(ctx, stage)
+
+    def after_run(self, ctx: RunContext, results: dict) -> None:
+        for p in self._list:
+            p.after_run(ctx, results)
 
     def state_dicts(self) -> dict[str, tuple[dict, dict[str, torch.Tensor]]]:
         return {key: p.state_dict() for key, p in self.by_key.items()}
