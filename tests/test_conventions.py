@@ -137,7 +137,7 @@ def test_config_yaml_round_trips(tmp_path, config, overrides):
 def test_config_yaml_is_written_when_the_run_starts(tmp_path, tiny_cache, monkeypatch):
     from surecl import trainer
 
-    def stop(self, stage, log_file):
+    def stop(self, stage):
         raise RuntimeError("stopped in the first task")
 
     monkeypatch.setattr(trainer.ContinualRun, "train_stage", stop)
@@ -419,10 +419,10 @@ def test_constant_with_warmup_steps_still_warms_up(tiny_cache, tmp_path):
 
     cfg = build_config("tiny,seq_lora", ["data.tasks=[colors]", "data.n_train=8", "data.n_test=4", "train.warmup_steps=4", "train.lr=0.002"])
     r = ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
-    assert [r._lr_at(s, 10) for s in range(6)] == pytest.approx([0.0, 0.0005, 0.001, 0.0015, 0.002, 0.002])
+    assert [r.train_step.lr_at(s, 10) for s in range(6)] == pytest.approx([0.0, 0.0005, 0.001, 0.0015, 0.002, 0.002])
     cfg = build_config("tiny,seq_lora", ["data.tasks=[colors]", "data.n_train=8", "data.n_test=4", "train.lr=0.002"])
     r = ContinualRun(cfg, tmp_path / "run2", progress=False, cache_dir=tiny_cache)
-    assert {r._lr_at(s, 10) for s in range(10)} == {0.002}
+    assert {r.train_step.lr_at(s, 10) for s in range(10)} == {0.002}
 
 
 def test_unknown_scheduler_is_refused():

@@ -171,13 +171,13 @@ def test_ewc_fisher_is_per_example(tmp_path, cache_dir):
     r = ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=cache_dir)
     r.run()
     r.method.fisher = []
-    r.method.after_task(Stage((0,), 0, (0,)))
+    r.method.after_task(r, Stage((0,), 0, (0,)))
     items = r.train_sets[0][:16]
     params = r.adapters.fast_params
     r.model.eval()
     mean_sq = None
     for item in items:
-        nll, count = token_nll(r.model, r._batch([item]), scope="label")
+        nll, count = token_nll(r.model, r.batch([item]), scope="label")
         g = torch.autograd.grad(nll.sum() / count.sum(), params, allow_unused=True)
         sq = [x.detach() ** 2 if x is not None else torch.zeros_like(p) for x, p in zip(g, params)]
         mean_sq = sq if mean_sq is None else [a + b for a, b in zip(mean_sq, sq)]

@@ -2,7 +2,7 @@
 the step loss, the per-example (empirical) Fisher of a task, and the merge of a second task's
 Fisher and anchor into one running quadratic (F = F1 + F2, anchor = (F1 a1 + F2 a2) / F),
 which has the gradient of the two quadratics summed. The trainer is replaced by a stand-in
-holding only what :class:`surecl.methods.ewc.EWC` reads."""
+holding only what :class:`surecl.methods.ewc.EWC` reads (the ``ctx`` of its hooks)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,13 @@ def stand_in(params: list[torch.Tensor], lam: float, train_sets=None, samples: i
     return SimpleNamespace(
         adapters=SimpleNamespace(fast_params=params),
         cfg=SimpleNamespace(train=SimpleNamespace(ewc_lambda=lam, ewc_samples=samples)),
-        model=model, train_sets=train_sets or [], _batch=lambda items: items[0], is_seq2seq=False, device=torch.device("cpu"),
+        model=model, train_sets=train_sets or [], batch=lambda items: items[0], is_seq2seq=False, device=torch.device("cpu"),
     )
+
+
+def ewc_of(run: SimpleNamespace) -> EWC:
+    """EWC configured from the stand-in run's config (``train.ewc_lambda``, ``train.ewc_samples``)."""
+    return EWC(EWC.config_from(run.cfg))
 
 
 def leaf(values) -> torch.Tensor:
@@ -31,20 +36,22 @@ def leaf(values) -> torch.Tensor:
 
 def test_penalty_is_half_lambda_times_the_fisher_weighted_squared_distance():
     p1, p2 = leaf([[1.0, 2.0]]), leaf([3.0])
-    ewc = EWC(stand_in([p1, p2], lam=3.0))
+    ctx = stand_in([p1, p2], lam=3.0)
+    ewc = ewc_of(ctx)
     base = torch.tensor(1.5)
-    assert ewc.loss(base) is base  # before any task: no penalty
+    assert ewc.loss(ctx, base) is base  # before any task: no penalty
     ewc.fisher = [torch.tensor([[1.0, 0.5]]), torch.tensor([0.25])]
     ewc.anchor = [torch.tensor([[0.0, 0.0]]), torch.tensor([1.0])]
     # sum F (p - a)^2 = 1 * 1 + 0.5 * 4 + 0.25 * 4 = 4; 0.5 * 3 * 4 = 6
-    total = ewc.loss(base)
+    total = ewc.loss(ctx, base)
     assert total.item() == pytest.approx(1.5 + 6.0)
     total.backward()
     # d/dp = lambda * F * (p - a)
     assert p1.grad.flatten().tolist() == pytest.approx([3.0, 3.0]) and p2.grad.tolist() == pytest.approx([1.5])
-    zero = EWC(stand_in([p1, p2], lam=0.0))
+    ctx0 = stand_in([p1, p2], lam=0.0)
+    zero = ewc_of(ctx0)
     zero.fisher, zero.anchor = ewc.fisher, ewc.anchor
-    assert zero.loss(base).item() == pytest.approx(1.5)
+    assert zero.loss(ctx0, base).item() == pytest.approx(1.5)
 
 
 def linear_nll(model, batch, scope="label", is_seq2seq=False):
@@ -63,9 +70,9 @@ def test_fisher_is_the_per_example_mean_and_a_second_task_merges_into_one_anchor
     run.model._ewc_params = [theta]
     run.model.train()
     monkeypatch.setattr(ewc_module, "token_nll", linear_nll)
-    ewc = EWC(run)
+    ewc = ewc_of(run)
 
-    ewc.after_task(Stage((0,), 0, (0,)))
+    ewc.after_task(run, Stage((0,), 0, (0,)))
     # mean of per-example squared gradients: ((1, 4) + (9, 0)) / 2 = (5, 2); the square of the
     # mean gradient would be (4, 1)
     assert ewc.fisher[0].tolist() == pytest.approx([5.0, 2.0])
@@ -74,7 +81,7 @@ def test_fisher_is_the_per_example_mean_and_a_second_task_merges_into_one_anchor
 
     with torch.no_grad():
         theta.copy_(torch.tensor([4.0, -2.0]))
-    ewc.after_task(Stage((1,), 1, (0, 1)))
+    ewc.after_task(run, Stage((1,), 1, (0, 1)))
     # F2 = (1, 1); F = (6, 3); anchor = (F1 a1 + F2 a2) / F = ((5 + 4) / 6, (2 - 2) / 3)
     assert ewc.fisher[0].tolist() == pytest.approx([6.0, 3.0])
     assert ewc.anchor[0].tolist() == pytest.approx([1.5, 0.0])
@@ -83,14 +90,14 @@ def test_fisher_is_the_per_example_mean_and_a_second_task_merges_into_one_anchor
     with torch.no_grad():
         theta.copy_(torch.tensor([0.3, 0.7]))
     theta.grad = None
-    ewc.loss(torch.tensor(0.0)).backward()
+    ewc.loss(run, torch.tensor(0.0)).backward()
     f1, a1, f2, a2 = torch.tensor([5.0, 2.0]), torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0]), torch.tensor([4.0, -2.0])
     expected = 2.0 * (f1 * (theta.detach() - a1) + f2 * (theta.detach() - a2))
     assert theta.grad.tolist() == pytest.approx(expected.tolist())
 
     # and the running Fisher and anchor survive a checkpoint
     meta, tensors = ewc.state_dict()
-    restored = EWC(run)
+    restored = ewc_of(run)
     restored.load_state_dict(meta, tensors)
     assert [f.tolist() for f in restored.fisher] == [f.tolist() for f in ewc.fisher]
     assert [a.tolist() for a in restored.anchor] == [a.tolist() for a in ewc.anchor]

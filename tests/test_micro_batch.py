@@ -32,11 +32,11 @@ def losses(out):
 
 def spied_run(cfg, out, cache):
     """``run`` recording, per training step, the rows' lengths, the slices cut from them and
-    the rows of each training forward (``surecl.trainer.token_nll``)."""
-    import surecl.trainer as trainer
+    the rows of each training forward (``surecl.step.token_nll``: the training step's)."""
+    import surecl.step as step
 
     steps = []
-    slicer, forward = trainer.micro_batch_positions, trainer.token_nll
+    slicer, forward = step.micro_batch_positions, step.token_nll
 
     def slices(items, max_tokens, *args, **kwargs):
         cut = slicer(items, max_tokens, *args, **kwargs)
@@ -48,8 +48,8 @@ def spied_run(cfg, out, cache):
         return forward(model, batch, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(trainer, "micro_batch_positions", slices)
-        mp.setattr(trainer, "token_nll", counted)
+        mp.setattr(step, "micro_batch_positions", slices)
+        mp.setattr(step, "token_nll", counted)
         results = run(cfg, out, progress=False, cache_dir=cache)
     return results, steps
 

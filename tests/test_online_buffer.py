@@ -7,8 +7,8 @@ import random
 import pytest
 
 from surecl.config import build_config
+from surecl.registry import policy_class
 from surecl.replay.buffer import Entry, OnlineQuotaBuffer, quota
-from surecl.replay.policies import POLICIES
 
 
 class NaiveOnlineBuffer:
@@ -119,8 +119,8 @@ def test_state_dict_round_trip_continues_identically():
 
 
 def test_policy_offers_with_scores_and_labels_and_ages():
-    policy = POLICIES["online_surprise"](build_config("online_surprise,tiny", ["replay.aging=true"]).replay, 4, seed=0)
-    assert policy.cfg.scope == "label" and policy.needs_step_scores
+    policy = policy_class("online_surprise")(build_config("online_surprise,tiny", ["replay.aging=true"]).replay, 4, seed=0)
+    assert policy.config.scope == "label" and policy.needs_step_scores
     policy.observe(0, [0, 1, 2], [0.3, 0.8, 0.1], ["warm", "warm", "cool"])
     policy.observe(1, [0, 1], [0.9, 0.2], ["pet", "pet"])
     assert policy.buffer.per_key() == {"warm": 1, "cool": 1, "pet": 1}

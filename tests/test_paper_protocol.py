@@ -140,10 +140,10 @@ def _stage_starts(monkeypatch):
     seen = []
     original = trainer_mod.ContinualRun.train_stage
 
-    def spy(self, stage, log_file):
+    def spy(self, stage):
         if self.state.step == 0:
             seen.append(len(self.optimizer.state))
-        return original(self, stage, log_file)
+        return original(self, stage)
 
     monkeypatch.setattr(trainer_mod.ContinualRun, "train_stage", spy)
     return seen

@@ -8,7 +8,9 @@ import json
 import pytest
 
 from surecl.config import ReplayConfig, build_config
-from surecl.replay.policies import POLICIES, RandomPolicy, ReservoirPolicy, SurprisePolicy, buffer_capacity
+from surecl.plugins.sure import SurprisePolicy
+from surecl.registry import policy_class
+from surecl.replay.policies import RandomPolicy, ReservoirPolicy, buffer_capacity
 
 N = 10  # training examples per task
 
@@ -51,10 +53,10 @@ TOP6_AFTER = {0, 1, 2, 3, 4, 5}  # top-6 of [0, -1, ..., -9]
 
 
 def test_registry_names():
-    assert POLICIES["surprise"] is SurprisePolicy
-    assert POLICIES["random"] is RandomPolicy
-    assert POLICIES["reservoir"] is ReservoirPolicy
-    assert POLICIES["none"](ReplayConfig(), 5, 0).sample(3) == []
+    assert policy_class("surprise") is SurprisePolicy
+    assert policy_class("random") is RandomPolicy
+    assert policy_class("reservoir") is ReservoirPolicy
+    assert policy_class("none")(ReplayConfig(), 5, 0).sample(3) == []
 
 
 # ---------------------------------------------------------------------------- surprise timing
@@ -62,59 +64,60 @@ def test_registry_names():
 
 def test_sb_ub_inserts_before_scores_at_before_task():
     policy, scorer = _surprise("before", "before"), FakeScorer()
-    policy.before_task(0, N, scorer)
+    policy.at_task_start(0, N, scorer)
     assert scorer.calls == [(0, False)]
     assert _indices(policy, 0) == TOP6_BEFORE
     assert sorted(e.score for e in policy.buffer.entries) == [4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
     scorer.train(0)
-    policy.after_task(0, N, scorer)
+    policy.at_task_end(0, N, scorer)
     assert scorer.calls == [(0, False)]  # nothing scored after training
     assert _indices(policy, 0) == TOP6_BEFORE
     # second task: m = 3, each task keeps its top-3 before-scores
-    policy.before_task(1, N, scorer)
+    policy.at_task_start(1, N, scorer)
     assert scorer.calls[-1] == (1, False)
     assert _indices(policy, 0) == {9, 8, 7} and _indices(policy, 1) == {9, 8, 7}
 
 
 def test_sb_ua_scores_before_but_inserts_only_after():
     policy, scorer = _surprise("before", "after"), FakeScorer()
-    policy.before_task(0, N, scorer)
+    policy.at_task_start(0, N, scorer)
     assert scorer.calls == [(0, False)]
     assert len(policy) == 0  # empty while training on the task
     scorer.train(0)
-    policy.after_task(0, N, scorer)
+    policy.at_task_end(0, N, scorer)
     assert scorer.calls == [(0, False)]  # no new scoring: the before-scores are inserted
     assert _indices(policy, 0) == TOP6_BEFORE
-    policy.before_task(1, N, scorer)
+    policy.at_task_start(1, N, scorer)
     assert _indices(policy, 0) == TOP6_BEFORE and _indices(policy, 1) == set()
     scorer.train(1)
-    policy.after_task(1, N, scorer)
+    policy.at_task_end(1, N, scorer)
     assert _indices(policy, 0) == {9, 8, 7} and _indices(policy, 1) == {9, 8, 7}
 
 
 def test_sb_ua_pending_scores_survive_a_checkpoint():
     policy, scorer = _surprise("before", "after"), FakeScorer()
-    policy.before_task(0, N, scorer)
+    policy.at_task_start(0, N, scorer)
     restored = _surprise("before", "after")
-    restored.load_state_dict(json.loads(json.dumps(policy.state_dict())))
+    meta, tensors = policy.state_dict()
+    restored.load_state_dict(json.loads(json.dumps(meta)), tensors)
     scorer.train(0)
-    restored.after_task(0, N, scorer)
+    restored.at_task_end(0, N, scorer)
     assert _indices(restored, 0) == TOP6_BEFORE
     assert scorer.calls == [(0, False)]
 
 
 def test_sa_ua_scores_and_inserts_after():
     policy, scorer = _surprise("after", "after"), FakeScorer()
-    policy.before_task(0, N, scorer)
+    policy.at_task_start(0, N, scorer)
     assert scorer.calls == [] and len(policy) == 0
     scorer.train(0)
-    policy.after_task(0, N, scorer)
+    policy.at_task_end(0, N, scorer)
     assert scorer.calls == [(0, True)]
     assert _indices(policy, 0) == TOP6_AFTER
     assert sorted(e.score for e in policy.buffer.entries) == [-5.0, -4.0, -3.0, -2.0, -1.0, 0.0]
-    policy.before_task(1, N, scorer)
+    policy.at_task_start(1, N, scorer)
     scorer.train(1)
-    policy.after_task(1, N, scorer)
+    policy.at_task_end(1, N, scorer)
     assert _indices(policy, 0) == {0, 1, 2} and _indices(policy, 1) == {0, 1, 2}
 
 
@@ -125,13 +128,13 @@ def test_sa_ua_scores_and_inserts_after():
 def test_random_policy_m_per_task_and_insert_time(insert_time):
     cfg = ReplayConfig(policy="random", score_time="before", insert_time=insert_time)
     policy = RandomPolicy(cfg, 6, seed=0)
-    policy.before_task(0, N, no_scorer)
+    policy.at_task_start(0, N, no_scorer)
     assert len(policy) == (6 if insert_time == "before" else 0)
-    policy.after_task(0, N, no_scorer)
+    policy.at_task_end(0, N, no_scorer)
     first = _indices(policy, 0)
     assert len(first) == 6 and first <= set(range(N))
-    policy.before_task(1, N, no_scorer)
-    policy.after_task(1, N, no_scorer)
+    policy.at_task_start(1, N, no_scorer)
+    policy.at_task_end(1, N, no_scorer)
     # m = 3 each; task 0 keeps a subset of what it had (its highest random keys)
     assert len(_indices(policy, 0)) == 3 and _indices(policy, 0) <= first
     assert len(_indices(policy, 1)) == 3
@@ -143,7 +146,7 @@ def test_random_policy_is_seeded_and_uniform():
 
     def pick(seed: int) -> set[int]:
         p = RandomPolicy(cfg, 3, seed=seed)
-        p.before_task(0, N, no_scorer)
+        p.at_task_start(0, N, no_scorer)
         return _indices(p, 0)
 
     assert pick(5) == pick(5)
@@ -162,12 +165,12 @@ def test_random_policy_is_seeded_and_uniform():
 
 def test_reservoir_policy_inserts_online_from_observe():
     policy = ReservoirPolicy(ReplayConfig(policy="reservoir"), 5, seed=0)
-    policy.before_task(0, N, no_scorer)
+    policy.at_task_start(0, N, no_scorer)
     assert len(policy) == 0
     policy.observe(0, [3, 1, 4])
     assert [(e.task, e.index) for e in policy.buffer.entries] == [(0, 3), (0, 1), (0, 4)]
     policy.observe(0, [2, 0])
-    policy.after_task(0, N, no_scorer)
+    policy.at_task_end(0, N, no_scorer)
     assert [(e.task, e.index) for e in policy.buffer.entries] == [(0, 3), (0, 1), (0, 4), (0, 2), (0, 0)]
     for _ in range(20):
         policy.observe(1, list(range(N)))
@@ -182,7 +185,7 @@ def test_reservoir_policy_inserts_online_from_observe():
 @pytest.mark.parametrize("aging", [True, False])
 def test_aging_rescores_and_later_rebalance_drops_aged_down(aging):
     policy, scorer = _surprise("before", "before", capacity=4, aging=aging), FakeScorer(n=4)
-    policy.before_task(0, 4, scorer)  # scores [0, 1, 2, 3], all four kept (m = 4)
+    policy.at_task_start(0, 4, scorer)  # scores [0, 1, 2, 3], all four kept (m = 4)
     assert _indices(policy, 0) == {0, 1, 2, 3}
     by_index = {e.index: e for e in policy.buffer.entries}
     policy.age([by_index[2], by_index[3]], [-5.0, -6.0])
@@ -191,13 +194,13 @@ def test_aging_rescores_and_later_rebalance_drops_aged_down(aging):
         assert scores == {0: 0.0, 1: 1.0, 2: -5.0, 3: -6.0}
     else:
         assert scores == {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0}
-    policy.before_task(1, 4, scorer)  # m = 2
+    policy.at_task_start(1, 4, scorer)  # m = 2
     assert _indices(policy, 0) == ({0, 1} if aging else {2, 3})
 
 
 def test_aging_with_sampled_entries_mutates_the_buffer():
     policy, scorer = _surprise("before", "before", capacity=4, aging=True), FakeScorer(n=4)
-    policy.before_task(0, 4, scorer)
+    policy.at_task_start(0, 4, scorer)
     replayed = policy.sample(2)
     policy.age(replayed, [100.0, 200.0])
     buffered = {(e.task, e.index): e.score for e in policy.buffer.entries}
@@ -247,7 +250,7 @@ def test_trainer_passes_scope_and_reduction_to_the_scorer(tiny_cache, tmp_path, 
     # and the policy built by the trainer inserts that task's top-m of those scores (SB-UB)
     assert isinstance(run.policy, SurprisePolicy)
     m = run.policy.capacity
-    run.policy.before_task(2, len(run.train_sets[2]), run.surprise_of_task)
+    run.policy.at_task_start(2, len(run.train_sets[2]), run.surprise_of_task)
     n = len(run.train_sets[2])
     assert _indices(run.policy, 2) == set(range(n - m, n))
 
@@ -303,7 +306,7 @@ def test_surprise_keeps_exactly_the_top_m_of_the_fast_adapters_scores(tiny_cache
             run.adapters.model.train()
             values[(scope, reduction)] = expected
             for task, m in ((0, capacity), (1, capacity // 2)):
-                run.policy.before_task(task, n, run.surprise_of_task)
+                run.policy.at_task_start(task, n, run.surprise_of_task)
                 assert len(run.policy) == capacity
                 for t in range(task + 1):
                     mine = {e.index: e.score for e in run.policy.buffer.entries if e.task == t}

@@ -1,5 +1,5 @@
 """Crash safety beyond ``slow_surprise`` without dropout (``tests/test_resume.py``): real runs of
-other methods and policies are SIGKILLed at fault points (``surecl.trainer.fault_point``),
+other methods and policies are SIGKILLed at fault points (``surecl.plugins.faults``),
 rerun with the same command, and must end exactly where an uninterrupted run ends: the same
 accuracy matrix (and fast matrix, before-training row), FP/AP, every line of log.jsonl (loss,
 lr, replayed, buffer size per step), buffer.json and the saved adapters, bit for bit.

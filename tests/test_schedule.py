@@ -12,6 +12,7 @@ import math
 import pytest
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+import surecl.step as step
 import surecl.trainer as trainer
 from surecl.config import build_config
 
@@ -36,7 +37,7 @@ def scheduled(tmp_path_factory, tiny_cache):
         applied.append(optimizer.param_groups[0]["lr"])
         rows.append(0)
 
-    token_nll = trainer.token_nll
+    token_nll = step.token_nll  # the training step's forward
 
     def counting(model, batch, *args, **kwargs):
         rows[-1] += int(batch["input_ids"].shape[0])
@@ -44,7 +45,7 @@ def scheduled(tmp_path_factory, tiny_cache):
 
     handle = register_optimizer_step_pre_hook(before_step)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(trainer, "token_nll", counting)
+        mp.setattr(step, "token_nll", counting)
         try:
             results = trainer.run(cfg, out, progress=False, cache_dir=tiny_cache)
         finally:

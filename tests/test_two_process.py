@@ -45,23 +45,24 @@ def outcome(out: Path):
 # scorer and generation; each process writes its record to $SPY_DIR/rank<process index>.json at exit.
 SPIED_CLI = """
 import atexit, json, os, sys
+import surecl.step as step
 import surecl.trainer as trainer
 from surecl.cli import main
 
 record = {"train": [], "score": [], "eval": []}
 
 
-def spy(name, key, size):
-    original = getattr(trainer, name)
+def spy(name, key, size, module=trainer):
+    original = getattr(module, name)
 
     def wrapped(*args, **kwargs):
         record[key].append(size(args))
         return original(*args, **kwargs)
 
-    setattr(trainer, name, wrapped)
+    setattr(module, name, wrapped)
 
 
-spy("micro_batch_positions", "train", lambda a: len(a[0]))  # the rows this process trains on, per step
+spy("micro_batch_positions", "train", lambda a: len(a[0]), step)  # the rows this process trains on, per step (the training step's)
 spy("score_examples", "score", lambda a: len(a[1]))
 spy("generate_answers", "eval", lambda a: len(a[2]))
 

@@ -9,6 +9,9 @@ The public face::
     from surecl.config import TrainConfig
     cfg = surecl.RunConfig(train=TrainConfig(lr=1e-4))  # validated on construction: SureclError
 
+    class Frozen(surecl.Method): ...                  # plugin hooks: surecl.plugins.base
+    surecl.register_method("frozen", Frozen)          # now method=frozen (and replay.policy= via register_policy)
+
 Names are imported on first use (PEP 562): ``run`` and ``ContinualRun`` pull in torch,
 transformers and peft (about 5 s on a 2-core CPU), which ``surecl --help`` and
 ``surecl list`` need not pay for.
@@ -19,7 +22,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["ContinualRun", "RunConfig", "SureclError", "__version__", "build_config", "run"]
+__all__ = [
+    "ContinualRun", "Example", "Method", "Plugin", "ReplayPolicy", "RunConfig", "Stage", "StepRecord", "SureclError", "Task", "__version__",
+    "build_config", "register_method", "register_policy", "run",
+]
 
 _LAZY = {
     "run": "surecl.trainer",
@@ -27,11 +33,24 @@ _LAZY = {
     "RunConfig": "surecl.config",
     "build_config": "surecl.config",
     "SureclError": "surecl.errors",
+    "Task": "surecl.data.task",
+    "Example": "surecl.data.task",
+    "register_method": "surecl.registry",
+    "register_policy": "surecl.registry",
+    "Plugin": "surecl.plugins.base",
+    "Stage": "surecl.plugins.base",
+    "StepRecord": "surecl.plugins.base",
+    "Method": "surecl.methods.base",
+    "ReplayPolicy": "surecl.replay.policies",
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these load on first use
     from surecl.config import RunConfig, build_config
     from surecl.errors import SureclError
+    from surecl.methods.base import Method
+    from surecl.plugins.base import Plugin, Stage, StepRecord
+    from surecl.registry import register_method, register_policy
+    from surecl.replay.policies import ReplayPolicy
     from surecl.trainer import ContinualRun, run
 
 

@@ -3,6 +3,9 @@
 Both adapters live on one PEFT model. The slow adapter is never trainable; after every
 optimizer step it moves toward the fast one with one fused ``torch._foreach_lerp_`` over the
 adapter tensors only (no copy of the base model). Evaluation activates ``slow``.
+:class:`DualLoRA` is the run's learner plugin (:mod:`surecl.plugins.base`): ``after_step``
+takes the EMA step, ``eval_context`` chooses the adapter that answers, its state is both
+adapters and the EMA clock.
 On the CPU, LoRA dropout draws its mask from 16-bit slices of 64-bit random words
 (:class:`LoraDropout`): forward and backward in 54-61 % of ``nn.Dropout``'s time, which
 draws once per element (``bench/dropout_mask.py``).
@@ -19,6 +22,7 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import TaskType, get_peft_model
 
 from surecl.config import DualConfig, LoraConfig
+from surecl.plugins.base import Plugin
 
 FAST, SLOW = "fast", "slow"
 
@@ -50,11 +54,17 @@ def keep_mask(shape: torch.Size, dropped: int) -> torch.Tensor:
     return words.view(torch.int16)[:n].view(shape) >= dropped - 32768
 
 
-class DualLoRA:
-    """Owns the PEFT model, its fast (and optionally slow) adapter and the EMA between them."""
+class DualLoRA(Plugin):
+    """Owns the PEFT model, its fast (and optionally slow) adapter and the EMA between them.
+
+    The learner plugin of every run (``dual.enabled=false``: the fast adapter alone, which
+    then also answers)."""
+
+    name = "dual"
+    Config = DualConfig
 
     def __init__(self, base: torch.nn.Module, lora: LoraConfig, dual: DualConfig, is_seq2seq: bool):
-        self.dual = dual
+        self.config = self.dual = dual
         self.beta = dual.beta
         """The EMA rate in use (``resolve_beta`` may replace ``dual.beta`` by the window rule)."""
         self.peft_config = PeftLoraConfig(
@@ -152,6 +162,30 @@ class DualLoRA:
             torch._foreach_lerp_(self._raw, self.fast_params, 1.0 - beta)
             torch._foreach_copy_(self.slow_params, self._raw)
             torch._foreach_div_(self.slow_params, 1.0 - beta**self.steps)
+
+    # ------------------------------------------------------------------ plugin hooks
+
+    def after_step(self, ctx, record) -> None:
+        self.ema_step()
+
+    def eval_context(self, ctx, task: int) -> contextlib.AbstractContextManager:
+        """The adapter the run asks for (``ctx.eval_view``), by default the evaluation adapter."""
+        return self.evaluating(ctx.eval_view)
+
+    def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """Both adapters' tensors (by parameter name), the bias-corrected EMA's raw average
+        (``ema_raw.<i>``) and the EMA clock."""
+        tensors = dict(self.adapter_state(FAST))
+        if self.dual.enabled:
+            tensors.update(self.adapter_state(SLOW))
+        tensors.update(self.extra_state())
+        return {"ema_steps": self.steps}, {k: v.cpu() for k, v in tensors.items()}
+
+    def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+        self.load_adapter_state(tensors)
+        self.steps = meta["ema_steps"]
+
+    # ------------------------------------------------------------------ adapters
 
     def reset_fast(self) -> None:
         """Fresh fast adapter (random A, zero B) for per-task fine-tuning."""

@@ -5,6 +5,10 @@ crash leaves either the old file or the new one. A checkpoint is a folder
 ``checkpoints/stage-NNNN`` holding ``tensors.safetensors`` and ``meta.json``; ``meta.json``
 is written last and records the tensor file's SHA-256, so a partial or corrupt checkpoint is
 detected and the previous good one is used instead.
+
+This module knows no component: a checkpoint is assembled from the ``state_dict()`` of each
+(the run's progress, the RNG states, the optimizer, the adapters, the method, the replay
+policy, the step log, any extra plugin), each under its own key, and handed back the same way.
 """
 
 from __future__ import annotations
@@ -14,17 +18,19 @@ import json
 import os
 import shutil
 import tempfile
-from functools import partial
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-if TYPE_CHECKING:
-    from surecl.trainer import ContinualRun
+from surecl.plugins.faults import fault_point
 
-FORMAT = 1
+FORMAT = 2
+"""2: each component's state under its own key (``components`` in meta.json, ``<key>/``
+tensors). Format 1 checkpoints (one layout for the whole run) are still read."""
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -90,7 +96,7 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
 
 RUN_FILES = ("config.yaml", "results.json", "buffer.json", "log.jsonl", "report.md", "heatmap.png")
 """The files ``surecl run`` writes at the top of its output directory."""
-RUN_DIRS = {"checkpoints": ("stage-",), "adapters": ("fast", "slow")}
+RUN_DIRS = {"checkpoints": ("stage-",), "adapters": ("fast", "slow"), "tensorboard": ("surecl",)}
 """The folders it writes there, and what it names inside them (atomic writes add ``.``-prefixed
 temporaries of those names)."""
 
@@ -147,65 +153,29 @@ def write_config(out: Path, cfg) -> None:
 
 # --------------------------------------------------------------------------- run checkpoints
 
-
-def _optimizer_tensors(optimizer) -> tuple[dict, dict[str, torch.Tensor]]:
-    sd = optimizer.state_dict()
-    tensors = {}
-    for idx, slots in sd["state"].items():
-        for key, value in slots.items():
-            tensors[f"opt/{idx}/{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
-    return {"param_groups": sd["param_groups"]}, tensors
+ComponentState = tuple[dict, dict[str, torch.Tensor]]
+"""A component's ``state_dict()``: JSON-able meta and a flat ``{name: tensor}`` dict."""
 
 
-def _restore_optimizer(optimizer, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for key, value in tensors.items():
-        idx, slot = key.split("/", 1)
-        state.setdefault(int(idx), {})[slot] = value
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-
-
-def save(run: ContinualRun) -> Path | None:
-    """Write the checkpoint after the last finished stage; keep the previous one as fallback."""
-    if not run.accelerator.is_main_process:
-        return None
-    root = run.out_dir / "checkpoints"
+def save(root: Path, name: str, components: dict[str, ComponentState], meta: dict[str, Any]) -> Path:
+    """Write checkpoint ``root/name`` from the components' state dicts (each under its key:
+    meta in ``meta.json`` under ``components``, tensors in ``tensors.safetensors`` as
+    ``<key>/<name>``) plus the run-level ``meta`` (config, task names); keep the previous
+    checkpoint as fallback. Atomic: the folder is built under a temporary name, ``meta.json``
+    (holding the tensor file's SHA-256) is written last, then the folder is renamed into place."""
     root.mkdir(parents=True, exist_ok=True)
-    st = run.state
-    name = f"stage-{st.next_stage:04d}" + (f"-step-{st.step:06d}" if st.batches is not None else "")
-    tensors: dict[str, torch.Tensor] = {}
-    tensors.update({f"adapter/{k}": v.cpu() for k, v in run.adapters.adapter_state("fast").items()})
-    if run.cfg.dual.enabled:
-        tensors.update({f"adapter/{k}": v.cpu() for k, v in run.adapters.adapter_state("slow").items()})
-    tensors.update({f"adapter/{k}": v.cpu() for k, v in run.adapters.extra_state().items()})
-    opt_meta, opt_tensors = _optimizer_tensors(run.optimizer)
-    tensors.update({k: v.cpu() for k, v in opt_tensors.items()})
-    method_meta, method_tensors = run.method.state_dict()
-    tensors.update({f"method/{k}": v.cpu() for k, v in method_tensors.items()})
-    tensors["rng/torch"] = torch.get_rng_state()
-    tensors = {k: v.contiguous() for k, v in tensors.items()}
-    version, internal, gauss = run.rng.getstate()
+    tensors = {f"{key}/{k}": v.detach().cpu().contiguous() for key, (_, part) in components.items() for k, v in part.items()}
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
     try:
         save_file(tensors, str(tmp / "tensors.safetensors"))
-        meta = {
+        full = {
             "format": FORMAT,
             "sha256": _sha256(tmp / "tensors.safetensors"),
-            "state": {
-                "next_stage": st.next_stage, "accuracy": st.accuracy, "global_step": st.global_step, "seconds": st.seconds,
-                "batches": st.batches, "step": st.step, "log_bytes": st.log_bytes, "initial": st.initial, "accuracy_fast": st.accuracy_fast, "ema_steps": run.adapters.steps,
-            },
-            "policy": run.policy.state_dict(),
-            "method": method_meta,
-            "optimizer": opt_meta,
-            "rng": {"batches": [version, list(internal), gauss]},
-            "config": run.cfg.to_dict(),
-            "tasks": [t.name for t in run.tasks],
+            **meta,
+            "components": {key: part_meta for key, (part_meta, _) in components.items()},
         }
-        from surecl.trainer import fault_point
-
         fault_point(f"checkpoint:{name}")
-        write_json(tmp / "meta.json", meta)
+        write_json(tmp / "meta.json", full)
         target = root / name
         if target.exists():
             shutil.rmtree(target)
@@ -219,10 +189,19 @@ def save(run: ContinualRun) -> Path | None:
     return root / name
 
 
+@dataclass
+class Checkpoint:
+    folder: Path
+    meta: dict[str, Any]
+    """The run-level meta (``config``, ``tasks``) as saved."""
+    components: dict[str, ComponentState]
+    """Each component's (meta, tensors), tensors on the CPU."""
+
+
 def _valid(folder: Path) -> dict | None:
     try:
         meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-        if meta.get("format") != FORMAT or meta.get("sha256") != _sha256(folder / "tensors.safetensors"):
+        if meta.get("format") not in (1, FORMAT) or meta.get("sha256") != _sha256(folder / "tensors.safetensors"):
             return None
         return meta
     except (OSError, ValueError):
@@ -233,36 +212,34 @@ def _with_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, tor
     return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
-def load_latest(run: ContinualRun) -> Path | None:
-    """Restore the newest valid checkpoint into ``run``; say so when a newer one was damaged."""
-    root = run.out_dir / "checkpoints"
+def _components(meta: dict, tensors: dict[str, torch.Tensor]) -> dict[str, ComponentState]:
+    """The components' states of a checkpoint; format 1 (before components owned their
+    state) is read into the same keys."""
+    if meta["format"] == FORMAT:
+        return {key: (part, _with_prefix(tensors, f"{key}/")) for key, part in meta["components"].items()}
+    st = meta["state"]
+    run = {k: st.get(k) for k in ("next_stage", "accuracy", "global_step", "seconds", "batches", "step", "initial", "accuracy_fast")}
+    return {
+        "run": (run, {}),
+        "rng": ({"batches": meta["rng"]["batches"]}, {"torch": tensors["rng/torch"]}),
+        "optimizer": (meta["optimizer"], _with_prefix(tensors, "opt/")),
+        "adapters": ({"ema_steps": st["ema_steps"]}, _with_prefix(tensors, "adapter/")),
+        "method": (meta["method"], _with_prefix(tensors, "method/")),
+        "replay": (meta["policy"], {}),
+        "log": ({"log_bytes": st["log_bytes"]}, {}),
+    }
+
+
+def load_latest(root: Path, log: Callable[[str], None] = lambda message: None) -> Checkpoint | None:
+    """The newest valid checkpoint under ``root`` (None if there is none); ``log`` is told
+    about each newer one that is incomplete or corrupt."""
     if not root.is_dir():
         return None
     for folder in sorted((p for p in root.glob("stage-*") if p.is_dir()), reverse=True):
         meta = _valid(folder)
         if meta is None:
-            run.log(f"checkpoint {folder.name} is incomplete or corrupt; trying the previous one")
+            log(f"checkpoint {folder.name} is incomplete or corrupt; trying the previous one")
             continue
-        from surecl.config import same_config
-
-        if meta["tasks"] != [t.name for t in run.tasks] or not same_config(meta["config"], run.cfg):
-            from surecl.errors import SureclError
-
-            raise SureclError(f"{run.out_dir}: holds a run with a different config or task stream; use another --out")
         tensors = load_file(str(folder / "tensors.safetensors"))
-        group = partial(_with_prefix, tensors)
-        run.adapters.load_adapter_state({k: v.to(run.device) for k, v in group("adapter/").items()})
-        _restore_optimizer(run.optimizer, meta["optimizer"], group("opt/"))
-        run.method.load_state_dict(meta["method"], group("method/"))
-        run.policy.load_state_dict(meta["policy"])
-        torch.set_rng_state(tensors["rng/torch"])
-        version, internal, gauss = meta["rng"]["batches"]
-        run.rng.setstate((version, tuple(internal), gauss))
-        st = meta["state"]
-        for key in ("next_stage", "accuracy", "global_step", "seconds", "batches", "step", "log_bytes"):
-            setattr(run.state, key, st[key])
-        run.state.initial = st.get("initial")
-        run.state.accuracy_fast = st.get("accuracy_fast")
-        run.adapters.steps = st["ema_steps"]
-        return folder
+        return Checkpoint(folder, {"config": meta["config"], "tasks": meta["tasks"]}, _components(meta, tensors))
     return None

@@ -67,6 +67,9 @@ def cmd_run(args) -> int:
         return 0
     out = _out_dir(args.out, cfg)
     check_out_dir(out)
+    from surecl.plugins.tracking import check_trackers
+
+    log_with = check_trackers([n.strip() for v in args.log_with or [] for n in v.split(",") if n.strip()])
     if args.no_resume:
         print("surecl: --no-resume is deprecated; it now means --fresh", file=sys.stderr)
         args.fresh = True
@@ -79,7 +82,7 @@ def cmd_run(args) -> int:
         return 0
     from surecl.trainer import run
 
-    results = run(cfg, out, fresh=args.fresh, progress=not args.quiet)
+    results = run(cfg, out, fresh=args.fresh, progress=not args.quiet, log_with=log_with)
     print(f"FP {results['fp']:.1f}  AP {results['ap'] if results['ap'] is None else round(results['ap'], 1)}  "
           f"forgetting {results['forgetting'] if results['forgetting'] is None else round(results['forgetting'], 1)}  -> {out}/results.json")
     return 0
@@ -204,11 +207,10 @@ def cmd_report(args) -> int:
 def cmd_list(args) -> int:
     from surecl.config import load_yaml, preset_names
     from surecl.data.cl_benchmark import BENCHMARK_OF_ORDER, ORDERS
-    from surecl.methods import METHODS
-    from surecl.replay.policies import POLICIES
+    from surecl.registry import method_names, policy_names
 
-    print("methods:  " + ", ".join(sorted(METHODS)))
-    print("replay:   " + ", ".join(POLICIES))
+    print("methods:  " + ", ".join(sorted(method_names())))
+    print("replay:   " + ", ".join(policy_names()))
     print("presets:")
     for name in preset_names():
         data, _ = load_yaml(name)
@@ -225,12 +227,22 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _registered() -> str:
+    """The registered methods and replay policies (those of ``surecl.register_method`` /
+    ``register_policy`` included), for ``--help``."""
+    from surecl.registry import method_names, policy_names
+
+    return (f"methods (method=NAME): {', '.join(sorted(method_names()))}; "
+            f"replay policies (replay.policy=NAME): {', '.join(policy_names())}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="surecl", description="Continual learning of language models with surprise-prioritised replay.")
+    p = argparse.ArgumentParser(prog="surecl", description="Continual learning of language models with surprise-prioritised replay.",
+                                epilog=_registered())
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="one continual run")
+    r = sub.add_parser("run", help="one continual run", epilog=_registered())
     r.add_argument("--config", help="preset names or YAML files, comma-separated, applied in order (default: slow_surprise); "
                                     "an earlier run's config.yaml runs that config again")
     r.add_argument("--out", help="output directory (default: runs/<preset>-<benchmark>-o<order>-s<seed>)")
@@ -241,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "checkpoint, or does nothing if the run finished")
     r.add_argument("--no-resume", action="store_true", help=argparse.SUPPRESS)  # deprecated alias of --fresh
     r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.add_argument("--log-with", action="append", metavar="TRACKER",
+                   help="also log loss, lr, buffer size and every accuracy-matrix cell to an experiment tracker: tensorboard "
+                        "(events in <out>/tensorboard/; pip install surecl[tensorboard]), wandb, mlflow, ... or all (repeatable, or comma-separated)")
     r.add_argument("--dry-run", action="store_true", help="print the resolved config and the planned steps, buffer and EMA window per task; train nothing")
     r.add_argument("overrides", nargs="*", metavar="key.sub=value")
     r.set_defaults(func=cmd_run)

@@ -55,23 +55,26 @@ def _model_line(cfg: RunConfig) -> str:
 def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     """The dry-run report for ``cfg``: protocol, per-task plan and the resolved config."""
     from surecl.data.loading import load_stream
-    from surecl.methods import METHODS
+    from surecl.plugins.sure import SurprisePolicy
+    from surecl.registry import method_class, policy_class
     from surecl.replay.policies import buffer_capacity, quota_warning
 
     tasks = load_stream(cfg, cache_dir=cache_dir)
     n_train = [len(t.train) for t in tasks]
-    method = METHODS[cfg.method](None)
+    method_cls = method_class(cfg.method)
+    method = method_cls(method_cls.config_from(cfg))
     stages = method.stages(len(tasks))
     policy = cfg.replay.policy if method.continual else "none"
+    policy_cls = policy_class(policy)
     total = sum(n_train)
     capacity = buffer_capacity(type(cfg.replay)(**{**cfg.replay.__dict__, "policy": policy}), total)
-    quota = policy in ("random", "surprise")
+    quota = policy_cls.per_task_quota
     lines = [
         f"surecl dry run: {cfg.preset or cfg.method} (nothing is trained)",
         _model_line(cfg),
         f"stream: benchmark {cfg.data.benchmark}, order {cfg.data.order if not cfg.data.tasks else 'custom'}: {len(tasks)} tasks, "
         f"{total} train / {sum(len(t.test) for t in tasks)} test examples (train sampled {cfg.data.train_sampling}, test {cfg.data.test_sampling})",
-        f"method {cfg.method}, replay {policy}" + (f" (score {cfg.replay.score_time}, insert {cfg.replay.insert_time}, {cfg.replay.reduction} over {cfg.replay.scope})" if policy in ("surprise",) else ""),
+        f"method {cfg.method}, replay {policy}" + (f" (score {cfg.replay.score_time}, insert {cfg.replay.insert_time}, {cfg.replay.reduction} over {cfg.replay.scope})" if issubclass(policy_cls, SurprisePolicy) else ""),
         f"optimizer: AdamW lr {cfg.train.lr:g} ({cfg.train.scheduler}, warmup {cfg.train.warmup_steps}), batch {cfg.train.batch_size} ({cfg.train.batching}), "
         f"{cfg.train.epochs} epoch(s), {'fresh' if cfg.train.fresh_optimizer else 'carried-over'} optimizer state per task",
     ]
@@ -84,7 +87,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         n = sum(n_train[t] for t in stage.tasks)
         steps = planned_steps(n, cfg)
         steps_all.append(steps)
-        has_buffer = policy != "none" and (k > 0 or policy in ("reservoir", "online_surprise") or cfg.replay.insert_time == "before")
+        has_buffer = policy != "none" and (k > 0 or policy_cls.online or cfg.replay.insert_time == "before")
         replay_steps = math.ceil(steps / cfg.replay.every) if has_buffer else 0
         d = k + 1
         q = f"floor({capacity}/{d}) = {capacity // d}" if quota else ("-" if policy == "none" else "online")

@@ -1,28 +1,33 @@
-"""The continual loop, top to bottom: data -> buffer -> adapters -> metrics.
+"""The continual loop, top to bottom: data -> buffer -> adapters -> metrics (the paper's
+Algorithm 1).
 
-For each stage (one task, or all tasks for MTL):
+For each stage (one task, or all tasks for MTL), :meth:`ContinualRun.run_stage`:
 
-1. ``method.before_task`` and ``policy.before_task`` (score the task's data for surprise and/or
-   insert its selection into the buffer, depending on the timing variant);
-2. optimizer steps over length-bucketed batches of the task; every ``replay.every``-th step a
-   replay batch drawn uniformly from the buffer joins the current batch; after each step the
-   slow adapter takes one EMA step toward the fast one and the policy observes the batch;
-3. ``policy.after_task`` and ``method.after_task``;
-4. every task seen so far is evaluated with the evaluation adapter (slow if dual), filling
-   one row of the accuracy matrix; a checkpoint is written.
+1. every plugin's ``before_task``: the optimizer's (fresh AdamW state with
+   ``train.fresh_optimizer``), the method's (per-task FT: fresh adapters), the replay policy's
+   (score the task's data for surprise and/or insert its selection into the buffer, depending on
+   the timing variant);
+2. :meth:`ContinualRun.train_stage`: optimizer steps over the stage's planned batches; every
+   ``replay.every``-th step a replay batch drawn uniformly from the buffer joins the current
+   batch; :class:`surecl.step.TrainStep` takes the step and every plugin's ``after_step``
+   gets its :class:`~surecl.plugins.base.StepRecord` (the slow adapter's EMA step, buffer
+   insertion and aging, the ``log.jsonl`` line);
+3. every plugin's ``after_task`` (in reverse order: the policy's after-task scoring, then the
+   method's Fisher estimate or snapshot);
+4. every task seen so far is evaluated inside the plugins' ``eval_context`` (the slow adapter
+   if dual, a per-task snapshot, ...), filling one row of the accuracy matrix; a checkpoint of
+   every component's state is written.
 
+The run is the plugins' context (``ctx``, :class:`~surecl.plugins.base.RunContext`): it holds
+the data, the model and the services plugins use (``score``, ``surprise_of_task``, ``batch``).
 The loop is written against ``accelerate.Accelerator`` so the same code runs on one CPU, a GPU
 or several processes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import math
-import os
+import dataclasses
 import random
-import signal
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -30,29 +35,33 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs
+from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 from tqdm.auto import tqdm
 
 from surecl import checkpoint, metrics
 from surecl.adapters import DualLoRA, resolve_beta
 from surecl.config import RunConfig
-from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, micro_batch_positions, uniform_batches
-from surecl.data.loading import load_stream
+from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, uniform_batches
+from surecl.data.loading import caller_stream, load_stream
 from surecl.data.task import Task
 from surecl.errors import SureclError
 from surecl.evaluate import accuracy, generate_answers, perplexity, rank_answers
 from surecl.logs import logger
-from surecl.methods import METHODS, Stage
-from surecl.model import default_cache_dir, load_model
-from surecl.nll import token_nll
+from surecl.model import default_cache_dir, load_model, prepare_model
 from surecl.plan import planned_steps
-from surecl.replay.policies import POLICIES, buffer_capacity, quota_warning
+from surecl.plugins.base import Plugin, Plugins, Stage
+from surecl.plugins.faults import FaultInjection, fault_point
+from surecl.plugins.steplog import StepLog
+from surecl.plugins.tracking import Tracking, check_trackers
+from surecl.registry import method_class, policy_class
+from surecl.replay.policies import buffer_capacity, check_scores, quota_warning
 from surecl.replay.surprise import score_examples
+from surecl.step import TrainStep
 
 
 @dataclass
 class RunState:
-    """Everything a checkpoint must restore besides tensors."""
+    """The run's own progress, restored from a checkpoint with the components' states."""
 
     next_stage: int = 0
     accuracy: list[list[float | None]] = field(default_factory=list)
@@ -61,9 +70,7 @@ class RunState:
     batches: list[list[int]] | None = None
     """The running stage's batch plan (indices into its pool); None between stages."""
     step: int = 0
-    """Next step of the running stage."""
-    log_bytes: int = 0
-    """Length of log.jsonl when the checkpoint was taken (a resumed run truncates to it)."""
+    """The running stage's next step (while a step runs: that step)."""
     initial: list[float] | None = None
     """Every task evaluated before any training (``eval.before``)."""
     accuracy_fast: list[list[float | None]] | None = None
@@ -91,26 +98,20 @@ def release_memory() -> None:
 _malloc_trim = None
 
 
-def check_scores(scores: list[float], task: str, indices: list[int], what: str = "scored") -> None:
-    """A NaN or infinite surprise would silently sort first or last in the buffer: stop."""
-    for i, v in zip(indices, scores):
-        if not math.isfinite(v):
-            raise SureclError(
-                f"surprise of task {task} training example {i} ({what}) is {v}: the model gives it a non-finite "
-                "likelihood (check the data, lower train.lr, or use model.dtype=fp32); the last checkpoint is intact"
-            )
-
-
-def fault_point(name: str) -> None:
-    """Fault injection for the crash tests: ``SURECL_KILL_AT=name`` SIGKILLs the process here."""
-    if os.environ.get("SURECL_KILL_AT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 class ContinualRun:
-    """One continual run: builds everything from a config, then :meth:`run` executes it."""
+    """One continual run: builds everything from a config, then :meth:`run` executes it.
 
-    def __init__(self, cfg: RunConfig, out_dir: Path, *, progress: bool = True, cache_dir: Path | None = None):
+    ``plugins``: extra :class:`~surecl.plugins.base.Plugin` instances taking part in the run
+    (after the replay policy, before the step log), each checkpointed under ``plugin:<name>``.
+    ``model`` and ``tokenizer``: a transformers model and its tokenizer built by the caller
+    (both, in place of ``model.name``); ``tasks``: a list of :class:`~surecl.data.task.Task`
+    (in place of ``data.benchmark`` / ``data.jsonl``; still sampled by ``data.n_train`` /
+    ``n_test``). After :meth:`run`, :attr:`peft_model` is the trained model."""
+
+    def __init__(
+        self, cfg: RunConfig, out_dir: Path, *, progress: bool = True, cache_dir: Path | None = None, plugins: list[Plugin] = (),
+        log_with: list[str] = (), model=None, tokenizer=None, tasks: list[Task] | None = None,
+    ):
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.progress = progress
@@ -120,15 +121,24 @@ class ContinualRun:
         # prefix passes are cut from each rank's own rows). The one collective of a step is
         # the gradient all-reduce of its last slice's backward.
         ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp])
+        trackers = check_trackers(list(log_with))
+        self.accelerator = Accelerator(
+            cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp], log_with=trackers or None,
+            project_config=ProjectConfiguration(project_dir=str(self.out_dir), logging_dir=str(self.out_dir / "tensorboard")),
+        )
         self.device = self.accelerator.device
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.rng = random.Random(f"batches:{cfg.seed}")
-        self.tasks: list[Task] = load_stream(cfg, cache_dir=cache_dir)
+        self.tasks: list[Task] = load_stream(cfg, cache_dir=cache_dir) if tasks is None else caller_stream(tasks, cfg)
         for t in self.tasks:
             for split, n in t.meta.get("dropped", {}).items():
                 self.log(f"{t.name}: dropped {n} {split} rows whose label is not one of {t.labels} (data.invalid_labels=drop)")
-        loaded = load_model(cfg.model, self.device, cache_dir or default_cache_dir())
+        if (model is None) != (tokenizer is None):
+            raise SureclError("model and tokenizer: pass both (a model the caller built) or neither (model.name)")
+        if model is None:
+            loaded = load_model(cfg.model, self.device, cache_dir or default_cache_dir())
+        else:
+            loaded = prepare_model(model, tokenizer, self.device)
         self.tokenizer, self.is_seq2seq, self.model_path = loaded.tokenizer, loaded.is_seq2seq, loaded.path
         self.base_dtype = loaded.dtype
         self.share_prefix = cfg.model.share_prefix and not self.is_seq2seq
@@ -146,13 +156,29 @@ class ContinualRun:
         torch.manual_seed(cfg.seed)
         self.adapters = DualLoRA(loaded.model, cfg.lora, cfg.dual, self.is_seq2seq)
         self.model = self.adapters.model
-        self.method = METHODS[cfg.method](self)
+        method = method_class(cfg.method)
+        self.method = method(method.config_from(cfg))
         total = sum(len(s) for s in self.train_sets)
         policy_name = cfg.replay.policy if self.method.continual else "none"
-        self.policy = POLICIES[policy_name](cfg.replay, buffer_capacity(cfg.replay, total), cfg.seed)
-        self.optimizer = self._new_optimizer()
-        self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+        self.policy = policy_class(policy_name)(cfg.replay, buffer_capacity(cfg.replay, total), cfg.seed)
+        self.method.setup(self)
+        self.trained_params = self.method.parameters(self)
+        """What the optimizer trains and gradient clipping bounds (the method's choice)."""
+        self.train_step = TrainStep(TrainStep.config_from(cfg), self.trained_params)
+        self.model, self.train_step.optimizer = self.accelerator.prepare(self.model, self.train_step.optimizer)
+        self.steplog = StepLog(StepLog.config_from(cfg))
+        extra = {f"plugin:{p.name}": p for p in plugins}
+        if len(extra) != len(plugins):
+            raise ValueError(f"plugins: two plugins named alike in {[p.name for p in plugins]}")
+        self.plugins = Plugins({
+            "optimizer": self.train_step, "adapters": self.adapters, "method": self.method, "replay": self.policy,
+            **extra, "log": self.steplog, **({"tracking": Tracking()} if trackers else {}), "faults": FaultInjection(),
+        })
         self.state = RunState(accuracy=[[None] * len(self.tasks) for _ in self.tasks])
+        self.stage: Stage | None = None
+        """The stage being trained or evaluated (None before the first)."""
+        self.eval_view: str | None = None
+        """While evaluating: the adapter asked to answer (None: the evaluation adapter)."""
         self.eval_fast = cfg.dual.enabled and cfg.eval.fast and self.method.fast_eval
         if self.eval_fast:
             self.state.accuracy_fast = [[None] * len(self.tasks) for _ in self.tasks]
@@ -165,11 +191,20 @@ class ContinualRun:
 
     # ------------------------------------------------------------------ setup helpers
 
-    def _new_optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.adapters.fast_params, lr=self.cfg.train.lr, weight_decay=self.cfg.train.weight_decay)
+    @property
+    def peft_model(self):
+        """The trained PEFT model (frozen base + adapters) with the adapter that answers active
+        (slow if dual), in eval mode: call ``generate`` on it, or ``save_pretrained``."""
+        self.adapters.activate(self.adapters.eval_adapter)
+        return self.accelerator.unwrap_model(self.model).eval()
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The fast adapter's AdamW (owned by :attr:`train_step`)."""
+        return self.train_step.optimizer
 
     def reset_optimizer(self) -> None:
-        self.optimizer.state.clear()
+        self.train_step.reset()
 
     def steps_in_stage(self, stage: Stage) -> int:
         return planned_steps(sum(len(self.train_sets[t]) for t in stage.tasks), self.cfg)
@@ -194,26 +229,10 @@ class ContinualRun:
             else:
                 logger.info(message)
 
-    def _lr_at(self, step: int, total: int) -> float:
-        """The learning rate of ``step`` (0-based) in a stage of ``total`` steps: transformers'
-        schedule ``train.scheduler`` with ``train.warmup_steps``, restarted every stage. A pure
-        function of the step, so a run resumed inside a stage continues on the same curve."""
-        return self.cfg.train.lr * self._schedule(total)(step)
+    def stage_name(self, stage: Stage) -> str:
+        return "+".join(self.tasks[t].name for t in stage.tasks) if len(stage.tasks) > 1 else self.tasks[stage.tasks[0]].name
 
-    def _schedule(self, total: int):
-        """The multiplier ``get_scheduler`` builds for a stage of ``total`` steps (cached per length)."""
-        cache = self.__dict__.setdefault("_schedules", {})
-        if total not in cache:
-            from transformers import get_scheduler
-
-            name, warm = self.cfg.train.scheduler, self.cfg.train.warmup_steps
-            if name == "constant" and warm:  # warmup_steps always meant warming up: keep that
-                name = "constant_with_warmup"
-            probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # the schedule needs an optimizer to wrap
-            cache[total] = get_scheduler(name, probe, num_warmup_steps=warm, num_training_steps=max(1, total)).lr_lambdas[0]
-        return cache[total]
-
-    # ------------------------------------------------------------------ scoring
+    # ------------------------------------------------------------------ services for plugins
 
     def sharded(self, fn, items: list) -> list:
         """Run ``fn`` on this process's share of ``items`` and gather the results in order.
@@ -232,8 +251,9 @@ class ContinualRun:
             out[r :: self.world] = part
         return out
 
-    def _score(self, items: list[Encoded]) -> list[float]:
-        """Surprise of ``items`` under the current fast adapter, without dropout or grad."""
+    def score(self, items: list[Encoded], scope: str | None = None, reduction: str | None = None) -> list[float]:
+        """Surprise of ``items`` under the current fast adapter, without dropout or grad
+        (``scope`` and ``reduction`` default to ``replay.scope`` and ``replay.reduction``)."""
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
         model.eval()
@@ -241,7 +261,7 @@ class ContinualRun:
             return self.sharded(
                 lambda part: score_examples(
                     model, part, pad_id=self.tokenizer.pad_token_id, is_seq2seq=self.is_seq2seq,
-                    scope=self.cfg.replay.scope, reduction=self.cfg.replay.reduction,
+                    scope=scope or self.cfg.replay.scope, reduction=reduction or self.cfg.replay.reduction,
                     batch_size=self.cfg.eval.batch_size, device=self.device, share_prefix=self.share_prefix,
                 ),
                 items,
@@ -249,23 +269,95 @@ class ContinualRun:
         finally:
             model.train(was_training)
 
-    def surprise_of_task(self, task: int) -> list[float]:
+    def surprise_of_task(self, task: int, scope: str | None = None, reduction: str | None = None) -> list[float]:
         """Surprise of every training example of ``task`` (the policies' scorer)."""
         start = time.perf_counter()
         fault_point(f"score:{task}")
-        scores = self._score(self.train_sets[task])
+        scores = self.score(self.train_sets[task], scope, reduction)
         check_scores(scores, self.tasks[task].name, list(range(len(scores))))
         release_memory()
         self.state.seconds["score"] += time.perf_counter() - start
         return scores
 
-    # ------------------------------------------------------------------ training
-
-    def _batch(self, items: list[Encoded], shared: bool = False) -> dict[str, torch.Tensor]:
+    def batch(self, items: list[Encoded], shared: bool = False) -> dict[str, torch.Tensor]:
         """A collated batch on the device; ``shared``: with the rows' shared prompt prefix split
         off (when ``model.share_prefix`` is on and they share enough of one)."""
         batch = collate(items, self.tokenizer.pad_token_id, self.is_seq2seq, share_prefix=shared and self.share_prefix)
         return {k: v.to(self.device) for k, v in batch.items()}
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, resume: bool = True, fresh: bool = False) -> dict:
+        """Run into ``out_dir``: continue from its newest valid checkpoint (``resume``), or with
+        ``fresh`` first remove the outputs an earlier run left there (:func:`checkpoint.clear_run`:
+        only files surecl writes; a directory holding others is refused)."""
+        if fresh:
+            if self.accelerator.is_main_process:
+                removed = checkpoint.clear_run(self.out_dir)
+                if removed:
+                    self.log(f"--fresh: removed {', '.join(p.name for p in removed)} from {self.out_dir}")
+            self.accelerator.wait_for_everyone()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if resume and not fresh:
+            restored = self.restore()
+            if restored:
+                self.log(f"resumed from {restored} at stage {self.state.next_stage}/{len(self.stages)}")
+        if self.accelerator.is_main_process:  # after the checkpoint check: another run's config stays
+            checkpoint.write_config(self.out_dir, self.cfg)
+        wall = time.perf_counter()
+        with self.steplog.opened(self.out_dir / "log.jsonl", self.accelerator.is_main_process):
+            if self.cfg.eval.before and self.state.initial is None:
+                self.evaluate_before()
+                self.plugins.after_eval(self, None)
+                self.checkpoint()
+            for s in range(self.state.next_stage, len(self.stages)):
+                self.run_stage(s)
+        self.state.seconds["total"] = self.state.seconds.get("total", 0.0) + time.perf_counter() - wall
+        return self.finish()
+
+    def run_stage(self, s: int) -> None:
+        """Stage ``s``: prepare it (plugins' ``before_task``, batch plan), train it, wrap it up
+        (``after_task``), evaluate, checkpoint. A run resumed inside the stage skips the first part."""
+        stage = self.stage = self.stages[s]
+        if self.state.batches is None:  # not resuming inside this stage
+            self.plugins.before_task(self, stage)
+            self.state.batches, self.state.step = self.plan_batches(stage), 0
+        self.train_stage(stage)
+        self.state.batches, self.state.step = None, 0
+        self.plugins.after_task(self, stage)
+        self.evaluate_stage(stage)
+        self.plugins.after_eval(self, stage)
+        self.state.next_stage = s + 1
+        fault_point(f"stage_end:{s}")
+        self.checkpoint()
+
+    def train_stage(self, stage: Stage) -> None:
+        """The stage's steps from ``state.step`` on: the planned batch, every ``replay.every``-th
+        step with a replay batch from the buffer; one optimizer step; its record to every plugin."""
+        pool, batches, replay = self._pool(stage), self.state.batches, self.cfg.replay
+        total = len(batches)
+        self.model.train()
+        bar = tqdm(total=total, initial=self.state.step, desc=f"train {self.stage_name(stage)}", disable=not self.progress or not self.accelerator.is_main_process, leave=False)
+        start = time.perf_counter()
+        for step in range(self.state.step, total):
+            current = [pool[k] for k in batches[step]]
+            replayed = self.policy.sample(replay.batch_size) if step % replay.every == 0 else []
+            record = self.train_step(self, stage, step, total, current, replayed)
+            self.state.global_step = record.global_step
+            self.plugins.after_step(self, record)
+            bar.set_postfix(loss=f"{record.loss:.3f}", buf=len(self.policy))
+            bar.update(1)
+            self.state.step = step + 1
+            if self.state.step % 16 == 0:
+                release_memory()  # a few ms every 16 steps (~1 minute on CPU) against heap fragmentation
+            every = self.cfg.train.checkpoint_every
+            if every and self.state.step % every == 0 and self.state.step < total:
+                self.state.seconds["train"] += time.perf_counter() - start
+                start = time.perf_counter()
+                self.checkpoint()
+        bar.close()
+        release_memory()
+        self.state.seconds["train"] += time.perf_counter() - start
 
     def plan_batches(self, stage: Stage) -> list[list[int]]:
         """The stage's batches (indices into its example pool), fixed at stage start so a
@@ -283,163 +375,90 @@ class ContinualRun:
     def _pool(self, stage: Stage) -> list[tuple[int, int]]:
         return [(t, i) for t in stage.tasks for i in range(len(self.train_sets[t]))]
 
-    def train_stage(self, stage: Stage, log_file) -> None:
-        cfg = self.cfg
-        pool = self._pool(stage)
-        batches = self.state.batches
-        total = len(batches)
-        self.model.train()
-        bar = tqdm(total=total, initial=self.state.step, desc=f"train {self._stage_name(stage)}", disable=not self.progress or not self.accelerator.is_main_process, leave=False)
-        start = time.perf_counter()
-        for step in range(self.state.step, total):
-            fault_point(f"step:{stage.row}:{step}")
-            batch_idx = batches[step]
-            current = [pool[k] for k in batch_idx]
-            replayed = self.policy.sample(cfg.replay.batch_size) if step % cfg.replay.every == 0 else []
-            items = [self.train_sets[t][i] for t, i in current] + [self.train_sets[e.task][e.index] for e in replayed]
-            # The loss is the token mean over the whole mixed batch. With W processes each
-            # takes every W-th item and scales by W / (all answer tokens), so DDP's gradient
-            # average equals the single-process gradient.
-            n_tokens = sum(len(e.answer) for e in items)
-            local = items[self.rank :: self.world] if self.world > 1 else items
-            weight = float(self.world) if local else 0.0
-            for group in self.optimizer.param_groups:
-                group["lr"] = self._lr_at(step, total)
-            # Gradient accumulation over slices of the batch: each slice's share of the token
-            # mean is backpropagated at once, so only one slice's activations are alive. With
-            # a shared prefix the slices are cut task by task, and each runs its task's prompt
-            # prefix once; the per-item results are put back in the items' order.
-            rows = local or items[:1]
-            tasks = None
-            if self.share_prefix:
-                tasks = [t for t, _ in current] + [e.task for e in replayed]
-                tasks = tasks[self.rank :: self.world] if local else tasks[:1]
-            slices = micro_batch_positions(rows, cfg.train.micro_batch_tokens, tasks)
-            parts, loss_total = [], 0.0
-            for k, positions in enumerate(slices):
-                part = [rows[i] for i in positions]
-                sync = self.accelerator.no_sync(self.model) if k < len(slices) - 1 else contextlib.nullcontext()
-                with sync:
-                    nll_k, count_k = token_nll(self.model, self._batch(part, shared=True), scope="label", is_seq2seq=self.is_seq2seq)
-                    loss = weight * nll_k.sum() / n_tokens
-                    if k == 0:
-                        loss = self.method.loss(loss)  # a method's penalty enters once per step
-                    if os.environ.get("SURECL_NAN_AT") == f"{stage.row}:{step}":  # fault injection (tests)
-                        loss = loss * float("nan")
-                    if not torch.isfinite(loss):
-                        raise SureclError(
-                            f"non-finite loss ({loss.item()}) at task {self._stage_name(stage)} step {step}; the last checkpoint "
-                            "is intact: lower train.lr (or fix the data) and rerun the same command to resume"
-                        )
-                    self.accelerator.backward(loss)
-                loss_total = loss_total + loss.detach()
-                parts.append((nll_k.detach(), count_k.detach()))
-            back = torch.tensor([i for positions in slices for i in positions]).argsort()
-            nll, count = torch.cat([p[0] for p in parts])[back], torch.cat([p[1] for p in parts])[back]
-            if self.world > 1:
-                shown = self.accelerator.reduce(loss_total, "sum") / self.world
-            else:
-                shown = loss_total
-            if cfg.train.grad_clip:
-                self.accelerator.clip_grad_norm_(self.adapters.fast_params, cfg.train.grad_clip)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.adapters.ema_step()
-            self.state.global_step += 1
-            if replayed and cfg.replay.aging:
-                self.policy.age(replayed, self._rescore(replayed, nll, count, len(current)))
-            if self.policy.needs_step_scores:
-                scores = self._step_scores(nll, count, len(current), bool(local))
-                mine = [k for k, (t, _) in enumerate(current) if t == stage.row]
-                self.policy.observe(
-                    stage.row, [current[k][1] for k in mine], [scores[k] for k in mine], [self.train_sets[stage.row][current[k][1]].label for k in mine]
-                )
-            else:
-                self.policy.observe(stage.row, [i for t, i in current if t == stage.row])
-            self.method.after_step()
-            if log_file is not None and step % cfg.log_every == 0:
-                log_file.write(json.dumps({"stage": stage.row, "step": step, "global_step": self.state.global_step, "loss": round(shown.item(), 6), "replayed": len(replayed), "buffer": len(self.policy), "lr": self.optimizer.param_groups[0]["lr"]}) + "\n")
-            bar.set_postfix(loss=f"{shown.item():.3f}", buf=len(self.policy))
-            bar.update(1)
-            self.state.step = step + 1
-            if self.state.step % 16 == 0:
-                release_memory()  # a few ms every 16 steps (~1 minute on CPU) against heap fragmentation
-            every = cfg.train.checkpoint_every
-            if every and self.state.step % every == 0 and self.state.step < total:
-                self.state.seconds["train"] += time.perf_counter() - start
-                start = time.perf_counter()
-                self._checkpoint(log_file)
-        bar.close()
-        release_memory()
-        self.state.seconds["train"] += time.perf_counter() - start
+    # ------------------------------------------------------------------ checkpoints
 
-    def _step_scores(self, nll: torch.Tensor, count: torch.Tensor, n: int, has_local: bool) -> list[float]:
-        """Training-loss surprise of the step's first ``n`` items (the current batch), in order:
-        their answer-token NLL from this step's forward (mean or sum per ``replay.reduction``).
-        With several processes each holds every W-th item; the pieces are gathered."""
-        values = nll / count.clamp(min=1) if self.cfg.replay.reduction == "mean" else nll
-        values = values.detach().float().cpu().tolist()
-        if self.world == 1:
-            return values[:n]
-        from accelerate.utils import gather_object
+    def checkpoint(self) -> None:
+        """Checkpoint every component's state (main process) after the last finished step."""
+        if self.accelerator.is_main_process:
+            st = self.state
+            name = f"stage-{st.next_stage:04d}" + (f"-step-{st.step:06d}" if st.batches is not None else "")
+            components = {"run": (dataclasses.asdict(st), {}), "rng": self._rng_state(), **self.plugins.state_dicts()}
+            checkpoint.save(self.out_dir / "checkpoints", name, components, {"config": self.cfg.to_dict(), "tasks": [t.name for t in self.tasks]})
+        self.accelerator.wait_for_everyone()
 
-        local = [(self.rank + k * self.world, v) for k, v in enumerate(values)] if has_local else []
-        out = [0.0] * n
-        for part in gather_object([local]):
-            for pos, v in part:
-                if pos < n:
-                    out[pos] = v
-        return out
+    def restore(self) -> Path | None:
+        """Restore the newest valid checkpoint into the run and its components; say so when a
+        newer one was damaged."""
+        found = checkpoint.load_latest(self.out_dir / "checkpoints", self.log)
+        if found is None:
+            return None
+        from surecl.config import same_config
 
-    def _rescore(self, replayed, nll: torch.Tensor, count: torch.Tensor, offset: int) -> list[float]:
-        """Fresh surprise of replayed entries on the scale the buffer ranks by.
+        if found.meta["tasks"] != [t.name for t in self.tasks] or not same_config(found.meta["config"], self.cfg):
+            raise SureclError(f"{self.out_dir}: holds a run with a different config or task stream; use another --out")
+        self.plugins.load_state_dicts(found.components)
+        self._load_rng_state(*found.components["rng"])
+        saved = found.components["run"][0]
+        for f in dataclasses.fields(RunState):
+            if f.name in saved:
+                setattr(self.state, f.name, saved[f.name])
+        return found.folder
 
-        The step's forward already holds their answer-token NLL; that is the score when the
-        policy scores labels with a mean. Otherwise (whole sequence, or sum) they are re-scored
-        with the scorer itself, so aged and fresh entries stay comparable.
-        """
-        if self.world == 1 and self.cfg.replay.scope == "label" and self.cfg.replay.reduction == "mean":
-            scores = (nll / count.clamp(min=1)).detach()[offset:].tolist()
-        else:
-            scores = self._score([self.train_sets[e.task][e.index] for e in replayed])
-        for e, s in zip(replayed, scores):
-            check_scores([s], self.tasks[e.task].name, [e.index], "re-scored on replay")
-        return scores
+    def _rng_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """The random streams: the batch plan's, torch's CPU generator and, on a GPU, the
+        device's generator (dropout masks there), so a resumed run draws what it would have."""
+        version, internal, gauss = self.rng.getstate()
+        tensors = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            tensors["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {"batches": [version, list(internal), gauss]}, tensors
+
+    def _load_rng_state(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+        torch.set_rng_state(tensors["torch"])
+        if "cuda" in tensors and self.device.type == "cuda":
+            torch.cuda.set_rng_state(tensors["cuda"], self.device)
+        version, internal, gauss = meta["batches"]
+        self.rng.setstate((version, tuple(internal), gauss))
 
     # ------------------------------------------------------------------ evaluation
 
     def evaluate_task(self, j: int, method_weights: bool = True, adapter: str | None = None) -> float:
         """Accuracy (percent) on task ``j``'s test split, or its perplexity for text streams,
-        under ``adapter`` (default: the evaluation adapter, slow if dual)."""
+        inside every plugin's ``eval_context`` (without the method's when not
+        ``method_weights``: the learner's own weights, e.g. not per-task FT's snapshot), asking
+        for ``adapter`` (``ctx.eval_view``; default: the evaluation adapter, slow if dual)."""
+        self.eval_view = adapter
+        try:
+            with self.plugins.eval_context(self, j, skip=() if method_weights else (self.method,)):
+                return self._evaluate(j)
+        finally:
+            self.eval_view = None
+
+    def _evaluate(self, j: int) -> float:
         items = self.test_sets[j]
-        gold = [e.label for e in items]
-        context = self.method.eval_context(j) if method_weights else contextlib.nullcontext()
-        with self.adapters.evaluating(adapter), context:
-            model = self.accelerator.unwrap_model(self.model)
-            bs = self.cfg.eval.batch_size
-            if self.cfg.eval.mode == "perplexity":
-                nll = self.sharded(
-                    lambda part: score_examples(
-                        model, part, pad_id=self.tokenizer.pad_token_id, is_seq2seq=False, scope="label", reduction="sum", batch_size=bs, device=self.device,
-                        share_prefix=self.share_prefix,
-                    ),
-                    items,
-                )
-                return perplexity(nll, [len(e.answer) for e in items])
-            if self.cfg.eval.mode == "rank":
-                answers = self.label_answers[j]
-                predict = lambda part: rank_answers(  # noqa: E731
-                    model, part, answers, pad_id=self.tokenizer.pad_token_id, is_seq2seq=self.is_seq2seq, batch_size=bs, device=self.device,
+        model = self.accelerator.unwrap_model(self.model)
+        bs, pad = self.cfg.eval.batch_size, self.tokenizer.pad_token_id
+        if self.cfg.eval.mode == "perplexity":
+            nll = self.sharded(
+                lambda part: score_examples(
+                    model, part, pad_id=pad, is_seq2seq=False, scope="label", reduction="sum", batch_size=bs, device=self.device,
                     share_prefix=self.share_prefix,
-                )
-            else:
-                new_tokens = self.cfg.eval.max_new_tokens or max(len(a) for a in self.label_answers[j].values()) + 1
-                predict = lambda part: generate_answers(  # noqa: E731
-                    model, self.tokenizer, part, is_seq2seq=self.is_seq2seq, max_new_tokens=new_tokens, batch_size=bs, device=self.device,
-                    share_prefix=self.share_prefix,
-                )
-            preds = self.sharded(predict, items)
-        return accuracy(preds, gold)
+                ),
+                items,
+            )
+            return perplexity(nll, [len(e.answer) for e in items])
+        if self.cfg.eval.mode == "rank":
+            answers = self.label_answers[j]
+            predict = lambda part: rank_answers(  # noqa: E731
+                model, part, answers, pad_id=pad, is_seq2seq=self.is_seq2seq, batch_size=bs, device=self.device, share_prefix=self.share_prefix,
+            )
+        else:
+            new_tokens = self.cfg.eval.max_new_tokens or max(len(a) for a in self.label_answers[j].values()) + 1
+            predict = lambda part: generate_answers(  # noqa: E731
+                model, self.tokenizer, part, is_seq2seq=self.is_seq2seq, max_new_tokens=new_tokens, batch_size=bs, device=self.device,
+                share_prefix=self.share_prefix,
+            )
+        return accuracy(self.sharded(predict, items), [e.label for e in items])
 
     def evaluate_before(self) -> None:
         """The before-training row: every task under the initial weights (base + zero LoRA)."""
@@ -464,7 +483,7 @@ class ContinualRun:
         shown = ", ".join(f"{self.tasks[j].name} {row[j]:.1f}" for j in wanted)
         if fast is not None:
             shown += " (fast: " + ", ".join(f"{fast[j]:.1f}" for j in wanted) + ")"
-        self.log(f"after {self._stage_name(stage)}: {shown}")
+        self.log(f"after {self.stage_name(stage)}: {shown}")
 
     def evaluated(self, stage: Stage) -> list[int]:
         """The tasks evaluated after ``stage``: all it names, or with ``eval.matrix=fp_ap`` only
@@ -472,63 +491,6 @@ class ContinualRun:
         if self.cfg.eval.matrix == "fp_ap" and stage is not self.stages[-1]:
             return [j for j in stage.evaluate if j == stage.row] or list(stage.evaluate)
         return list(stage.evaluate)
-
-    def _stage_name(self, stage: Stage) -> str:
-        return "+".join(self.tasks[t].name for t in stage.tasks) if len(stage.tasks) > 1 else self.tasks[stage.tasks[0]].name
-
-    # ------------------------------------------------------------------ the loop
-
-    def run(self, resume: bool = True, fresh: bool = False) -> dict:
-        """Run into ``out_dir``: continue from its newest valid checkpoint (``resume``), or with
-        ``fresh`` first remove the outputs an earlier run left there (:func:`checkpoint.clear_run`:
-        only files surecl writes; a directory holding others is refused)."""
-        if fresh:
-            if self.accelerator.is_main_process:
-                removed = checkpoint.clear_run(self.out_dir)
-                if removed:
-                    self.log(f"--fresh: removed {', '.join(p.name for p in removed)} from {self.out_dir}")
-            self.accelerator.wait_for_everyone()
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        if resume and not fresh:
-            restored = checkpoint.load_latest(self)
-            if restored:
-                self.log(f"resumed from {restored} at stage {self.state.next_stage}/{len(self.stages)}")
-        if self.accelerator.is_main_process:  # after the checkpoint check: another run's config stays
-            checkpoint.write_config(self.out_dir, self.cfg)
-        wall = time.perf_counter()
-        log_path = self.out_dir / "log.jsonl"
-        if self.accelerator.is_main_process and log_path.exists() and self.state.log_bytes < log_path.stat().st_size:
-            with open(log_path, "r+b") as f:  # drop lines of steps after the checkpoint
-                f.truncate(self.state.log_bytes)
-        # Only the main process logs; the others write to the null device.
-        with open(log_path if self.accelerator.is_main_process else os.devnull, "a", encoding="utf-8") as log_file:
-            if self.cfg.eval.before and self.state.initial is None:
-                self.evaluate_before()
-                self._checkpoint(log_file)
-            for s in range(self.state.next_stage, len(self.stages)):
-                stage = self.stages[s]
-                if self.state.batches is None:  # not resuming inside this stage
-                    if self.cfg.train.fresh_optimizer:
-                        self.reset_optimizer()
-                    self.method.before_task(stage)
-                    self.policy.before_task(stage.row, len(self.train_sets[stage.row]), self.surprise_of_task)
-                    self.state.batches, self.state.step = self.plan_batches(stage), 0
-                self.train_stage(stage, log_file)
-                self.state.batches, self.state.step = None, 0
-                self.policy.after_task(stage.row, len(self.train_sets[stage.row]), self.surprise_of_task)
-                self.method.after_task(stage)
-                self.evaluate_stage(stage)
-                self.state.next_stage = s + 1
-                fault_point(f"stage_end:{s}")
-                self._checkpoint(log_file)
-        self.state.seconds["total"] = self.state.seconds.get("total", 0.0) + time.perf_counter() - wall
-        return self.finish()
-
-    def _checkpoint(self, log_file) -> None:
-        log_file.flush()
-        self.state.log_bytes = log_file.tell()
-        checkpoint.save(self)
-        self.accelerator.wait_for_everyone()
 
     def results(self) -> dict:
         a = self.state.accuracy
@@ -580,14 +542,24 @@ class ContinualRun:
                 card = model_card(results, name, base_model, note, __version__)
                 checkpoint.save_adapter(self.adapters, adapters_dir, name, base_model=base_model, card=card)
             write_run_report(self.out_dir, results)
+        self.plugins.after_run(self, results)
         return results
 
 
-def run(cfg: RunConfig, out_dir: Path, *, resume: bool = True, fresh: bool = False, progress: bool = True, cache_dir: Path | None = None) -> dict:
+def run(
+    cfg: RunConfig, out_dir: Path, *, resume: bool = True, fresh: bool = False, progress: bool = True, cache_dir: Path | None = None,
+    plugins: list[Plugin] = (), log_with: list[str] = (), model=None, tokenizer=None, tasks: list[Task] | None = None,
+) -> dict:
     """Run (or resume) one continual run into ``out_dir``; return the results dict.
 
-    ``fresh``: start over, removing what an earlier run wrote there (see :meth:`ContinualRun.run`)."""
+    ``fresh``: start over, removing what an earlier run wrote there (see :meth:`ContinualRun.run`).
+    ``plugins``: extra plugins taking part in the run (:class:`ContinualRun`). ``log_with``:
+    experiment trackers (``["tensorboard"]``, ``wandb``, ...; :mod:`surecl.plugins.tracking`).
+    ``model`` + ``tokenizer`` and/or ``tasks``: built by the caller, in place of ``model.name`` and
+    ``data.*`` (see :class:`ContinualRun`; its ``peft_model`` is the trained model)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*use_cache=True.*")
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        return ContinualRun(cfg, out_dir, progress=progress, cache_dir=cache_dir).run(resume=resume, fresh=fresh)
+        return ContinualRun(
+            cfg, out_dir, progress=progress, cache_dir=cache_dir, plugins=plugins, log_with=log_with, model=model, tokenizer=tokenizer, tasks=tasks,
+        ).run(resume=resume, fresh=fresh)

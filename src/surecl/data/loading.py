@@ -38,3 +38,17 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
     if not tasks:
         raise SureclError("data: the stream has no tasks (set data.benchmark or data.jsonl)")
     return prepare_stream(tasks, data.n_train, data.n_test, data.train_sampling == "balanced", cfg.seed, test_balanced=data.test_sampling == "balanced")
+
+
+def caller_stream(tasks: list[Task], cfg: RunConfig) -> list[Task]:
+    """Tasks the caller built (``ContinualRun(..., tasks=)``), checked like loaded ones and
+    sampled by the config (``data.n_train`` / ``n_test``, 0 = all; ``data.*_sampling``)."""
+    if not isinstance(tasks, (list, tuple)) or not all(isinstance(t, Task) for t in tasks):
+        raise SureclError("tasks: expected a list of surecl.data.task.Task")
+    if not tasks:
+        raise SureclError("tasks: the stream has no tasks")
+    tasks = [t.as_text() if cfg.data.kind == "text" and t.kind != "text" else t for t in tasks]
+    for t in tasks:
+        t.check("tasks", cfg.data.invalid_labels)
+    data = cfg.data
+    return prepare_stream(list(tasks), data.n_train, data.n_test, data.train_sampling == "balanced", cfg.seed, test_balanced=data.test_sampling == "balanced")

@@ -1,39 +1,35 @@
-"""The method hooks: what a continual-learning method may change in the one training loop.
+"""Methods: the continual-learning regime of a run (``method=NAME``), a plugin with a say in
+the stages.
 
-A method is a small class with these hooks (all optional), called by :mod:`surecl.trainer`:
+A method is a :class:`~surecl.plugins.base.Plugin` (hooks ``before_task``, ``loss``,
+``after_step``, ``after_task``, ``eval_context``, ``state_dict`` / ``load_state_dict``) that
+also decides:
 
-* ``stages(n)``          - which tasks each training stage covers (sequential: one each;
-  MTL: all at once). Stage ``s`` fills row ``row`` of the accuracy matrix.
-* ``before_task``        - e.g. fresh adapters (per-task FT), a new LoRA head (O-LoRA).
-* ``loss``               - add a penalty to the step loss (EWC, O-LoRA orthogonality).
-* ``after_step``         - per-step bookkeeping (online boundary-free scoring).
-* ``after_task``         - e.g. Fisher estimate (EWC), snapshot an adapter (per-task FT).
-* ``eval_context``       - which weights answer for task ``j`` at evaluation.
-* ``state_dict`` / ``load_state_dict`` - JSON + tensors for checkpoints.
+* ``stages(n)``  - which tasks each training stage covers (sequential: one each; MTL: all at
+  once). Stage ``s`` fills row ``row`` of the accuracy matrix.
+* ``continual``  - False for MTL: no intermediate rows, no forgetting to measure, no replay.
+* ``fast_eval``  - whether a dual run may also evaluate its fast adapter (``eval.fast``):
+  False where the method swaps the evaluation weights itself (per-task FT).
+* ``setup(ctx)``  - once, after the model and the learner's adapters exist and before the
+  optimizer is built and the model handed to ``accelerate``: a method may attach modules of
+  its own to ``ctx.model`` (so they move to the device and take part in DDP's all-reduce),
+  freeze or unfreeze weights, or refuse a combination (raise ``SureclError``).
+* ``parameters(ctx)``  - the parameters the optimizer trains (and gradient clipping bounds):
+  by default the learner's fast adapter (``ctx.adapters.fast_params``); full fine-tuning
+  returns the base weights, prompt tuning its prompts. Called once, after ``setup``.
 
-Replay policies and the dual learner are orthogonal to the method and combine with it.
+Examples: fresh adapters per task (per-task FT, ``before_task``), a penalty on the loss (EWC,
+``loss``), a Fisher estimate or an adapter snapshot (``after_task``), the weights that answer
+for task ``j`` (``eval_context``). Replay policies and the dual learner are plugins of their
+own and combine with any method. Register your own with :func:`surecl.register_method`.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass
-
-import torch
+from surecl.plugins.base import Plugin, Stage
 
 
-@dataclass(frozen=True)
-class Stage:
-    tasks: tuple[int, ...]
-    """Task indices whose training data this stage trains on."""
-    row: int
-    """Accuracy-matrix row filled after the stage."""
-    evaluate: tuple[int, ...]
-    """Task indices evaluated after the stage."""
-
-
-class Method:
+class Method(Plugin):
     name = "base"
     continual = True
     """False for MTL: no intermediate rows, no forgetting to measure."""
@@ -41,30 +37,15 @@ class Method:
     """Whether a dual run may also evaluate its fast adapter (``eval.fast``): False where
     the method swaps the evaluation weights itself (per-task FT)."""
 
-    def __init__(self, run) -> None:
-        self.run = run
+    def setup(self, ctx) -> None:
+        """Attach, freeze or check before the optimizer and ``accelerate`` see the model."""
+
+    def parameters(self, ctx) -> list:
+        """The parameters the optimizer trains: the learner's fast adapter by default."""
+        return list(ctx.adapters.fast_params)
 
     def stages(self, n_tasks: int) -> list[Stage]:
         return [Stage((t,), t, tuple(range(t + 1))) for t in range(n_tasks)]
 
-    def before_task(self, stage: Stage) -> None:
-        pass
 
-    def loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return loss
-
-    def after_step(self) -> None:
-        pass
-
-    def after_task(self, stage: Stage) -> None:
-        pass
-
-    @contextlib.contextmanager
-    def eval_context(self, task: int) -> Iterator[None]:
-        yield
-
-    def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
-        return {}, {}
-
-    def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
-        pass
+__all__ = ["Method", "Stage"]

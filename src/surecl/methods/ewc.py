@@ -9,47 +9,66 @@ Fisher-weighted anchor so the per-step cost does not grow with the number of tas
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from surecl.methods.base import Method, Stage
 from surecl.nll import token_nll
 
 
+@dataclass
+class EWCConfig:
+    """EWC's options, a view of ``train.ewc_lambda`` and ``train.ewc_samples``."""
+
+    ewc_lambda: float = 1000.0
+    """Penalty strength."""
+    ewc_samples: int = 200
+    """Training examples per task used to estimate the Fisher."""
+
+
 class EWC(Method):
     name = "ewc"
+    Config = EWCConfig
 
-    def __init__(self, run) -> None:
-        super().__init__(run)
+    @classmethod
+    def config_from(cls, cfg) -> EWCConfig:
+        return EWCConfig(ewc_lambda=cfg.train.ewc_lambda, ewc_samples=cfg.train.ewc_samples)
+
+    def __init__(self, config: EWCConfig | None = None) -> None:
+        super().__init__(config)
         self.fisher: list[torch.Tensor] = []
         self.anchor: list[torch.Tensor] = []
 
-    def loss(self, loss: torch.Tensor) -> torch.Tensor:
+    def loss(self, ctx, loss: torch.Tensor) -> torch.Tensor:
         if not self.fisher:
             return loss
-        params = self.run.adapters.fast_params
+        params = ctx.adapters.fast_params
+        if self.fisher[0].device != params[0].device:  # restored from a checkpoint (CPU tensors)
+            self.fisher = [f.to(params[0].device) for f in self.fisher]
+            self.anchor = [a.to(params[0].device) for a in self.anchor]
         penalty = sum((f * (p - a) ** 2).sum() for f, p, a in zip(self.fisher, params, self.anchor))
-        return loss + 0.5 * self.run.cfg.train.ewc_lambda * penalty
+        return loss + 0.5 * self.config.ewc_lambda * penalty
 
-    def after_task(self, stage: Stage) -> None:
-        run = self.run
-        params = run.adapters.fast_params
+    def after_task(self, ctx, stage: Stage) -> None:
+        params = ctx.adapters.fast_params
         fisher = [torch.zeros_like(p) for p in params]
-        items = run.train_sets[stage.row][: run.cfg.train.ewc_samples]
+        items = ctx.train_sets[stage.row][: self.config.ewc_samples]
         # Empirical Fisher: the mean of *per-example* squared gradients, with dropout off. The
         # square of a batch-mean gradient is no estimate of it: once a task is learned the
         # per-example gradients are small and cancel, and that square is orders of magnitude
         # smaller (bench/ewc_lambda.py on the tiny stream: no effect on forgetting up to lambda = 1e6).
-        was_training = run.model.training
-        run.model.eval()
+        was_training = ctx.model.training
+        ctx.model.eval()
         try:
             for item in items:
-                nll, count = token_nll(run.model, run._batch([item]), scope="label", is_seq2seq=run.is_seq2seq)
+                nll, count = token_nll(ctx.model, ctx.batch([item]), scope="label", is_seq2seq=ctx.is_seq2seq)
                 grads = torch.autograd.grad(nll.sum() / count.sum().clamp(min=1), params, allow_unused=True)
                 for f, g in zip(fisher, grads):
                     if g is not None:
                         f.add_(g.detach() ** 2)
         finally:
-            run.model.train(was_training)
+            ctx.model.train(was_training)
         fisher = [f / max(len(items), 1) for f in fisher]
         current = [p.detach().clone() for p in params]
         if not self.fisher:
@@ -68,6 +87,5 @@ class EWC(Method):
 
     def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
         n = meta.get("n", 0)
-        device = self.run.device
-        self.fisher = [tensors[f"fisher/{i}"].to(device) for i in range(n)]
-        self.anchor = [tensors[f"anchor/{i}"].to(device) for i in range(n)]
+        self.fisher = [tensors[f"fisher/{i}"] for i in range(n)]
+        self.anchor = [tensors[f"anchor/{i}"] for i in range(n)]

@@ -16,23 +16,28 @@ class PerTask(Method):
     name = "per_task"
     fast_eval = False
 
-    def __init__(self, run) -> None:
-        super().__init__(run)
+    def __init__(self, config=None) -> None:
+        super().__init__(config)
         self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
 
-    def before_task(self, stage: Stage) -> None:
+    def before_task(self, ctx, stage: Stage) -> None:
         if stage.row > 0:
-            self.run.adapters.reset_fast()
-            self.run.reset_optimizer()
-            if self.run.adapters.dual.enabled:
-                self.run.adapters.sync_slow_to_fast()
+            ctx.adapters.reset_fast()
+            ctx.reset_optimizer()
+            if ctx.adapters.dual.enabled:
+                ctx.adapters.sync_slow_to_fast()
 
-    def after_task(self, stage: Stage) -> None:
-        self.snapshots[stage.row] = self.run.adapters.adapter_state(self.run.adapters.eval_adapter)
+    def after_task(self, ctx, stage: Stage) -> None:
+        self.snapshots[stage.row] = ctx.adapters.adapter_state(ctx.adapters.eval_adapter)
 
     @contextlib.contextmanager
-    def eval_context(self, task: int) -> Iterator[None]:
-        adapters = self.run.adapters
+    def eval_context(self, ctx, task: int) -> Iterator[None]:
+        """Task ``task``'s own adapter answers (before any training, e.g. the ``eval.before``
+        row, there is none yet and the weights stay as they are)."""
+        if task not in self.snapshots:
+            yield
+            return
+        adapters = ctx.adapters
         current = adapters.adapter_state(adapters.eval_adapter)
         adapters.load_adapter_state(self.snapshots[task])
         try:

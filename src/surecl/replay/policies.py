@@ -1,54 +1,115 @@
-"""Replay selection policies, one class each, behind one registry.
-
-A policy decides which training examples enter the buffer and when:
+"""Replay selection policies: plugins that own the buffer and decide what enters it and when.
 
 * ``reservoir`` - online and task-agnostic: every current-task example is offered to a
   reservoir as it is trained on (Random-O in the paper's ablations).
 * ``random``    - task-aware, equal quota; a task's share is a uniform random subset
   (Random-B / Random-A depending on ``insert_time``).
-* ``surprise``  - task-aware, equal quota; a task's share is its top-m by surprise (SuRe),
-  scored ``before`` or ``after`` training on the task and inserted ``before`` or ``after``.
-  With ``aging`` every replayed entry's score is replaced by its loss on the replay step.
-* ``online_surprise`` - online and boundary-free SuRe: no task identity and no extra forward
-  pass. Every trained example is offered with its surprise taken from the training step's own
-  loss (its answer-token NLL before the update); the buffer keeps an equal quota per answer
-  label seen so far (labels are known online; a text stream has one partition) and the most
-  surprising examples inside each. ``aging`` re-scores replayed entries from the replay loss.
+* ``surprise`` and ``online_surprise`` - SuRe, in :mod:`surecl.plugins.sure`.
 
-Hooks (called by the trainer): ``before_task``, ``observe`` (after each step, with the current
-batch), ``after_task``; ``sample`` draws a replay batch.
+A policy is a :class:`~surecl.plugins.base.Plugin`: its ``before_task`` / ``after_task`` hooks
+select a task's share (:meth:`ReplayPolicy.at_task_start` / :meth:`ReplayPolicy.at_task_end`
+with the run's surprise scorer), its ``after_step`` hook observes the step's current batch
+(:meth:`ReplayPolicy.observe`) and ages replayed entries (:meth:`ReplayPolicy.age`); the
+loop draws every ``replay.every``-th step's replay batch with :meth:`ReplayPolicy.sample`.
+Policies are found by name through :mod:`surecl.registry` (``register_policy`` adds yours).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from surecl.config import ReplayConfig
+from surecl.errors import SureclError
+from surecl.plugins.base import Plugin, Stage, StepRecord
 from surecl.replay.buffer import Entry, OnlineQuotaBuffer, QuotaBuffer, ReservoirBuffer, sample
 
 Scorer = Callable[[int], list[float]]
 """Surprise of every training example of task ``t`` under the current fast model."""
 
 
-class ReplayPolicy:
-    name = "none"
-    uses_scores = False
+@dataclass
+class BufferConfig:
+    """A policy's view of ``replay.*``: what every policy needs."""
 
-    def __init__(self, cfg: ReplayConfig, capacity: int, seed: int):
-        self.cfg = cfg
+    buffer_size: float = 0.02
+    """S: below 1 a fraction of all training examples of the stream, else an absolute count."""
+
+    @classmethod
+    def from_replay(cls, replay: ReplayConfig):
+        """This view of the ``replay`` section (its fields by name)."""
+        return cls(**{f: getattr(replay, f) for f in cls.__dataclass_fields__})
+
+
+@dataclass
+class QuotaConfig(BufferConfig):
+    """The task-aware policies' options: when a task's priorities are computed and when its
+    share enters the equal-quota buffer (``replay.score_time``, ``replay.insert_time``)."""
+
+    score_time: str = "before"
+    insert_time: str = "before"
+
+
+def check_scores(scores: list[float], task: str, indices: list[int], what: str = "scored") -> None:
+    """A NaN or infinite surprise would silently sort first or last in the buffer: stop."""
+    for i, v in zip(indices, scores):
+        if not math.isfinite(v):
+            raise SureclError(
+                f"surprise of task {task} training example {i} ({what}) is {v}: the model gives it a non-finite "
+                "likelihood (check the data, lower train.lr, or use model.dtype=fp32); the last checkpoint is intact"
+            )
+
+
+class ReplayPolicy(Plugin):
+    """Base policy: an empty equal-quota buffer nothing enters (``none``).
+
+    Built as ``cls(replay, capacity, seed)``: ``replay`` is the run's ``replay`` section (or
+    an instance of the policy's ``Config``, which views it), ``capacity`` the buffer size S as
+    a count, ``seed`` the run's seed (the policy's own random stream)."""
+
+    name = "none"
+    Config = BufferConfig
+    uses_scores = False
+    """Whether the buffer ranks by surprise (only then can ``replay.aging`` re-score)."""
+    needs_step_scores = False
+    """True if ``observe`` wants each example's loss and label from the step."""
+    per_task_quota = False
+    """Whether the buffer keeps an equal quota floor(S/d) per task seen (``quota_warning``)."""
+    online = False
+    """Whether the buffer fills while a task trains (so the first task already replays)."""
+
+    def __init__(self, cfg, capacity: int, seed: int):
+        super().__init__(cfg if isinstance(cfg, self.Config) else self.Config.from_replay(cfg))
         self.capacity = capacity
         self.rng = random.Random(f"replay:{seed}")
         self.buffer: QuotaBuffer | ReservoirBuffer | OnlineQuotaBuffer = QuotaBuffer(capacity)
 
-    def before_task(self, task: int, n_items: int, scorer: Scorer) -> None:
+    # ------------------------------------------------------------------ plugin hooks
+
+    def scorer(self, ctx) -> Scorer:
+        """The surprise of a task's training set under the current fast adapter."""
+        return ctx.surprise_of_task
+
+    def before_task(self, ctx, stage: Stage) -> None:
+        self.at_task_start(stage.row, len(ctx.train_sets[stage.row]), self.scorer(ctx))
+
+    def after_task(self, ctx, stage: Stage) -> None:
+        self.at_task_end(stage.row, len(ctx.train_sets[stage.row]), self.scorer(ctx))
+
+    def after_step(self, ctx, record: StepRecord) -> None:
+        """Offer the step's current-task examples to the buffer."""
+        row = record.stage.row
+        self.observe(row, [i for t, i in record.current if t == row])
+
+    # ------------------------------------------------------------------ the policy itself
+
+    def at_task_start(self, task: int, n_items: int, scorer: Scorer) -> None:
         """Called before training on ``task``."""
 
-    def after_task(self, task: int, n_items: int, scorer: Scorer) -> None:
+    def at_task_end(self, task: int, n_items: int, scorer: Scorer) -> None:
         """Called after training on ``task``."""
-
-    needs_step_scores = False
-    """True if ``observe`` wants each example's loss and label from the step."""
 
     def observe(self, task: int, indices: list[int], scores: list[float] | None = None, keys: list[str] | None = None) -> None:
         """Called after each optimizer step with the current-task examples it trained on (and,
@@ -63,13 +124,13 @@ class ReplayPolicy:
     def __len__(self) -> int:
         return len(self.buffer)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> tuple[dict, dict]:
         version, internal, gauss = self.rng.getstate()
-        return {"buffer": self.buffer.state_dict(), "rng": [version, list(internal), gauss]}
+        return {"buffer": self.buffer.state_dict(), "rng": [version, list(internal), gauss]}, {}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.buffer.load_state_dict(state["buffer"])
-        version, internal, gauss = state["rng"]
+    def load_state_dict(self, meta: dict, tensors: dict | None = None) -> None:
+        self.buffer.load_state_dict(meta["buffer"])
+        version, internal, gauss = meta["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
 
 
@@ -79,8 +140,9 @@ class NoReplay(ReplayPolicy):
 
 class ReservoirPolicy(ReplayPolicy):
     name = "reservoir"
+    online = True
 
-    def __init__(self, cfg: ReplayConfig, capacity: int, seed: int):
+    def __init__(self, cfg, capacity: int, seed: int):
         super().__init__(cfg, capacity, seed)
         self.buffer = ReservoirBuffer(capacity)
 
@@ -92,7 +154,10 @@ class ReservoirPolicy(ReplayPolicy):
 class QuotaPolicy(ReplayPolicy):
     """Shared timing logic of the task-aware policies: priorities at score time, entry at insert time."""
 
-    def __init__(self, cfg: ReplayConfig, capacity: int, seed: int):
+    Config = QuotaConfig
+    per_task_quota = True
+
+    def __init__(self, cfg, capacity: int, seed: int):
         super().__init__(cfg, capacity, seed)
         self._pending: list[float] | None = None
 
@@ -100,25 +165,26 @@ class QuotaPolicy(ReplayPolicy):
         raise NotImplementedError
 
     def _at(self, when: str, task: int, n_items: int, scorer: Scorer) -> None:
-        if self.cfg.score_time == when:
+        if self.config.score_time == when:
             self._pending = self.priorities(task, n_items, scorer)
-        if self.cfg.insert_time == when:
+        if self.config.insert_time == when:
             assert self._pending is not None, "scores must exist before insertion"
             self.buffer.add_task(task, self._pending)
             self._pending = None
 
-    def before_task(self, task: int, n_items: int, scorer: Scorer) -> None:
+    def at_task_start(self, task: int, n_items: int, scorer: Scorer) -> None:
         self._at("before", task, n_items, scorer)
 
-    def after_task(self, task: int, n_items: int, scorer: Scorer) -> None:
+    def at_task_end(self, task: int, n_items: int, scorer: Scorer) -> None:
         self._at("after", task, n_items, scorer)
 
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "pending": self._pending}
+    def state_dict(self) -> tuple[dict, dict]:
+        meta, tensors = super().state_dict()
+        return {**meta, "pending": self._pending}, tensors
 
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self._pending = state.get("pending")
+    def load_state_dict(self, meta: dict, tensors: dict | None = None) -> None:
+        super().load_state_dict(meta, tensors)
+        self._pending = meta.get("pending")
 
 
 class RandomPolicy(QuotaPolicy):
@@ -126,44 +192,6 @@ class RandomPolicy(QuotaPolicy):
 
     def priorities(self, task: int, n_items: int, scorer: Scorer) -> list[float]:
         return [self.rng.random() for _ in range(n_items)]
-
-
-class SurprisePolicy(QuotaPolicy):
-    name = "surprise"
-    uses_scores = True
-
-    def priorities(self, task: int, n_items: int, scorer: Scorer) -> list[float]:
-        return scorer(task)
-
-    def age(self, entries: list[Entry], scores: list[float]) -> None:
-        if self.cfg.aging:
-            for e, s in zip(entries, scores):
-                e.score = float(s)
-
-
-class OnlineSurprisePolicy(ReplayPolicy):
-    name = "online_surprise"
-    uses_scores = True
-    needs_step_scores = True
-
-    def __init__(self, cfg: ReplayConfig, capacity: int, seed: int):
-        super().__init__(cfg, capacity, seed)
-        self.buffer = OnlineQuotaBuffer(capacity)
-
-    def observe(self, task: int, indices: list[int], scores: list[float] | None = None, keys: list[str] | None = None) -> None:
-        assert scores is not None and keys is not None, "online_surprise needs the step's per-example losses"
-        for i, s, k in zip(indices, scores, keys):
-            self.buffer.offer(k, Entry(task, i, float(s)))
-
-    def age(self, entries: list[Entry], scores: list[float]) -> None:
-        if self.cfg.aging:
-            for e, s in zip(entries, scores):
-                self.buffer.rescore((e.task, e.index), s)
-
-
-POLICIES: dict[str, type[ReplayPolicy]] = {
-    p.name: p for p in (NoReplay, ReservoirPolicy, RandomPolicy, SurprisePolicy, OnlineSurprisePolicy)
-}
 
 
 def buffer_capacity(cfg: ReplayConfig, total_train: int) -> int:
@@ -177,11 +205,13 @@ def buffer_capacity(cfg: ReplayConfig, total_train: int) -> int:
 
 
 def quota_warning(policy: str, capacity: int, n_tasks: int) -> str | None:
-    """Why a task-aware buffer will hold less than a user expects, or None.
+    """Why a buffer will hold less than a user expects, or None.
 
     The equal per-task quota is floor(S/d) after d tasks: once d > S it is 0 and every task's
     share is dropped, so the buffer empties and replay stops without an error."""
-    if policy not in ("random", "surprise"):
+    from surecl.registry import policy_class
+
+    if not policy_class(policy).per_task_quota:
         if policy != "none" and capacity == 0:
             return "replay.buffer_size gives a buffer of 0 entries: nothing will be replayed"
         return None

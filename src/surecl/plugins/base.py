@@ -1,0 +1,257 @@
+"""The plugin protocol: the one interface through which everything that takes part in a run
+meets the loop (:mod:`surecl.trainer`).
+
+The method (sequential, MTL, per-task FT, EWC), the replay policy (SuRe and the baselines),
+the dual learner (:class:`surecl.adapters.DualLoRA`), the training step's optimizer
+(:class:`surecl.step.TrainStep`), the step log (``log.jsonl``) and fault injection are all
+plugins. A plugin declares a ``name`` and its own ``Config`` dataclass, and implements any of
+these hooks (all optional; the defaults do nothing):
+
+* ``before_task(ctx, stage)``  - before training on a stage (fresh adapters, score and insert
+  a task's selection into the buffer, reset the optimizer, ...).
+* ``loss(ctx, loss) -> loss``  - once per optimizer step, on the first micro-batch slice's
+  share of the loss, before backward: add a penalty (EWC), inject a fault.
+* ``after_step(ctx, record)``   - after each optimizer step, with its :class:`StepRecord`
+  (EMA of the slow adapter, buffer insertion and aging, the step log).
+* ``after_task(ctx, stage)``   - after training on a stage, before it is evaluated (Fisher
+  estimate, adapter snapshot, score and insert after the task).
+* ``eval_context(ctx, task)``  - a context manager entered around the evaluation of one
+  task: chooses the weights that answer (slow or fast adapter, a per-task snapshot). Also
+  entered, in a dual run, for the fast adapter's row (``ctx.eval_view == "fast"``) and, except
+  the method's, for the before-training row (``eval.before``; ``ctx.stage`` is None then).
+* ``after_eval(ctx, stage)``   - after a stage's row of the accuracy matrix (and the fast
+  adapter's, ``ctx.state.accuracy_fast``) is filled; ``stage`` is None for the before-training
+  row (``ctx.state.initial``). Loggers and trackers read the matrix here.
+* ``after_run(ctx, results)`` - once, when the run has finished and ``results`` (the dict
+  written to ``results.json``) is final: close trackers, export.
+* ``state_dict()`` / ``load_state_dict(meta, tensors)`` - the plugin's own state for
+  checkpoints: JSON-able ``meta`` and a flat ``{name: tensor}`` dict (tensors are handed
+  back on the CPU; a plugin moves them where it needs them). A checkpoint without the
+  plugin's key (one written before it took part) hands back ``({}, {})``.
+
+Order: a run's plugins form one list (optimizer, learner, method, replay policy, extra
+plugins, step log, fault injection). ``before_task``, ``loss``, ``after_step`` and
+``eval_context`` run in list order; ``after_task`` in reverse order, so the pair brackets a
+stage as nested context managers would (the replay policy's after-task scoring runs before the
+method's after-task hook, as the method's before-task hook runs before the policy's).
+
+``ctx`` is the running :class:`surecl.trainer.ContinualRun`; :class:`RunContext` lists what a
+plugin may use of it.
+
+Nothing here imports torch: ``surecl --help`` and the registry stay light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from surecl.config import RunConfig
+    from surecl.replay.buffer import Entry
+
+
+@dataclass(frozen=True)
+class Stage:
+    tasks: tuple[int, ...]
+    """Task indices whose training data this stage trains on."""
+    row: int
+    """Accuracy-matrix row filled after the stage."""
+    evaluate: tuple[int, ...]
+    """Task indices evaluated after the stage."""
+
+
+@dataclass
+class StepRecord:
+    """What one optimizer step did, handed to every plugin's ``after_step``.
+
+    The step's batch is ``items``: the ``current`` examples drawn from the stage's data, then
+    the ``replayed`` buffer entries (present on every ``replay.every``-th step when the buffer
+    holds any). ``nll`` and ``tokens`` come from the step's own forward (before the update):
+    the summed answer-token NLL and the number of answer tokens of each row this process
+    computed, row ``k`` being ``items[rows[k]]`` (with one process: every item, in order; with
+    W processes rank r computes items r, r+W, ...)."""
+
+    stage: Stage
+    step: int
+    """0-based step inside the stage."""
+    global_step: int
+    """Optimizer steps taken in the run, this one included."""
+    current: list[tuple[int, int]]
+    """(task, index) of the current batch's examples, indices into the encoded training sets."""
+    replayed: list[Entry]
+    """The buffer entries replayed in this step (``.task``, ``.index``, ``.score``)."""
+    rows: list[int]
+    """Positions in :attr:`items` of the rows of :attr:`nll` and :attr:`tokens`."""
+    nll: torch.Tensor
+    """Summed answer-token NLL per computed row (fp32, detached)."""
+    tokens: torch.Tensor
+    """Answer tokens per computed row."""
+    loss: float
+    """The step's loss as shown and logged: token mean over the whole mixed batch, plus any
+    plugin penalty."""
+    lr: float
+    """Learning rate the step was taken with."""
+
+    @property
+    def items(self) -> list[tuple[int, int]]:
+        """(task, index) of every example of the step: the current batch, then the replayed entries."""
+        return self.current + [(e.task, e.index) for e in self.replayed]
+
+
+class RunContext(Protocol):
+    """What a plugin may use of the run passed to its hooks as ``ctx`` (a
+    :class:`surecl.trainer.ContinualRun`)."""
+
+    cfg: RunConfig
+    out_dir: Any
+    """The run's output folder (a ``pathlib.Path``)."""
+    tasks: list
+    """The stream's :class:`~surecl.data.task.Task` list."""
+    train_sets: list[list]
+    """Per task, its training examples, tokenised (:class:`~surecl.data.encode.Encoded`)."""
+    test_sets: list[list]
+    adapters: Any
+    """The :class:`~surecl.adapters.DualLoRA` learner (``fast_params``, ``adapter_state``, ...)."""
+    model: Any
+    trained_params: list
+    """The parameters the optimizer trains (the method's ``parameters(ctx)``; by default the
+    fast adapter's)."""
+    optimizer: Any
+    policy: Any
+    """The replay policy (``len(policy)`` is the buffer size)."""
+    method: Any
+    plugins: Plugins
+    accelerator: Any
+    """The ``accelerate.Accelerator`` the run is written against."""
+    device: Any
+    world: int
+    """Number of processes."""
+    rank: int
+    """This process's index."""
+    is_seq2seq: bool
+    share_prefix: bool
+    stages: list[Stage]
+    state: Any
+    """The run's progress (:class:`surecl.trainer.RunState`): ``state.step`` is the step
+    being taken (inside ``loss``) or the next one, ``state.global_step`` the steps taken."""
+    stage: Stage | None
+    """The stage being trained or evaluated (None before the first: the ``eval.before`` row)."""
+    eval_view: str | None
+    """While evaluating: the adapter asked to answer (None: the run's own answer, slow if dual;
+    ``"fast"``: the fast adapter's row of a dual run)."""
+
+    def batch(self, items: list, shared: bool = False) -> dict: ...
+    def score(self, items: list, scope: str | None = None, reduction: str | None = None) -> list[float]: ...
+    def surprise_of_task(self, task: int, scope: str | None = None, reduction: str | None = None) -> list[float]: ...
+    def reset_optimizer(self) -> None: ...
+    def stage_name(self, stage: Stage) -> str: ...
+    def log(self, message: str) -> None: ...
+
+
+@dataclass
+class NoConfig:
+    """A plugin without options."""
+
+
+class Plugin:
+    """Base class of every plugin: the hooks do nothing until overridden."""
+
+    name: ClassVar[str] = "plugin"
+    Config: ClassVar[type] = NoConfig
+    """The plugin's own options, a dataclass."""
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config if config is not None else self.Config()
+
+    @classmethod
+    def config_from(cls, cfg: RunConfig) -> Any:
+        """The plugin's ``Config`` built from (a view of) the run's config tree; the default
+        takes the dataclass's defaults. Built-ins read their section (EWC: ``train.ewc_*``,
+        SuRe: ``replay.*``), so the user-facing keys stay where they are."""
+        return cls.Config()
+
+    def before_task(self, ctx: RunContext, stage: Stage) -> None:
+        pass
+
+    def loss(self, ctx: RunContext, loss: torch.Tensor) -> torch.Tensor:
+        return loss
+
+    def after_step(self, ctx: RunContext, record: StepRecord) -> None:
+        pass
+
+    def after_task(self, ctx: RunContext, stage: Stage) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def eval_context(self, ctx: RunContext, task: int) -> Iterator[None]:
+        yield
+
+    def after_eval(self, ctx: RunContext, stage: Stage | None) -> None:
+        pass
+
+    def after_run(self, ctx: RunContext, results: dict) -> None:
+        pass
+
+    def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        return {}, {}
+
+    def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+        pass
+
+
+class Plugins:
+    """A run's plugins under their checkpoint keys, in hook order (see the module docstring)."""
+
+    def __init__(self, plugins: dict[str, Plugin]) -> None:
+        self.by_key = dict(plugins)
+        self._list = list(self.by_key.values())
+
+    def __iter__(self) -> Iterator[Plugin]:
+        return iter(self._list)
+
+    def before_task(self, ctx: RunContext, stage: Stage) -> None:
+        for p in self._list:
+            p.before_task(ctx, stage)
+
+    def loss(self, ctx: RunContext, loss: torch.Tensor) -> torch.Tensor:
+        for p in self._list:
+            loss = p.loss(ctx, loss)
+        return loss
+
+    def after_step(self, ctx: RunContext, record: StepRecord) -> None:
+        for p in self._list:
+            p.after_step(ctx, record)
+
+    def after_task(self, ctx: RunContext, stage: Stage) -> None:
+        for p in reversed(self._list):
+            p.after_task(ctx, stage)
+
+    @contextlib.contextmanager
+    def eval_context(self, ctx: RunContext, task: int, skip: tuple[Plugin, ...] = ()) -> Iterator[None]:
+        """Every plugin's ``eval_context`` but those in ``skip``, entered in list order."""
+        with contextlib.ExitStack() as stack:
+            for p in self._list:
+                if p not in skip:
+                    stack.enter_context(p.eval_context(ctx, task))
+            yield
+
+    def after_eval(self, ctx: RunContext, stage: Stage | None) -> None:
+        for p in self._list:
+            p.after_eval(ctx, stage)
+
+    def after_run(self, ctx: RunContext, results: dict) -> None:
+        for p in self._list:
+            p.after_run(ctx, results)
+
+    def state_dicts(self) -> dict[str, tuple[dict, dict[str, torch.Tensor]]]:
+        return {key: p.state_dict() for key, p in self.by_key.items()}
+
+    def load_state_dicts(self, states: dict[str, tuple[dict, dict[str, torch.Tensor]]]) -> None:
+        for key, p in self.by_key.items():
+            meta, tensors = states.get(key, ({}, {}))
+            p.load_state_dict(meta, tensors)

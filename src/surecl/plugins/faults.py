@@ -1,0 +1,39 @@
+"""Fault injection for the crash tests.
+
+``SURECL_KILL_AT=<point>`` SIGKILLs the process at a named point:
+
+* ``step:<stage>:<step>`` - as a step starts (in the ``loss`` hook, before its backward:
+  nothing of the step has reached the disk);
+* ``score:<task>`` - as the surprise of a task's training set is computed;
+* ``stage_end:<s>`` - after stage ``s`` was trained and evaluated, before its checkpoint;
+* ``checkpoint:<name>`` - while checkpoint ``name`` is written (tensors written, metadata not).
+
+``SURECL_NAN_AT=<stage>:<step>`` turns that step's loss into NaN (the run then stops with a
+clear error and the last checkpoint intact).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from surecl.plugins.base import Plugin
+
+
+def fault_point(name: str) -> None:
+    """``SURECL_KILL_AT=name`` SIGKILLs the process here."""
+    if os.environ.get("SURECL_KILL_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class FaultInjection(Plugin):
+    """The step-level faults, through the ``loss`` hook (the other points call :func:`fault_point`)."""
+
+    name = "faults"
+
+    def loss(self, ctx, loss):
+        where = f"{ctx.stage.row}:{ctx.state.step}"
+        fault_point(f"step:{where}")
+        if os.environ.get("SURECL_NAN_AT") == where:
+            loss = loss * float("nan")
+        return loss

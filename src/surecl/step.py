@@ -1,0 +1,150 @@
+"""The training step: one optimizer step on a mixed batch, as its own unit.
+
+:class:`TrainStep` owns the AdamW optimizer of the fast adapter and the learning-rate
+schedule, and is the run's ``optimizer`` plugin (``before_task`` clears the AdamW state with
+``train.fresh_optimizer``; its state is the optimizer's). Calling it takes one step:
+
+1. the batch = the current examples, then the replayed entries; with W processes each takes
+   every W-th item, and the loss is the token mean over the *whole* mixed batch, scaled by W so
+   DDP's gradient average equals the one-process gradient;
+2. forward and backward over micro-batch slices of at most ``train.micro_batch_tokens`` padded
+   tokens (gradient accumulation: only one slice's activations are alive). With a shared
+   prefix the slices are cut task by task and each runs its task's prompt prefix once;
+   the plugins' ``loss`` hooks act on the first slice's share (a penalty enters once);
+3. gradient clip, AdamW step;
+4. a :class:`~surecl.plugins.base.StepRecord` of what it did, per-item NLL put back in the
+   items' order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from surecl.data.encode import micro_batch_positions
+from surecl.errors import SureclError
+from surecl.nll import token_nll
+from surecl.plugins.base import Plugin, Stage, StepRecord
+from surecl.replay.buffer import Entry
+
+
+@dataclass
+class StepConfig:
+    """The step's options, a view of ``train.*``."""
+
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    scheduler: str = "constant"
+    warmup_steps: int = 0
+    fresh_optimizer: bool = False
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 1024
+
+
+class TrainStep(Plugin):
+    name = "optimizer"
+    Config = StepConfig
+
+    @classmethod
+    def config_from(cls, cfg) -> StepConfig:
+        return StepConfig(**{f: getattr(cfg.train, f) for f in StepConfig.__dataclass_fields__})
+
+    def __init__(self, config: StepConfig, params: list[torch.nn.Parameter]) -> None:
+        super().__init__(config)
+        self.params = list(params)
+        """The parameters it trains (the method's :meth:`~surecl.methods.Method.parameters`)."""
+        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
+        self._schedules: dict = {}
+
+    # ------------------------------------------------------------------ schedule
+
+    def lr_at(self, step: int, total: int) -> float:
+        """The learning rate of ``step`` (0-based) in a stage of ``total`` steps: transformers'
+        schedule ``train.scheduler`` with ``train.warmup_steps``, restarted every stage. A pure
+        function of the step, so a run resumed inside a stage continues on the same curve."""
+        return self.config.lr * self._schedule(total)(step)
+
+    def _schedule(self, total: int):
+        """The multiplier ``get_scheduler`` builds for a stage of ``total`` steps (cached per length)."""
+        if total not in self._schedules:
+            from transformers import get_scheduler
+
+            name, warm = self.config.scheduler, self.config.warmup_steps
+            if name == "constant" and warm:  # warmup_steps always meant warming up: keep that
+                name = "constant_with_warmup"
+            probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # the schedule needs an optimizer to wrap
+            self._schedules[total] = get_scheduler(name, probe, num_warmup_steps=warm, num_training_steps=max(1, total)).lr_lambdas[0]
+        return self._schedules[total]
+
+    # ------------------------------------------------------------------ plugin hooks
+
+    def reset(self) -> None:
+        """Fresh AdamW state (moment estimates and step counts)."""
+        self.optimizer.state.clear()
+
+    def before_task(self, ctx, stage: Stage) -> None:
+        if self.config.fresh_optimizer:
+            self.reset()
+
+    def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        sd = self.optimizer.state_dict()
+        tensors = {}
+        for idx, slots in sd["state"].items():
+            for key, value in slots.items():
+                tensors[f"{idx}/{key}"] = (value if torch.is_tensor(value) else torch.tensor(value)).cpu()
+        return {"param_groups": sd["param_groups"]}, tensors
+
+    def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in tensors.items():
+            idx, slot = key.split("/", 1)
+            state.setdefault(int(idx), {})[slot] = value
+        self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+    # ------------------------------------------------------------------ the step
+
+    def __call__(self, ctx, stage: Stage, step: int, total: int, current: list[tuple[int, int]], replayed: list[Entry]) -> StepRecord:
+        """One optimizer step on ``current`` + ``replayed`` (step ``step`` of ``total`` in ``stage``)."""
+        accelerator, world, rank = ctx.accelerator, ctx.world, ctx.rank
+        items = [ctx.train_sets[t][i] for t, i in current] + [ctx.train_sets[e.task][e.index] for e in replayed]
+        n_tokens = sum(len(e.answer) for e in items)
+        local = items[rank::world] if world > 1 else items
+        weight = float(world) if local else 0.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(step, total)
+        rows = local or items[:1]  # a rank without items runs one at weight 0 (DDP needs every rank's backward)
+        tasks = None
+        if ctx.share_prefix:
+            tasks = [t for t, _ in current] + [e.task for e in replayed]
+            tasks = tasks[rank::world] if local else tasks[:1]
+        slices = micro_batch_positions(rows, self.config.micro_batch_tokens, tasks)
+        parts, loss_total = [], 0.0
+        for k, positions in enumerate(slices):
+            sync = accelerator.no_sync(ctx.model) if k < len(slices) - 1 else contextlib.nullcontext()
+            with sync:
+                nll_k, count_k = token_nll(ctx.model, ctx.batch([rows[i] for i in positions], shared=True), scope="label", is_seq2seq=ctx.is_seq2seq)
+                loss = weight * nll_k.sum() / n_tokens
+                if k == 0:
+                    loss = ctx.plugins.loss(ctx, loss)  # a penalty enters once per step
+                if not torch.isfinite(loss):
+                    raise SureclError(
+                        f"non-finite loss ({loss.item()}) at task {ctx.stage_name(stage)} step {step}; the last checkpoint "
+                        "is intact: lower train.lr (or fix the data) and rerun the same command to resume"
+                    )
+                accelerator.backward(loss)
+            loss_total = loss_total + loss.detach()
+            parts.append((nll_k.detach(), count_k.detach()))
+        back = torch.tensor([i for positions in slices for i in positions]).argsort()
+        nll, count = torch.cat([p[0] for p in parts])[back], torch.cat([p[1] for p in parts])[back]
+        shown = accelerator.reduce(loss_total, "sum") / world if world > 1 else loss_total
+        if self.config.grad_clip:
+            accelerator.clip_grad_norm_(self.params, self.config.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepRecord(
+            stage=stage, step=step, global_step=ctx.state.global_step + 1, current=current, replayed=replayed,
+            rows=list(range(len(items)))[rank::world] if local else [], nll=nll, tokens=count,
+            loss=shown.item(), lr=self.optimizer.param_groups[0]["lr"],
+        )
