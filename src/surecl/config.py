@@ -53,17 +53,56 @@ class ModelConfig:
 
 
 @dataclass
+class HFTaskConfig:
+    """One ``data.hf`` task: a Hugging Face ``datasets`` source and how to read it. In YAML or
+    an override a plain string is the ``path``, every other field at its default."""
+
+    path: str = ""
+    """A folder written by ``save_to_disk`` (a ``DatasetDict``, or one ``Dataset``: its rows are
+    the ``train`` split), a data file (``.parquet``, ``.csv``, ``.json``, ``.jsonl``: one
+    ``train`` split), a folder of such files (split names from the file names, e.g.
+    ``train.csv`` and ``test.csv``), or a hub id (``owner/name``) where the hub is reachable."""
+    name: str = ""
+    """The dataset's configuration name (``load_dataset(path, name)``), for hub datasets that have several."""
+    task: str = ""
+    """The task's name in the stream; default: the file or folder name without its suffix (a
+    hub id's last part, with ``-<name>`` when a configuration is named)."""
+    text_column: str = "text"
+    """The column holding the input text (strings)."""
+    label_column: str = "label"
+    """The column holding the answer: strings, or integers, which are the column's
+    ``ClassLabel`` names where it has them, else the i-th of ``labels`` (from 0) where those are
+    given, else the number as a string. Not read for ``data.kind=text``."""
+    train_split: str = "train"
+    test_split: str = "test"
+    test_fraction: float = 0.0
+    """Above 0 (and below 1): the test split is this fraction of the train split, held out by
+    a fixed draw per task name (the same for every run seed and method), and ``test_split`` is
+    not read. For sources with one split (a data file, one saved ``Dataset``)."""
+    labels: list[str] = field(default_factory=list)
+    """The task's label set, in order (the options of its prompt); default: the column's
+    ``ClassLabel`` names, else the sorted distinct labels of both splits. A row whose label is
+    not among them is an error (or dropped with ``data.invalid_labels=drop``)."""
+    instruction: str = ""
+    """The task's instruction; default: the generic one of ``data.jsonl`` tasks."""
+
+
+@dataclass
 class DataConfig:
     """The task stream."""
 
     benchmark: str = "embedded"
-    """``embedded`` (offline default), ``tiny`` (fixture), ``none`` (only ``data.jsonl`` tasks), or a path to a CL_Benchmark folder."""
+    """``embedded`` (offline default), ``tiny`` (fixture), ``none`` (only ``data.jsonl`` / ``data.hf`` tasks), or a path to a CL_Benchmark folder."""
     order: str = "default"
     """A task order: ``1``..``6`` for CL_Benchmark, ``default`` for the benchmark's own order."""
     tasks: list[str] = field(default_factory=list)
     """Explicit task names in training order; overrides ``order``."""
     jsonl: list[str] = field(default_factory=list)
     """User tasks, one JSONL file each (see README); appended after benchmark tasks."""
+    hf: list[HFTaskConfig] = field(default_factory=list)
+    """User tasks read with Hugging Face ``datasets`` (``pip install surecl[hf]``), one per
+    entry: a path or hub id, or a mapping of :class:`HFTaskConfig` fields (column names,
+    splits, labels); appended after the JSONL tasks."""
     kind: str = "classify"
     """``classify`` (instruction + options -> label) or ``text``: continual pre-training on raw
     documents (benchmark tasks keep their inputs only), next-token loss on every token,
@@ -86,6 +125,11 @@ class DataConfig:
     invalid_labels: str = "error"
     """Rows whose label is not in the task's labels: ``error`` (default) or ``drop`` them (the
     run prints how many per task; CL_Benchmark's MNLI test split has 131 rows labelled ``-``)."""
+
+    def __post_init__(self) -> None:
+        # From Python, a data.hf entry may be a plain path, as in YAML.
+        if isinstance(self.hf, list):
+            self.hf = [HFTaskConfig(path=e) if isinstance(e, str) else e for e in self.hf]
 
 
 @dataclass
@@ -263,6 +307,15 @@ def _check_types(obj: Any, prefix: str) -> None:
                 raise SureclError(f"{key}: expected a {typ.__name__}, got {value!r}")
             _check_types(value, key + ".")
             continue
+        entry = _entry_type(typ)
+        if entry is not None:
+            if not isinstance(value, list):
+                raise SureclError(f"{key}: expected a list, got {value!r}")
+            for i, item in enumerate(value):
+                if not isinstance(item, entry):
+                    raise SureclError(f"{key}[{i}]: expected a {entry.__name__} or a path, got {item!r}")
+                _check_types(item, f"{key}[{i}].")
+            continue
         if typing.get_origin(typ) is list:
             ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
         elif typ is float:
@@ -338,6 +391,12 @@ def validate(cfg: RunConfig) -> RunConfig:
             raise SureclError(f"{key}: {get_key(cfg, key)!r} {why}")
     if cfg.replay.buffer_size > 0 and cfg.replay.buffer_size >= 1 and cfg.replay.buffer_size != int(cfg.replay.buffer_size):
         raise SureclError(f"replay.buffer_size: {cfg.replay.buffer_size!r} must be a fraction below 1 or a whole count")
+    for i, entry in enumerate(cfg.data.hf):
+        key = f"data.hf[{i}]"
+        if not entry.path.strip():
+            raise SureclError(f"{key}.path: empty; give a dataset folder, a data file or a hub id")
+        if not (0.0 <= entry.test_fraction < 1.0):
+            raise SureclError(f"{key}.test_fraction: {entry.test_fraction!r} must be in [0, 1) (0 = read {key}.test_split)")
     for name in cfg.data.tasks:
         if "/" in name or "\\" in name or name.startswith(".") or not name:
             raise SureclError(f"data.tasks: task name {name!r} must not contain path separators or start with '.'")
@@ -363,6 +422,35 @@ def validate(cfg: RunConfig) -> RunConfig:
 def _field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _entry_type(typ: Any) -> type | None:
+    """The dataclass of a ``list[SomeConfig]`` field (``data.hf``), else None."""
+    if typing.get_origin(typ) is list:
+        (inner,) = typing.get_args(typ)[:1]
+        if dataclasses.is_dataclass(inner):
+            return inner
+    return None
+
+
+def _coerce_entries(value: Any, entry: type, key: str, source: str) -> list[Any]:
+    """A list of ``entry`` dataclasses from YAML/CLI: each item a mapping of its fields or a
+    string, which sets its first field (a path); a string alone is a comma-separated list."""
+    if isinstance(value, str):
+        value = [v for v in (s.strip() for s in value.split(",")) if v]
+    if not isinstance(value, (list, tuple)):
+        raise SureclError(f"{key}: expected a list, got {value!r}")
+    first = dataclasses.fields(entry)[0].name
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            item = {first: item}
+        if not isinstance(item, dict):
+            raise SureclError(f"{source}: {key}[{i}] must be a {first} or a mapping of {', '.join(f.name for f in dataclasses.fields(entry))}")
+        obj = entry()
+        _apply_mapping(obj, item, f"{key}[{i}].", source)
+        out.append(obj)
+    return out
 
 
 def get_key(cfg: Any, dotted: str) -> Any:
@@ -428,6 +516,8 @@ def _apply_mapping(obj: Any, mapping: dict[str, Any], prefix: str, source: str) 
             if not isinstance(value, dict):
                 raise SureclError(f"{source}: {key} must be a mapping")
             _apply_mapping(getattr(obj, name), value, key + ".", source)
+        elif _entry_type(typ) is not None:
+            setattr(obj, name, _coerce_entries(value, _entry_type(typ), key, source))
         else:
             setattr(obj, name, _coerce(value, typ, key))
 
