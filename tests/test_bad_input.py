@@ -85,6 +85,7 @@ CASES = {
     "perplexity of a labelled stream": (["eval.mode=perplexity"], None, ["eval.mode", "data.kind='classify'"]),
     "unknown data kind": (["data.kind=audio"], None, ["data.kind", "'audio'"]),
     "online policy on whole sequences": (["replay.policy=online_surprise"], None, ["replay.scope", "online_surprise"]),
+    "no checkpoint kept": (["train.keep_checkpoints=0"], None, ["train.keep_checkpoints", ">= 1"]),
 }
 
 

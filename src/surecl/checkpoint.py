@@ -157,12 +157,14 @@ ComponentState = tuple[dict, dict[str, torch.Tensor]]
 """A component's ``state_dict()``: JSON-able meta and a flat ``{name: tensor}`` dict."""
 
 
-def save(root: Path, name: str, components: dict[str, ComponentState], meta: dict[str, Any]) -> Path:
+def save(root: Path, name: str, components: dict[str, ComponentState], meta: dict[str, Any], keep: int = 2) -> Path:
     """Write checkpoint ``root/name`` from the components' state dicts (each under its key:
     meta in ``meta.json`` under ``components``, tensors in ``tensors.safetensors`` as
-    ``<key>/<name>``) plus the run-level ``meta`` (config, task names); keep the previous
-    checkpoint as fallback. Atomic: the folder is built under a temporary name, ``meta.json``
-    (holding the tensor file's SHA-256) is written last, then the folder is renamed into place."""
+    ``<key>/<name>``) plus the run-level ``meta`` (config, task names); keep the newest ``keep``
+    complete checkpoints (by default this one and the previous as fallback). Atomic: the folder
+    is built under a temporary name, ``meta.json`` (holding the tensor file's SHA-256) is
+    written last, then the folder is renamed into place and older ones are removed, so while
+    it is written ``keep`` + 1 checkpoints lie on disk."""
     root.mkdir(parents=True, exist_ok=True)
     tensors = {f"{key}/{k}": v.detach().cpu().contiguous() for key, (_, part) in components.items() for k, v in part.items()}
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
@@ -182,9 +184,8 @@ def save(root: Path, name: str, components: dict[str, ComponentState], meta: dic
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    # Keep the newest two complete checkpoints.
     done = sorted(p for p in root.glob("stage-*") if p.is_dir())
-    for old in done[:-2]:
+    for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return root / name
 

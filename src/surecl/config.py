@@ -178,6 +178,11 @@ class TrainConfig:
     """Training examples per task used to estimate the EWC Fisher."""
     checkpoint_every: int = 50
     """Also checkpoint every this many steps inside a task (0 = only between tasks)."""
+    keep_checkpoints: int = 2
+    """Complete checkpoints kept in ``checkpoints/`` (the newest; one more lies there while the
+    next is written). 2 keeps a fallback should the newest be damaged; 1 halves the disk a run
+    holds, which matters for full fine-tuning (``seq_ft``: weights and both AdamW moments, 1.6
+    GB a checkpoint for SmolLM2-135M, against a few MB with LoRA)."""
     micro_batch_tokens: int = 1024
     """Run a step's mixed batch in slices of at most this many padded tokens, accumulating
     gradients (same loss and update; the saved activations of one slice at a time bound the
@@ -309,6 +314,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("train.max_steps_per_task", cfg.train.max_steps_per_task >= 0, "must be >= 0"),
         ("train.warmup_steps", cfg.train.warmup_steps >= 0, "must be >= 0"),
         ("train.checkpoint_every", cfg.train.checkpoint_every >= 0, "must be >= 0"),
+        ("train.keep_checkpoints", cfg.train.keep_checkpoints >= 1, "must be >= 1"),
         ("train.ewc_lambda", cfg.train.ewc_lambda >= 0, "must be >= 0"),
         ("train.ewc_samples", cfg.train.ewc_samples >= 1, "must be >= 1"),
         ("data.n_train", cfg.data.n_train >= 0, "must be >= 0"),

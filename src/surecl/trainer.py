@@ -357,7 +357,10 @@ class ContinualRun:
             st = self.state
             name = f"stage-{st.next_stage:04d}" + (f"-step-{st.step:06d}" if st.batches is not None else "")
             components = {"run": (dataclasses.asdict(st), {}), "rng": self._rng_state(), **self.plugins.state_dicts()}
-            checkpoint.save(self.out_dir / "checkpoints", name, components, {"config": self.cfg.to_dict(), "tasks": [t.name for t in self.tasks]})
+            checkpoint.save(
+                self.out_dir / "checkpoints", name, components, {"config": self.cfg.to_dict(), "tasks": [t.name for t in self.tasks]},
+                keep=self.cfg.train.keep_checkpoints,
+            )
         self.accelerator.wait_for_everyone()
 
     def restore(self) -> Path | None:
