@@ -5,7 +5,7 @@ optimizer step it moves toward the fast one with one fused ``torch._foreach_lerp
 adapter tensors only (no copy of the base model). Evaluation activates ``slow``.
 :class:`DualLoRA` is the run's learner plugin (:mod:`surecl.plugins.base`): ``after_step``
 takes the EMA step, ``eval_context`` chooses the adapter that answers, its state is both
-adapters and the EMA clock.
+adapters and the EMA clock, ``export`` writes the adapters in PEFT format.
 On the CPU, LoRA dropout draws its mask from 16-bit slices of 64-bit random words
 (:class:`LoraDropout`): forward and backward in 54-61 % of ``nn.Dropout``'s time, which
 draws once per element (``bench/dropout_mask.py``).
@@ -171,6 +171,18 @@ class DualLoRA(Plugin):
     def eval_context(self, ctx, task: int) -> contextlib.AbstractContextManager:
         """The adapter the run asks for (``ctx.eval_view``), by default the evaluation adapter."""
         return self.evaluating(ctx.eval_view)
+
+    def export(self, ctx, results: dict) -> None:
+        """The adapters in PEFT format, ``adapters/fast`` (and ``adapters/slow`` if dual), each
+        naming its base portably and with its model card."""
+        from surecl import __version__
+        from surecl.card import model_card, portable_base
+        from surecl.checkpoint import save_adapter
+
+        base_model, note = portable_base(ctx.cfg.model.name, ctx.model_path)
+        for name in [FAST, SLOW] if self.dual.enabled else [FAST]:
+            card = model_card(results, name, base_model, note, __version__)
+            save_adapter(self, ctx.out_dir / "adapters", name, base_model=base_model, card=card)
 
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """Both adapters' tensors (by parameter name), the bias-corrected EMA's raw average

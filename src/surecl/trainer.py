@@ -509,15 +509,7 @@ class ContinualRun:
         if self.accelerator.is_main_process:
             checkpoint.write_json(self.out_dir / "results.json", results)
             checkpoint.write_json(self.out_dir / "buffer.json", self.policy.buffer.state_dict())
-            adapters_dir = self.out_dir / "adapters"
-            names = ["fast", "slow"] if self.cfg.dual.enabled else ["fast"]
-            from surecl import __version__
-            from surecl.card import model_card, portable_base
-
-            base_model, note = portable_base(self.cfg.model.name, self.model_path)
-            for name in names:
-                card = model_card(results, name, base_model, note, __version__)
-                checkpoint.save_adapter(self.adapters, adapters_dir, name, base_model=base_model, card=card)
+            self.plugins.export(self, results)  # the learner's adapters, a full fine-tuned model, ...
             write_run_report(self.out_dir, results)
         return results
 

@@ -19,6 +19,9 @@ these hooks (all optional; the defaults do nothing):
   task: chooses the weights that answer (slow or fast adapter, a per-task snapshot). Also
   entered, in a dual run, for the fast adapter's row (``ctx.eval_view == "fast"``) and, except
   the method's, for the before-training row (``eval.before``; ``ctx.stage`` is None then).
+* ``export(ctx, results)``  - once, at the end of a finished run (main process only), after
+  ``results.json``: write what the plugin leaves for use after the run into ``ctx.out_dir``
+  (the learner's PEFT adapters; full fine-tuning's whole model), atomically.
 * ``state_dict()`` / ``load_state_dict(meta, tensors)`` - the plugin's own state for
   checkpoints: JSON-able ``meta`` and a flat ``{name: tensor}`` dict (tensors are handed
   back on the CPU; a plugin moves them where it needs them). A checkpoint without the
@@ -113,6 +116,9 @@ class RunContext(Protocol):
     adapters: Any
     """The :class:`~surecl.adapters.DualLoRA` learner (``fast_params``, ``adapter_state``, ...)."""
     model: Any
+    tokenizer: Any
+    model_path: str
+    """The folder (or hub name) the base model was loaded from."""
     trained_params: list
     """The parameters the optimizer trains (the method's ``parameters(ctx)``; by default the
     fast adapter's)."""
@@ -186,6 +192,9 @@ class Plugin:
     def eval_context(self, ctx: RunContext, task: int) -> Iterator[None]:
         yield
 
+    def export(self, ctx: RunContext, results: dict) -> None:
+        pass
+
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
         return {}, {}
 
@@ -228,6 +237,10 @@ class Plugins:
                 if p not in skip:
                     stack.enter_context(p.eval_context(ctx, task))
             yield
+
+    def export(self, ctx: RunContext, results: dict) -> None:
+        for p in self._list:
+            p.export(ctx, results)
 
     def state_dicts(self) -> dict[str, tuple[dict, dict[str, torch.Tensor]]]:
         return {key: p.state_dict() for key, p in self.by_key.items()}
