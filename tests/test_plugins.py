@@ -395,3 +395,25 @@ def test_a_method_chooses_what_the_optimizer_trains(tmp_path, tiny_cache):
         assert res["accuracy_matrix"][0][0] is not None
     finally:
         registry.unregister_method("only_b")
+
+
+class NoDual(surecl.Method):
+    """Refuses the dual learner at config validation."""
+
+    @classmethod
+    def validate_config(cls, cfg):
+        if cfg.dual.enabled:
+            raise SureclError("dual.enabled: no_dual cannot run with the dual learner")
+
+
+def test_a_method_refuses_a_config_at_validation(tmp_path, capsys):
+    surecl.register_method("no_dual", NoDual)
+    try:
+        assert build_config("tiny,seq_lora", ["method=no_dual"]).method == "no_dual"
+        with pytest.raises(SureclError, match="^dual.enabled: no_dual"):
+            build_config("tiny,slow_surprise", ["method=no_dual"])
+        code = main(["run", "--dry-run", "--config", "tiny,slow_surprise", "method=no_dual", "--out", str(tmp_path / "x")])
+        assert code == 2 and capsys.readouterr().err.strip() == "surecl: error: dual.enabled: no_dual cannot run with the dual learner"
+        assert not (tmp_path / "x").exists()
+    finally:
+        registry.unregister_method("no_dual")

@@ -348,6 +348,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         )
     if cfg.replay.aging and cfg.replay.policy != "none" and not policy.uses_scores:
         raise SureclError(f"replay.aging: policy {cfg.replay.policy} keeps no scores to age; use policy=surprise")
+    registry.method_class(cfg.method).validate_config(cfg)  # combinations the method cannot run
     return cfg
 
 
