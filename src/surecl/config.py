@@ -149,7 +149,8 @@ class TrainConfig:
     batch_size: int = 8
     lr: float = 2e-3
     """AdamW learning rate of the fast adapter (the default suits the embedded run's 30 steps
-    per task; the paper presets set 1e-3 for T5-large and 1e-4 for Llama-3.1-8B)."""
+    per task; the paper presets set 1e-3 for T5-large and 1e-4 for Llama-3.1-8B), or of what
+    the method trains instead (``seq_ft``: every base weight; its preset sets 5e-5)."""
     weight_decay: float = 0.0
     warmup_steps: int = 0
     scheduler: str = "constant"
@@ -220,7 +221,8 @@ class RunConfig:
 
     method: str = "sequential"
     """Training regime: ``sequential`` (continual), ``mtl`` (joint upper bound), ``per_task``,
-    ``ewc``, or a method added with ``surecl.register_method``."""
+    ``ewc``, ``seq_ft`` (full fine-tuning of the base), or a method added with
+    ``surecl.register_method``."""
     preset: str = ""
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -107,10 +107,10 @@ class ContinualRun:
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.progress = progress
-        # No buffer broadcast in DDP's forward: the base is frozen and its buffers (rotary
-        # frequencies) never change, and a collective per forward would deadlock the ranks,
-        # whose steps may run different numbers of forwards (micro-batch slices and shared
-        # prefix passes are cut from each rank's own rows). The one collective of a step is
+        # No buffer broadcast in DDP's forward: the base's buffers (rotary frequencies) never
+        # change (full fine-tuning trains weights, not buffers), and a collective per forward
+        # would deadlock the ranks, whose steps may run different numbers of forwards
+        # (micro-batch slices and shared prefix passes are cut from each rank's own rows). The one collective of a step is
         # the gradient all-reduce of its last slice's backward.
         ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp])
