@@ -85,6 +85,9 @@ CASES = {
     "perplexity of a labelled stream": (["eval.mode=perplexity"], None, ["eval.mode", "data.kind='classify'"]),
     "unknown data kind": (["data.kind=audio"], None, ["data.kind", "'audio'"]),
     "online policy on whole sequences": (["replay.policy=online_surprise"], None, ["replay.scope", "online_surprise"]),
+    "full fine-tuning with the dual learner": (["dual.enabled=true", "--config", "tiny,seq_ft"], None, ["dual.enabled", "seq_ft"]),
+    "full fine-tuning of bf16 weights": (["model.dtype=bf16", "--config", "tiny,seq_ft"], None, ["model.dtype", "seq_ft", "fp32"]),
+    "no checkpoint kept": (["train.keep_checkpoints=0"], None, ["train.keep_checkpoints", ">= 1"]),
 }
 
 

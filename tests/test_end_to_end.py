@@ -34,9 +34,12 @@ def test_every_preset_runs_on_tiny(preset, tmp_path, cache_dir):
     else:
         assert a[0][0] is not None and a[0][1] is None
         assert results["forgetting"] == pytest.approx(results["ap"] - results["fp"])
-    for name in ("results.json", "report.md", "heatmap.png", "log.jsonl", "adapters/fast/adapter_config.json"):
+    # what the run leaves for use after it: the PEFT adapters, or full fine-tuning's whole model
+    exported = "model/model.safetensors" if cfg.method == "seq_ft" else "adapters/fast/adapter_config.json"
+    for name in ("results.json", "report.md", "heatmap.png", "log.jsonl", exported):
         assert (tmp_path / "run" / name).is_file(), name
     assert (tmp_path / "run" / "adapters" / "slow").is_dir() == cfg.dual.enabled
+    assert (tmp_path / "run" / "adapters").is_dir() == (cfg.method != "seq_ft")
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["config"]["preset"] == preset
     assert saved["base_dtype"] == "float32" and saved["device"] == "cpu"

@@ -13,6 +13,8 @@ What each case restores besides the adapters and AdamW state:
 * ``ewc``: the Fisher and anchor (the penalty is active in task 2).
 * ``per_task``: the snapshot of every finished task (evaluated after the resume).
 * ``cpt``: the before-training row (killed while writing its checkpoint) and a text stream.
+* ``seq_ft``: every base weight and its AdamW moments (full fine-tuning; one checkpoint kept,
+  ``train.keep_checkpoints=1``), killed between tasks and mid-task; the exported ``model/``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ CASES = {
     "ewc": ("tiny,ewc", ["train.ewc_lambda=1e5", "train.ewc_samples=8"], ["step:1:3"], ["stage-0001-step-000002"]),
     "per_task": ("tiny,per_task", [], ["step:1:3"], ["stage-0001-step-000002"]),
     "cpt": ("tiny,cpt,slow_surprise", [], ["checkpoint:stage-0000", "step:1:3"], [None, "stage-0001-step-000002"]),
+    "seq_ft": (
+        "tiny,seq_ft", ["train.lr=1e-3", "train.keep_checkpoints=1"], ["stage_end:0", "step:1:3"],
+        ["stage-0000-step-000002", "stage-0001-step-000002"],
+    ),
 }
 
 
@@ -130,6 +136,9 @@ def outcome(out: Path) -> dict:
         f = out / "adapters" / name / "adapter_model.safetensors"
         if f.is_file():
             adapters[name] = {k: v.tolist() for k, v in load_file(str(f)).items()}
+    model = out / "model" / "model.safetensors"  # a full fine-tuned model (seq_ft)
+    if model.is_file():
+        adapters["model"] = {k: v.tolist() for k, v in load_file(str(model)).items()}
     return {
         "results": {k: res.get(k) for k in ("accuracy_matrix", "fast", "initial", "fp", "ap", "forgetting", "bwt", "steps", "buffer")},
         "log": [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()],
@@ -170,7 +179,9 @@ def test_killed_run_resumes_to_the_uninterrupted_result(case, surecl):
     # the comparison means something: the run trained, and replay runs kept a buffer
     first_task = [line["loss"] for line in expected["log"] if line["stage"] == 0]
     assert len(expected["log"]) == 12 and first_task[-1] < first_task[0]
-    if case not in ("ewc", "per_task"):
+    if case not in ("ewc", "per_task", "seq_ft"):
         assert expected["buffer"]["entries"], "the policy should have kept entries"
+    if case == "seq_ft":
+        assert expected["adapters"].keys() == {"model"}
     if case == "cpt":
         assert expected["results"]["initial"] is not None and len(expected["results"]["initial"]) == 3

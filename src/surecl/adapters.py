@@ -5,7 +5,9 @@ optimizer step it moves toward the fast one with one fused ``torch._foreach_lerp
 adapter tensors only (no copy of the base model). Evaluation activates ``slow``.
 :class:`DualLoRA` is the run's learner plugin (:mod:`surecl.plugins.base`): ``after_step``
 takes the EMA step, ``eval_context`` chooses the adapter that answers, its state is both
-adapters and the EMA clock.
+adapters and the EMA clock, ``export`` writes the adapters in PEFT format. A method that
+trains other weights (full fine-tuning) takes the adapters out of the run with
+:meth:`DualLoRA.bypass` and trains :meth:`DualLoRA.base_parameters`.
 On the CPU, LoRA dropout draws its mask from 16-bit slices of 64-bit random words
 (:class:`LoraDropout`): forward and backward in 54-61 % of ``nn.Dropout``'s time, which
 draws once per element (``bench/dropout_mask.py``).
@@ -82,6 +84,8 @@ class DualLoRA(Plugin):
             raise SureclError(f"lora.target_modules: {str(exc).splitlines()[0]}") from None
         self._lora_dtype_fp32()
         self.steps = 0
+        self.bypassed = False
+        """True once :meth:`bypass` took the adapters out of the run."""
         if dual.enabled:
             # The slow adapter's random init is overwritten by a copy of fast below; drawing it
             # from a forked RNG leaves the global stream (dropout masks, later draws) exactly as
@@ -130,10 +134,11 @@ class DualLoRA(Plugin):
         return SLOW if self.dual.enabled else FAST
 
     def activate(self, name: str) -> None:
-        """Make ``name`` the active adapter; only fast parameters ever require grad."""
+        """Make ``name`` the active adapter; only fast parameters ever require grad (none
+        once bypassed)."""
         self.model.set_adapter(name)
         for p in self.fast_params:
-            p.requires_grad_(True)
+            p.requires_grad_(not self.bypassed)
         for p in self.slow_params:
             p.requires_grad_(False)
 
@@ -163,6 +168,31 @@ class DualLoRA(Plugin):
             torch._foreach_copy_(self.slow_params, self._raw)
             torch._foreach_div_(self.slow_params, 1.0 - beta**self.steps)
 
+    def _adapter_modules(self) -> Iterator[torch.nn.Module]:
+        """The PEFT layers (each wraps one base module and holds its adapters' weights)."""
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        return (m for m in self.model.modules() if isinstance(m, BaseTunerLayer))
+
+    def bypass(self) -> None:
+        """Take the adapters out of the run, for a method that trains other weights: every
+        LoRA layer calls its base layer alone (the adapters add nothing, draw no dropout mask
+        and cost no compute), no adapter weight requires grad, and :meth:`export` writes none.
+        Their (untouched) weights stay in the checkpoints."""
+        for module in self._adapter_modules():
+            module.enable_adapters(False)
+        self.bypassed = True
+        self.activate(FAST)
+
+    def base_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """The base model's own weights, no adapter's, each once (weights tied together, as
+        SmolLM2's input and output embeddings, are one parameter, under its first name),
+        keyed by the name transformers gives it in the bare model (PEFT's ``.base_layer``
+        removed): the keys of a ``save_pretrained`` state dict."""
+        adapter = {id(p) for m in self._adapter_modules() for layer in m.adapter_layer_names for p in getattr(m, layer).parameters()}
+        base = self.model.get_base_model()
+        return {n.replace(".base_layer.", "."): p for n, p in base.named_parameters() if id(p) not in adapter}
+
     # ------------------------------------------------------------------ plugin hooks
 
     def after_step(self, ctx, record) -> None:
@@ -171,6 +201,20 @@ class DualLoRA(Plugin):
     def eval_context(self, ctx, task: int) -> contextlib.AbstractContextManager:
         """The adapter the run asks for (``ctx.eval_view``), by default the evaluation adapter."""
         return self.evaluating(ctx.eval_view)
+
+    def export(self, ctx, results: dict) -> None:
+        """The adapters in PEFT format, ``adapters/fast`` (and ``adapters/slow`` if dual), each
+        naming its base portably and with its model card; none when bypassed."""
+        if self.bypassed:
+            return
+        from surecl import __version__
+        from surecl.card import model_card, portable_base
+        from surecl.checkpoint import save_adapter
+
+        base_model, note = portable_base(ctx.cfg.model.name, ctx.model_path)
+        for name in [FAST, SLOW] if self.dual.enabled else [FAST]:
+            card = model_card(results, name, base_model, note, __version__)
+            save_adapter(self, ctx.out_dir / "adapters", name, base_model=base_model, card=card)
 
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """Both adapters' tensors (by parameter name), the bias-corrected EMA's raw average

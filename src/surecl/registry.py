@@ -28,6 +28,7 @@ _METHODS: dict[str, type | str] = {
     "mtl": "surecl.methods.mtl:MultiTask",
     "per_task": "surecl.methods.per_task:PerTask",
     "ewc": "surecl.methods.ewc:EWC",
+    "seq_ft": "surecl.methods.seq_ft:SeqFT",
 }
 _POLICIES: dict[str, type | str] = {
     "none": "surecl.replay.policies:NoReplay",

@@ -115,10 +115,10 @@ class ContinualRun:
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.progress = progress
-        # No buffer broadcast in DDP's forward: the base is frozen and its buffers (rotary
-        # frequencies) never change, and a collective per forward would deadlock the ranks,
-        # whose steps may run different numbers of forwards (micro-batch slices and shared
-        # prefix passes are cut from each rank's own rows). The one collective of a step is
+        # No buffer broadcast in DDP's forward: the base's buffers (rotary frequencies) never
+        # change (full fine-tuning trains weights, not buffers), and a collective per forward
+        # would deadlock the ranks, whose steps may run different numbers of forwards
+        # (micro-batch slices and shared prefix passes are cut from each rank's own rows). The one collective of a step is
         # the gradient all-reduce of its last slice's backward.
         ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
         trackers = check_trackers(list(log_with))
@@ -383,7 +383,10 @@ class ContinualRun:
             st = self.state
             name = f"stage-{st.next_stage:04d}" + (f"-step-{st.step:06d}" if st.batches is not None else "")
             components = {"run": (dataclasses.asdict(st), {}), "rng": self._rng_state(), **self.plugins.state_dicts()}
-            checkpoint.save(self.out_dir / "checkpoints", name, components, {"config": self.cfg.to_dict(), "tasks": [t.name for t in self.tasks]})
+            checkpoint.save(
+                self.out_dir / "checkpoints", name, components, {"config": self.cfg.to_dict(), "tasks": [t.name for t in self.tasks]},
+                keep=self.cfg.train.keep_checkpoints,
+            )
         self.accelerator.wait_for_everyone()
 
     def restore(self) -> Path | None:
@@ -532,15 +535,7 @@ class ContinualRun:
         if self.accelerator.is_main_process:
             checkpoint.write_json(self.out_dir / "results.json", results)
             checkpoint.write_json(self.out_dir / "buffer.json", self.policy.buffer.state_dict())
-            adapters_dir = self.out_dir / "adapters"
-            names = ["fast", "slow"] if self.cfg.dual.enabled else ["fast"]
-            from surecl import __version__
-            from surecl.card import model_card, portable_base
-
-            base_model, note = portable_base(self.cfg.model.name, self.model_path)
-            for name in names:
-                card = model_card(results, name, base_model, note, __version__)
-                checkpoint.save_adapter(self.adapters, adapters_dir, name, base_model=base_model, card=card)
+            self.plugins.export(self, results)  # the learner's adapters, a full fine-tuned model, ...
             write_run_report(self.out_dir, results)
         self.plugins.after_run(self, results)
         return results

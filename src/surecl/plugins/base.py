@@ -23,7 +23,10 @@ these hooks (all optional; the defaults do nothing):
   adapter's, ``ctx.state.accuracy_fast``) is filled; ``stage`` is None for the before-training
   row (``ctx.state.initial``). Loggers and trackers read the matrix here.
 * ``after_run(ctx, results)`` - once, when the run has finished and ``results`` (the dict
-  written to ``results.json``) is final: close trackers, export.
+  written to ``results.json``) is final (after ``export``): close trackers.
+* ``export(ctx, results)``  - once, at the end of a finished run (main process only), after
+  ``results.json``: write what the plugin leaves for use after the run into ``ctx.out_dir``
+  (the learner's PEFT adapters; full fine-tuning's whole model), atomically.
 * ``state_dict()`` / ``load_state_dict(meta, tensors)`` - the plugin's own state for
   checkpoints: JSON-able ``meta`` and a flat ``{name: tensor}`` dict (tensors are handed
   back on the CPU; a plugin moves them where it needs them). A checkpoint without the
@@ -118,6 +121,9 @@ class RunContext(Protocol):
     adapters: Any
     """The :class:`~surecl.adapters.DualLoRA` learner (``fast_params``, ``adapter_state``, ...)."""
     model: Any
+    tokenizer: Any
+    model_path: str
+    """The folder (or hub name) the base model was loaded from."""
     trained_params: list
     """The parameters the optimizer trains (the method's ``parameters(ctx)``; by default the
     fast adapter's)."""
@@ -197,6 +203,9 @@ class Plugin:
     def after_run(self, ctx: RunContext, results: dict) -> None:
         pass
 
+    def export(self, ctx: RunContext, results: dict) -> None:
+        pass
+
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
         return {}, {}
 
@@ -247,6 +256,10 @@ class Plugins:
     def after_run(self, ctx: RunContext, results: dict) -> None:
         for p in self._list:
             p.after_run(ctx, results)
+
+    def export(self, ctx: RunContext, results: dict) -> None:
+        for p in self._list:
+            p.export(ctx, results)
 
     def state_dicts(self) -> dict[str, tuple[dict, dict[str, torch.Tensor]]]:
         return {key: p.state_dict() for key, p in self.by_key.items()}
