@@ -41,8 +41,10 @@ def _fmt(value, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def model_card(results: dict, adapter: str, base_model: str, note: str, version: str) -> str:
-    """The ``README.md`` of one saved adapter, from a run's results."""
+def model_card(results: dict, adapter: str, base_model: str, note: str, version: str, summed: tuple[int, float, list[str]] | None = None) -> str:
+    """The ``README.md`` of one saved adapter, from a run's results. ``summed``: the adapter
+    was saved summed with frozen always-on adapters (``(rank, alpha, their names)``,
+    :meth:`surecl.adapters.DualLoRA.save_pretrained`)."""
     cfg = results["config"]
     tasks = results["tasks"]
     ppl = results.get("metric") == "perplexity"
@@ -58,6 +60,12 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
         "slow": f"the **slow** adapter: an exponential moving average (beta {cfg['dual']['beta']}) of the fast one after every step; "
         "the run evaluates with it",
     }.get(adapter, f"the `{adapter}` adapter")
+    rank, alpha = (summed[0], summed[1]) if summed else (cfg["lora"]["r"], cfg["lora"]["alpha"])
+    if summed:
+        role += (
+            f", summed with the frozen adapter(s) {', '.join(f'`{n}`' for n in summed[2])} that took part in every forward "
+            "(O-LoRA / N-LoRA: every earlier task's LoRA), stacked into one LoRA adapter"
+        )
     buffer = results.get("buffer") or {}
     per_task = ", ".join(f"{k} {v}" for k, v in (buffer.get("per_task") or {}).items()) or "empty"
     own = adapter == "fast" and bool(results.get("fast"))  # a dual run also evaluated its fast adapter
@@ -68,7 +76,7 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
         *front,
         f"# surecl LoRA adapter: {cfg.get('preset') or cfg['method']} ({adapter})",
         "",
-        f"A LoRA adapter (rank {cfg['lora']['r']}, alpha {cfg['lora']['alpha']}, on {', '.join(cfg['lora']['target_modules'])}) "
+        f"A LoRA adapter (rank {rank}, alpha {alpha}, on {', '.join(cfg['lora']['target_modules'])}) "
         f"for `{base_model}`, {role}, written by surecl {version} at the end of a continual run.",
         "",
         f"Base model: {note}",

@@ -513,7 +513,8 @@ class ContinualRun:
 
             base_model, note = portable_base(self.cfg.model.name, self.model_path)
             for name in names:
-                card = model_card(results, name, base_model, note, __version__)
+                summed = (*self.adapters.merged_shape(name), self.adapters.always_on) if self.adapters.always_on else None
+                card = model_card(results, name, base_model, note, __version__, summed)
                 checkpoint.save_adapter(self.adapters, adapters_dir, name, base_model=base_model, card=card)
             write_run_report(self.out_dir, results)
         return results
