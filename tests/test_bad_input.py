@@ -85,6 +85,10 @@ CASES = {
     "perplexity of a labelled stream": (["eval.mode=perplexity"], None, ["eval.mode", "data.kind='classify'"]),
     "unknown data kind": (["data.kind=audio"], None, ["data.kind", "'audio'"]),
     "online policy on whole sequences": (["replay.policy=online_surprise"], None, ["replay.scope", "online_surprise"]),
+    "O-LoRA with the dual learner": (["dual.enabled=true", "--config", "tiny,olora"], None, ["dual.enabled", "olora", "dual.enabled=false"]),
+    "N-LoRA with the dual learner": (["dual.enabled=true", "--config", "tiny,nlora"], None, ["dual.enabled", "nlora"]),
+    "N-LoRA's code form on a non-square module": (["nlora.l1_of=ab", "--config", "tiny,nlora"], None, ["nlora.l1_of", "in == out"]),
+    "unknown O-LoRA norm": (["olora.orth_norm=l2", "--config", "tiny,olora"], None, ["olora.orth_norm", "'l2'"]),
 }
 
 

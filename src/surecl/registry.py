@@ -28,6 +28,8 @@ _METHODS: dict[str, type | str] = {
     "mtl": "surecl.methods.mtl:MultiTask",
     "per_task": "surecl.methods.per_task:PerTask",
     "ewc": "surecl.methods.ewc:EWC",
+    "olora": "surecl.methods.olora:OLoRA",
+    "nlora": "surecl.methods.olora:NLoRA",
 }
 _POLICIES: dict[str, type | str] = {
     "none": "surecl.replay.policies:NoReplay",
