@@ -12,6 +12,9 @@ What each case restores besides the adapters and AdamW state:
 * ``online_surprise``: the label-quota heaps with their training-loss scores.
 * ``ewc``: the Fisher and anchor (the penalty is active in task 2).
 * ``per_task``: the snapshot of every finished task (evaluated after the resume).
+* ``olora_replay``: O-LoRA's store of earlier tasks' LoRAs (filled when the next task starts,
+  after the first kill's rerun) with a reservoir buffer beside it, and the L2 term on.
+* ``nlora``: the same store under N-LoRA's L1 penalty.
 * ``cpt``: the before-training row (killed while writing its checkpoint) and a text stream.
 * ``seq_ft``: every base weight and its AdamW moments (full fine-tuning; one checkpoint kept,
   ``train.keep_checkpoints=1``), killed between tasks and mid-task; the exported ``model/``.
@@ -46,6 +49,11 @@ CASES = {
     "online_surprise": ("tiny,online_surprise", [], ["step:1:3"], ["stage-0001-step-000002"]),
     "ewc": ("tiny,ewc", ["train.ewc_lambda=1e5", "train.ewc_samples=8"], ["step:1:3"], ["stage-0001-step-000002"]),
     "per_task": ("tiny,per_task", [], ["step:1:3"], ["stage-0001-step-000002"]),
+    "olora_replay": (
+        "tiny,olora", ["replay.policy=reservoir", "olora.lambda_l2=0.01"], ["stage_end:0", "step:1:3"],
+        ["stage-0000-step-000002", "stage-0001-step-000002"],
+    ),
+    "nlora": ("tiny,nlora", ["nlora.lambda_l1=1e-5"], ["step:1:3"], ["stage-0001-step-000002"]),
     "cpt": ("tiny,cpt,slow_surprise", [], ["checkpoint:stage-0000", "step:1:3"], [None, "stage-0001-step-000002"]),
     "seq_ft": (
         "tiny,seq_ft", ["train.lr=1e-3", "train.keep_checkpoints=1"], ["stage_end:0", "step:1:3"],
@@ -179,7 +187,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(case, surecl):
     # the comparison means something: the run trained, and replay runs kept a buffer
     first_task = [line["loss"] for line in expected["log"] if line["stage"] == 0]
     assert len(expected["log"]) == 12 and first_task[-1] < first_task[0]
-    if case not in ("ewc", "per_task", "seq_ft"):
+    if case not in ("ewc", "per_task", "seq_ft", "nlora"):
         assert expected["buffer"]["entries"], "the policy should have kept entries"
     if case == "seq_ft":
         assert expected["adapters"].keys() == {"model"}

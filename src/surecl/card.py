@@ -82,8 +82,10 @@ def _run_table(results: dict, scores: dict) -> list[str]:
     ]
 
 
-def model_card(results: dict, adapter: str, base_model: str, note: str, version: str) -> str:
-    """The ``README.md`` of one saved adapter, from a run's results."""
+def model_card(results: dict, adapter: str, base_model: str, note: str, version: str, summed: tuple[int, float, list[str]] | None = None) -> str:
+    """The ``README.md`` of one saved adapter, from a run's results. ``summed``: the adapter
+    was saved summed with frozen always-on adapters (``(rank, alpha, their names)``,
+    :meth:`surecl.adapters.DualLoRA.save_pretrained`)."""
     cfg = results["config"]
     front = ["---", "library_name: peft"]
     if _is_hub(base_model):
@@ -94,6 +96,12 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
         "slow": f"the **slow** adapter: an exponential moving average (beta {cfg['dual']['beta']}) of the fast one after every step; "
         "the run evaluates with it",
     }.get(adapter, f"the `{adapter}` adapter")
+    rank, alpha = (summed[0], summed[1]) if summed else (cfg["lora"]["r"], cfg["lora"]["alpha"])
+    if summed:
+        role += (
+            f", summed with the frozen adapter(s) {', '.join(f'`{n}`' for n in summed[2])} that took part in every forward "
+            "(O-LoRA / N-LoRA: every earlier task's LoRA), stacked into one LoRA adapter"
+        )
     own = adapter == "fast" and bool(results.get("fast"))  # a dual run also evaluated its fast adapter
     scores = results["fast"] if own else results
     evaluated = "this adapter" if own or not cfg["dual"]["enabled"] or adapter == "slow" else "the run's evaluation adapter (slow)"
@@ -101,7 +109,7 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
         *front,
         f"# surecl LoRA adapter: {cfg.get('preset') or cfg['method']} ({adapter})",
         "",
-        f"A LoRA adapter (rank {cfg['lora']['r']}, alpha {cfg['lora']['alpha']}, on {', '.join(cfg['lora']['target_modules'])}) "
+        f"A LoRA adapter (rank {rank}, alpha {alpha}, on {', '.join(cfg['lora']['target_modules'])}) "
         f"for `{base_model}`, {role}, written by surecl {version} at the end of a continual run.",
         "",
         f"Base model: {note}",

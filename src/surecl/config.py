@@ -271,13 +271,67 @@ class EvalConfig:
 
 
 @dataclass
+class OLoRAConfig:
+    """O-LoRA (method ``olora``; Wang et al., 2023, "Orthogonal Subspace Learning for Language
+    Model Continual Learning", code ``cmnfriend/O-LoRA``): a new LoRA per task, earlier tasks'
+    LoRAs frozen and summed into every forward, and the loss of task t gets
+    ``lambda_orth * sum_layers sum_{i<t} orth(A_i, A_t) + lambda_l2 * l2(theta_t)``.
+
+    The defaults are its scripts' (``scripts/order_1.sh`` .. ``order_3.sh`` of
+    ``cmnfriend/O-LoRA`` pass ``--lamda_1 0.5 --lamda_2 0`` for every task of every order).
+    The penalty forms default to the paper's formulas; ``orth_norm=l1`` and ``l2_norm=fro``
+    give the reference code's (``src/uie_trainer_lora.py``, ``training_step``)."""
+
+    lambda_orth: float = 0.5
+    """lambda_1: weight of the orthogonality penalty between the current task's LoRA A and
+    every earlier task's (0.5 in O-LoRA's scripts)."""
+    lambda_l2: float = 0.0
+    """lambda_2: weight of the L2 penalty on the current task's LoRA A and B (0 in O-LoRA's
+    scripts, so the term is off by default)."""
+    orth_norm: str = "fro2"
+    """``fro2``: the paper's ``||A_i^T A_t||_F^2`` (squared Frobenius norm of the overlap of
+    the two subspaces); ``l1``: the code's ``torch.abs(torch.mm(A_i, A_t.T)).sum()`` (the sum of
+    the overlap's absolute entries)."""
+    l2_norm: str = "fro2"
+    """``fro2``: the paper's ``||theta_t||_2^2`` (sum of squares of the current LoRA's
+    entries); ``fro``: the code's ``torch.norm(param, p=2)`` summed over the LoRA tensors (a
+    norm per tensor, not squared)."""
+
+
+@dataclass
+class NLoRAConfig:
+    """N-LoRA (method ``nlora``; Yang et al., COLING 2025, "Is Parameter Collision Hindering
+    Continual Learning in LLMs?", code ``PKU-YuanGroup/N-LoRA``): O-LoRA's setting (a new
+    LoRA per task, earlier ones frozen and summed into every forward) with an L1 (sparsity)
+    penalty on the current task's update in place of the orthogonality term:
+    ``lambda_l1 * sum_layers ||B_t A_t||_1`` (entrywise, the paper's ``||Delta W_t||_1``).
+
+    Sources: the official repository's code and scripts were not available to this project;
+    the values below are those of N-LoRA's code as carried by ``zuti666/Continual-Flat-LoRA``
+    (its README: "Code follow N-Lora"): ``src/uie_trainer_lora.py`` adds
+    ``lamda_1 * torch.norm(torch.mm(loranew_A, loranew_B), p=1)`` per layer and
+    ``scripts_T5/order_1.sh`` passes ``--lamda_1 0.4``."""
+
+    lambda_l1: float = 0.4
+    """Weight of the sparsity penalty (0.4: the T5 script above). Under AdamW an L1 gradient
+    does not fade near zero; on the tiny test stream 0.4 (and down to 4e-4) with
+    ``l1_of=delta`` keeps the tasks from being learned at all: measure before a long run."""
+    l1_of: str = "delta"
+    """``delta``: the paper's ``||B_t A_t||_1``, the sum of the absolute entries of the task's
+    ``(out, in)`` update (without the LoRA scaling); ``ab``: the code's ``||A_t B_t||_1`` with
+    PEFT's shapes (A ``(r, in)``, B ``(out, r)``): an ``(r, r)`` product, defined only where a
+    module's input and output widths are equal (a run with another module stops with an
+    error)."""
+
+
+@dataclass
 class RunConfig:
     """A whole continual run."""
 
     method: str = "sequential"
     """Training regime: ``sequential`` (continual), ``mtl`` (joint upper bound), ``per_task``,
-    ``ewc``, ``seq_ft`` (full fine-tuning of the base), or a method added with
-    ``surecl.register_method``."""
+    ``ewc``, ``seq_ft`` (full fine-tuning of the base), ``olora``, ``nlora``, or a method added
+    with ``surecl.register_method``."""
     preset: str = ""
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -287,6 +341,8 @@ class RunConfig:
     dual: DualConfig = field(default_factory=DualConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    olora: OLoRAConfig = field(default_factory=OLoRAConfig)
+    nlora: NLoRAConfig = field(default_factory=NLoRAConfig)
     log_every: int = 1
 
     def __post_init__(self) -> None:
@@ -351,6 +407,9 @@ CHOICES: dict[str, tuple[str, ...] | None] = {
     "data.test_sampling": ("balanced", "random"),
     "train.batching": ("bucketed", "uniform"),
     "eval.matrix": ("full", "fp_ap"),
+    "olora.orth_norm": ("fro2", "l1"),
+    "olora.l2_norm": ("fro2", "fro"),
+    "nlora.l1_of": ("delta", "ab"),
 }
 
 
@@ -383,6 +442,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("train.keep_checkpoints", cfg.train.keep_checkpoints >= 1, "must be >= 1"),
         ("train.ewc_lambda", cfg.train.ewc_lambda >= 0, "must be >= 0"),
         ("train.ewc_samples", cfg.train.ewc_samples >= 1, "must be >= 1"),
+        ("olora.lambda_orth", cfg.olora.lambda_orth >= 0 and math.isfinite(cfg.olora.lambda_orth), "must be >= 0"),
+        ("olora.lambda_l2", cfg.olora.lambda_l2 >= 0 and math.isfinite(cfg.olora.lambda_l2), "must be >= 0"),
+        ("nlora.lambda_l1", cfg.nlora.lambda_l1 >= 0 and math.isfinite(cfg.nlora.lambda_l1), "must be >= 0"),
         ("data.n_train", cfg.data.n_train >= 0, "must be >= 0"),
         ("data.n_test", cfg.data.n_test >= 0, "must be >= 0"),
         ("lora.r", cfg.lora.r >= 1, "must be >= 1"),

@@ -29,6 +29,8 @@ _METHODS: dict[str, type | str] = {
     "per_task": "surecl.methods.per_task:PerTask",
     "ewc": "surecl.methods.ewc:EWC",
     "seq_ft": "surecl.methods.seq_ft:SeqFT",
+    "olora": "surecl.methods.olora:OLoRA",
+    "nlora": "surecl.methods.olora:NLoRA",
 }
 _POLICIES: dict[str, type | str] = {
     "none": "surecl.replay.policies:NoReplay",
