@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from plain_eval import greedy_row
 
 from surecl.config import build_config
 from surecl.plugins.base import Plugin
@@ -105,9 +106,7 @@ def test_saved_adapter_is_every_task_lora_summed_and_reproduces_eval_with_plain_
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from surecl.data.encode import TaskEncoder
     from surecl.data.loading import load_stream
-    from surecl.evaluate import accuracy
 
     cfg = build_config("tiny,olora", [TWO, "data.n_test=8"])
     r = ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
@@ -118,29 +117,10 @@ def test_saved_adapter_is_every_task_lora_summed_and_reproduces_eval_with_plain_
     assert (config["r"], config["lora_alpha"]) == (2 * cfg.lora.r, 2 * cfg.lora.alpha)  # scaling alpha / r kept
     assert "rank 16, alpha 32" in (folder / "README.md").read_text()
     tok = AutoTokenizer.from_pretrained(res["model_path"])
-    encoder = TaskEncoder(tok, cfg.model.max_length)
     tasks = load_stream(cfg, cache_dir=tiny_cache)
 
     def row(model):
-        out = []
-        for t in tasks:
-            items = encoder.encode(t, t.test)
-            new_tokens = max(len(encoder.answer_ids(lab)) for lab in t.labels) + 1
-            preds = []
-            for e in items:
-                ids = torch.tensor([e.prompt])
-                with torch.no_grad():
-                    gen = model.generate(
-                        input_ids=ids,
-                        attention_mask=torch.ones_like(ids),
-                        max_new_tokens=new_tokens,
-                        do_sample=False,
-                        eos_token_id=tok.eos_token_id,
-                        pad_token_id=tok.pad_token_id,
-                    )
-                preds.append(tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True))
-            out.append(accuracy(preds, [e.label for e in items]))
-        return out
+        return greedy_row(model, tok, tasks, cfg.model.max_length)
 
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(res["model_path"]), folder).eval()
     assert row(model) == final, final

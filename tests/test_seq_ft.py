@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from plain_eval import greedy_row
 from safetensors.torch import load_file
 
 from surecl import checkpoint
@@ -100,9 +101,7 @@ def test_the_saved_model_loads_with_transformers_and_reproduces_the_final_row(tm
     ``generate`` one prompt at a time, gives the run's last row; the untouched base does not."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from surecl.data.encode import TaskEncoder
     from surecl.data.loading import load_stream
-    from surecl.evaluate import accuracy
 
     cfg = build_config("tiny,seq_ft", LEARN)
     res = run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
@@ -112,29 +111,10 @@ def test_the_saved_model_loads_with_transformers_and_reproduces_the_final_row(tm
     assert "adapter" not in card.replace("no adapter", "")  # a whole model, not an adapter card
     assert not (tmp_path / "run" / "adapters").exists()
     tok = AutoTokenizer.from_pretrained(folder)
-    encoder = TaskEncoder(tok, cfg.model.max_length)
     tasks = load_stream(cfg, cache_dir=tiny_cache)
 
     def last_row(model) -> list[float]:
-        row = []
-        for t in tasks:
-            items = encoder.encode(t, t.test)
-            new_tokens = max(len(encoder.answer_ids(lab)) for lab in t.labels) + 1
-            preds = []
-            for e in items:
-                ids = torch.tensor([e.prompt])
-                with torch.no_grad():
-                    out = model.generate(
-                        input_ids=ids,
-                        attention_mask=torch.ones_like(ids),
-                        max_new_tokens=new_tokens,
-                        do_sample=False,
-                        eos_token_id=tok.eos_token_id,
-                        pad_token_id=tok.pad_token_id,
-                    )
-                preds.append(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
-            row.append(accuracy(preds, [e.label for e in items]))
-        return row
+        return greedy_row(model, tok, tasks, cfg.model.max_length)
 
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied again on load
