@@ -45,7 +45,7 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
             tasks.append(load_hf_task(spec, f"data.hf[{i}]", data.kind, data.invalid_labels))
     if not tasks:
         raise SureclError("data: the stream has no tasks (set data.benchmark, data.jsonl or data.hf)")
-    return prepare_stream(tasks, data.n_train, data.n_test, data.train_sampling == "balanced", cfg.seed, test_balanced=data.test_sampling == "balanced")
+    return sampled(tasks, cfg)
 
 
 def caller_stream(tasks: list[Task], cfg: RunConfig) -> list[Task]:
@@ -58,5 +58,10 @@ def caller_stream(tasks: list[Task], cfg: RunConfig) -> list[Task]:
     tasks = [t.as_text() if cfg.data.kind == "text" and t.kind != "text" else t for t in tasks]
     for t in tasks:
         t.check("tasks", cfg.data.invalid_labels)
+    return sampled(list(tasks), cfg)
+
+
+def sampled(tasks: list[Task], cfg: RunConfig) -> list[Task]:
+    """The stream subsampled as the config says (``data.n_train`` / ``n_test``, ``data.*_sampling``, seed)."""
     data = cfg.data
-    return prepare_stream(list(tasks), data.n_train, data.n_test, data.train_sampling == "balanced", cfg.seed, test_balanced=data.test_sampling == "balanced")
+    return prepare_stream(tasks, data.n_train, data.n_test, data.train_sampling == "balanced", cfg.seed, test_balanced=data.test_sampling == "balanced")
