@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import surecl
 from surecl.config import DualConfig, LoraConfig, ModelConfig, ReplayConfig, RunConfig, TrainConfig, build_config, preset_names
@@ -100,3 +101,63 @@ def test_api_run_end_to_end(tmp_path, tiny_cache):
     results = surecl.run(cfg, tmp_path / "api", progress=False, cache_dir=tiny_cache)
     assert results["tasks"] == ["colors"] and len(results["accuracy_matrix"]) == 1
     assert (tmp_path / "api" / "results.json").is_file()
+
+
+def caller_model_and_tasks():
+    """A tiny Llama, its word-level tokenizer and two tasks, all built here as a user would
+    (not through model.name or data.*)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    words = ["<pad>", "<eos>", "<unk>", "Classify", "the", "word", "Option:", "Answer:", "hot", "warm", "cold", "icy",
+             "up,", "up", "down", "north", "south"]
+    vocab = {w: i for i, w in enumerate(words)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                         pad_token_id=0, eos_token_id=1, bos_token_id=1))
+    rows = lambda pairs, n: [surecl.Example(s, lab) for s, lab in pairs * n]  # noqa: E731
+    temp = surecl.Task("temperature", "Classify the word ", ["up", "down"], rows([("hot", "up"), ("cold", "down")], 16),
+                       rows([("hot", "up"), ("cold", "down")], 4))
+    heading = surecl.Task("heading", "Classify the word ", ["up", "down"], rows([("north", "up"), ("south", "down")], 16),
+                          rows([("north", "up"), ("south", "down")], 4))
+    return model, tokenizer, [temp, heading]
+
+
+def test_continual_run_trains_a_caller_built_model_on_caller_built_tasks(tmp_path):
+    from peft import PeftModel
+
+    model, tokenizer, tasks = caller_model_and_tasks()
+    base = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = surecl.build_config("tiny,seq_lora", ["data.n_train=0", "data.n_test=0", "train.epochs=8", "train.lr=0.01",
+                                                "eval.mode=rank"])
+    cr = surecl.ContinualRun(cfg, tmp_path / "mine", progress=False, model=model, tokenizer=tokenizer, tasks=tasks)
+    results = cr.run()
+    assert results["tasks"] == ["temperature", "heading"]
+    assert results["accuracy_matrix"][0][0] == 100.0 and results["accuracy_matrix"][1][1] == 100.0, results["accuracy_matrix"]
+    trained = cr.peft_model
+    assert isinstance(trained, PeftModel)
+    # the base stayed frozen; the trained adapter answers: "hot" -> "up" through the PEFT model directly
+    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if n in base)
+    from surecl.data.encode import build_prompt
+
+    ids = tokenizer(build_prompt(tasks[1], "north"), return_tensors="pt")
+    assert tokenizer.unk_token_id not in ids["input_ids"][0].tolist()
+    assert (tmp_path / "mine" / "results.json").is_file() and trained.training is False
+    with torch.no_grad():
+        logits = trained(**ids).logits[0, -1]
+    assert logits[tokenizer.convert_tokens_to_ids("up")] > logits[tokenizer.convert_tokens_to_ids("down")]
+
+
+def test_caller_inputs_are_checked(tmp_path):
+    model, tokenizer, tasks = caller_model_and_tasks()
+    cfg = surecl.build_config("tiny,seq_lora", [])
+    with pytest.raises(SureclError, match="pass both"):
+        surecl.ContinualRun(cfg, tmp_path / "a", progress=False, model=model, tasks=tasks)
+    with pytest.raises(SureclError, match="tasks: expected a list"):
+        surecl.ContinualRun(cfg, tmp_path / "b", progress=False, model=model, tokenizer=tokenizer, tasks=["not a task"])
+    with pytest.raises(SureclError, match="expected a transformers model"):
+        surecl.ContinualRun(cfg, tmp_path / "c", progress=False, model=object(), tokenizer=tokenizer, tasks=tasks)

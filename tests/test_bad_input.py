@@ -90,6 +90,13 @@ CASES = {
     ),
     "prompt length zero": (["method=progressive_prompts", "prompts.length=0"], None, ["prompts.length", ">= 1"]),
     "unknown prompts.eval": (["method=progressive_prompts", "prompts.eval=task"], None, ["prompts.eval", "'task'"]),
+    "full fine-tuning with the dual learner": (["dual.enabled=true", "--config", "tiny,seq_ft"], None, ["dual.enabled", "seq_ft"]),
+    "full fine-tuning of bf16 weights": (["model.dtype=bf16", "--config", "tiny,seq_ft"], None, ["model.dtype", "seq_ft", "fp32"]),
+    "no checkpoint kept": (["train.keep_checkpoints=0"], None, ["train.keep_checkpoints", ">= 1"]),
+    "O-LoRA with the dual learner": (["dual.enabled=true", "--config", "tiny,olora"], None, ["dual.enabled", "olora", "dual.enabled=false"]),
+    "N-LoRA with the dual learner": (["dual.enabled=true", "--config", "tiny,nlora"], None, ["dual.enabled", "nlora"]),
+    "N-LoRA's code form on a non-square module": (["nlora.l1_of=ab", "--config", "tiny,nlora"], None, ["nlora.l1_of", "in == out"]),
+    "unknown O-LoRA norm": (["olora.orth_norm=l2", "--config", "tiny,olora"], None, ["olora.orth_norm", "'l2'"]),
 }
 
 

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from plain_eval import greedy_row
 
 from surecl.config import build_config, load_yaml, preset_names
 from surecl.trainer import run
@@ -34,9 +35,12 @@ def test_every_preset_runs_on_tiny(preset, tmp_path, cache_dir):
     else:
         assert a[0][0] is not None and a[0][1] is None
         assert results["forgetting"] == pytest.approx(results["ap"] - results["fp"])
-    for name in ("results.json", "report.md", "heatmap.png", "log.jsonl", "adapters/fast/adapter_config.json"):
+    # what the run leaves for use after it: the PEFT adapters, or full fine-tuning's whole model
+    exported = "model/model.safetensors" if cfg.method == "seq_ft" else "adapters/fast/adapter_config.json"
+    for name in ("results.json", "report.md", "heatmap.png", "log.jsonl", exported):
         assert (tmp_path / "run" / name).is_file(), name
     assert (tmp_path / "run" / "adapters" / "slow").is_dir() == cfg.dual.enabled
+    assert (tmp_path / "run" / "adapters").is_dir() == (cfg.method != "seq_ft")
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["config"]["preset"] == preset
     assert saved["base_dtype"] == "float32" and saved["device"] == "cpu"
@@ -73,16 +77,13 @@ def test_saved_adapters_load_with_peft_and_reproduce_eval(tmp_path, cache_dir):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from surecl.data.encode import TaskEncoder
     from surecl.data.loading import load_stream
-    from surecl.evaluate import accuracy
 
     cfg = build_config("tiny,slow_surprise", ["data.tasks=[colors,animals]", "data.n_train=32", "data.n_test=8", "train.epochs=4"])
     res = run(cfg, tmp_path / "run", progress=False, cache_dir=cache_dir)
     final = {"slow": res["accuracy_matrix"][-1], "fast": res["fast"]["accuracy_matrix"][-1]}
     assert final["slow"] != final["fast"], final
     tok = AutoTokenizer.from_pretrained(res["model_path"])
-    encoder = TaskEncoder(tok, cfg.model.max_length)
     tasks = load_stream(cfg, cache_dir=cache_dir)
     assert [t.name for t in tasks] == res["tasks"]
     weights = {}
@@ -94,20 +95,7 @@ def test_saved_adapters_load_with_peft_and_reproduce_eval(tmp_path, cache_dir):
         loaded = {n: p for n, p in model.named_parameters() if "lora_" in n}
         assert sum(float(p.abs().sum()) for n, p in loaded.items() if "lora_B" in n) > 0, "B matrices should have moved off zero"
         assert all(not torch.isnan(p).any() for p in loaded.values())
-        row = []
-        for t in tasks:
-            items = encoder.encode(t, t.test)
-            new_tokens = max(len(encoder.answer_ids(lab)) for lab in t.labels) + 1
-            preds = []
-            for e in items:
-                ids = torch.tensor([e.prompt])
-                with torch.no_grad():
-                    out = model.generate(
-                        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
-                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                    )
-                preds.append(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
-            row.append(accuracy(preds, [e.label for e in items]))
+        row = greedy_row(model, tok, tasks, cfg.model.max_length)
         assert row == final[name], (name, row, final)
     assert weights["slow"].keys() == weights["fast"].keys()
     assert any(not torch.equal(weights["slow"][k], weights["fast"][k]) for k in weights["slow"])

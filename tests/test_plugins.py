@@ -256,7 +256,7 @@ def test_registered_method_and_policy_run_end_to_end(frozen, tmp_path, tiny_cach
     assert json.loads((tmp_path / "cli" / "results.json").read_text())["accuracy_matrix"] == a
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "methods:  ewc, frozen, mtl, per_task, progressive_prompts, sequential" in out
+    assert "methods:  ewc, frozen, mtl, nlora, olora, per_task, progressive_prompts, seq_ft, sequential" in out
     assert "replay:   none, reservoir, random, surprise, online_surprise, first_k" in out
     with pytest.raises(SystemExit):
         main(["run", "--help"])
@@ -279,7 +279,7 @@ def test_registry_checks_names_and_classes(frozen):
         surecl.register_policy("plain", Frozen)
     with pytest.raises(ValueError, match="name"):
         surecl.register_method("no spaces", Frozen)
-    with pytest.raises(SureclError, match=r"method: unknown method 'nosuch' \(choose from ewc, frozen, mtl, per_task, progressive_prompts, sequential\)"):
+    with pytest.raises(SureclError, match=r"method: unknown method 'nosuch' \(choose from ewc, frozen, mtl, nlora, olora, per_task, progressive_prompts, seq_ft, sequential\)"):
         build_config("tiny,seq_lora", ["method=nosuch"])
     with pytest.raises(SureclError, match="replay.policy: 'nosuch' is not one of none, reservoir, random, surprise, online_surprise, first_k"):
         build_config("tiny,seq_lora", ["replay.policy=nosuch"])
@@ -395,6 +395,28 @@ def test_a_method_chooses_what_the_optimizer_trains(tmp_path, tiny_cache):
         assert res["accuracy_matrix"][0][0] is not None
     finally:
         registry.unregister_method("only_b")
+
+
+class NoDual(surecl.Method):
+    """Refuses the dual learner at config validation."""
+
+    @classmethod
+    def validate_config(cls, cfg):
+        if cfg.dual.enabled:
+            raise SureclError("dual.enabled: no_dual cannot run with the dual learner")
+
+
+def test_a_method_refuses_a_config_at_validation(tmp_path, capsys):
+    surecl.register_method("no_dual", NoDual)
+    try:
+        assert build_config("tiny,seq_lora", ["method=no_dual"]).method == "no_dual"
+        with pytest.raises(SureclError, match="^dual.enabled: no_dual"):
+            build_config("tiny,slow_surprise", ["method=no_dual"])
+        code = main(["run", "--dry-run", "--config", "tiny,slow_surprise", "method=no_dual", "--out", str(tmp_path / "x")])
+        assert code == 2 and capsys.readouterr().err.strip() == "surecl: error: dual.enabled: no_dual cannot run with the dual learner"
+        assert not (tmp_path / "x").exists()
+    finally:
+        registry.unregister_method("no_dual")
 
 
 # ------------------------------------------------------------------ what the model reads

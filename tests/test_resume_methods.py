@@ -12,11 +12,16 @@ What each case restores besides the adapters and AdamW state:
 * ``online_surprise``: the label-quota heaps with their training-loss scores.
 * ``ewc``: the Fisher and anchor (the penalty is active in task 2).
 * ``per_task``: the snapshot of every finished task (evaluated after the resume).
+* ``olora_replay``: O-LoRA's store of earlier tasks' LoRAs (filled when the next task starts,
+  after the first kill's rerun) with a reservoir buffer beside it, and the L2 term on.
+* ``nlora``: the same store under N-LoRA's L1 penalty.
 * ``cpt``: the before-training row (killed while writing its checkpoint) and a text stream.
 * ``progressive_prompts`` (with its MLP and reservoir replay): the frozen prompts, the prompt
   and MLP being trained, their AdamW state; killed right after a new prompt was drawn (the
   resumed run draws it again from the restored RNG), then mid-task. The exported prompts
   (``adapters/prompts``) are compared too.
+* ``seq_ft``: every base weight and its AdamW moments (full fine-tuning; one checkpoint kept,
+  ``train.keep_checkpoints=1``), killed between tasks and mid-task; the exported ``model/``.
 """
 
 from __future__ import annotations
@@ -48,10 +53,19 @@ CASES = {
     "online_surprise": ("tiny,online_surprise", [], ["step:1:3"], ["stage-0001-step-000002"]),
     "ewc": ("tiny,ewc", ["train.ewc_lambda=1e5", "train.ewc_samples=8"], ["step:1:3"], ["stage-0001-step-000002"]),
     "per_task": ("tiny,per_task", [], ["step:1:3"], ["stage-0001-step-000002"]),
+    "olora_replay": (
+        "tiny,olora", ["replay.policy=reservoir", "olora.lambda_l2=0.01"], ["stage_end:0", "step:1:3"],
+        ["stage-0000-step-000002", "stage-0001-step-000002"],
+    ),
+    "nlora": ("tiny,nlora", ["nlora.lambda_l1=1e-5"], ["step:1:3"], ["stage-0001-step-000002"]),
     "cpt": ("tiny,cpt,slow_surprise", [], ["checkpoint:stage-0000", "step:1:3"], [None, "stage-0001-step-000002"]),
     "progressive_prompts": (
         "tiny,progressive_prompts", ["prompts.mlp=true", "prompts.mlp_hidden=16", "replay.policy=reservoir"],
         ["step:1:0", "step:1:3"], ["stage-0001", "stage-0001-step-000002"],
+    ),
+    "seq_ft": (
+        "tiny,seq_ft", ["train.lr=1e-3", "train.keep_checkpoints=1"], ["stage_end:0", "step:1:3"],
+        ["stage-0000-step-000002", "stage-0001-step-000002"],
     ),
 }
 
@@ -138,6 +152,9 @@ def outcome(out: Path) -> dict:
         f = out / "adapters" / name / f"{file}.safetensors"
         if f.is_file():
             adapters[name] = {k: v.tolist() for k, v in load_file(str(f)).items()}
+    model = out / "model" / "model.safetensors"  # a full fine-tuned model (seq_ft)
+    if model.is_file():
+        adapters["model"] = {k: v.tolist() for k, v in load_file(str(model)).items()}
     return {
         "results": {k: res.get(k) for k in ("accuracy_matrix", "fast", "initial", "fp", "ap", "forgetting", "bwt", "steps", "buffer")},
         "log": [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()],
@@ -178,9 +195,11 @@ def test_killed_run_resumes_to_the_uninterrupted_result(case, surecl):
     # the comparison means something: the run trained, and replay runs kept a buffer
     first_task = [line["loss"] for line in expected["log"] if line["stage"] == 0]
     assert len(expected["log"]) == 12 and first_task[-1] < first_task[0]
-    if case not in ("ewc", "per_task"):
+    if case not in ("ewc", "per_task", "seq_ft", "nlora"):
         assert expected["buffer"]["entries"], "the policy should have kept entries"
     if case == "progressive_prompts":
         assert len(expected["adapters"]["prompts"]["prefix"]) == 3 * 10
+    if case == "seq_ft":
+        assert expected["adapters"].keys() == {"model"}
     if case == "cpt":
         assert expected["results"]["initial"] is not None and len(expected["results"]["initial"]) == 3

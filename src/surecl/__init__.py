@@ -23,7 +23,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
-    "ContinualRun", "Method", "Plugin", "ReplayPolicy", "RunConfig", "Stage", "StepRecord", "SureclError", "__version__",
+    "ContinualRun", "Example", "Method", "Plugin", "ReplayPolicy", "RunConfig", "Stage", "StepRecord", "SureclError", "Task", "__version__",
     "build_config", "register_method", "register_policy", "run",
 ]
 
@@ -33,6 +33,8 @@ _LAZY = {
     "RunConfig": "surecl.config",
     "build_config": "surecl.config",
     "SureclError": "surecl.errors",
+    "Task": "surecl.data.task",
+    "Example": "surecl.data.task",
     "register_method": "surecl.registry",
     "register_policy": "surecl.registry",
     "Plugin": "surecl.plugins.base",

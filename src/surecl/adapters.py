@@ -5,7 +5,9 @@ optimizer step it moves toward the fast one with one fused ``torch._foreach_lerp
 adapter tensors only (no copy of the base model). Evaluation activates ``slow``.
 :class:`DualLoRA` is the run's learner plugin (:mod:`surecl.plugins.base`): ``after_step``
 takes the EMA step, ``eval_context`` chooses the adapter that answers, its state is both
-adapters and the EMA clock.
+adapters and the EMA clock, ``export`` writes the adapters in PEFT format. A method that
+trains other weights (full fine-tuning) takes the adapters out of the run with
+:meth:`DualLoRA.bypass` and trains :meth:`DualLoRA.base_parameters`.
 On the CPU, LoRA dropout draws its mask from 16-bit slices of 64-bit random words
 (:class:`LoraDropout`): forward and backward in 54-61 % of ``nn.Dropout``'s time, which
 draws once per element (``bench/dropout_mask.py``).
@@ -14,8 +16,10 @@ draws once per element (``bench/dropout_mask.py``).
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
@@ -85,6 +89,11 @@ class DualLoRA(Plugin):
         self.fast_trainable = True
         """Whether the fast adapter requires grad; a method that trains something else (its
         ``parameters``) sets it False in ``setup``, so the frozen adapter costs no gradients."""
+        self.bypassed = False
+        """True once :meth:`bypass` took the adapters out of the run."""
+        self.always_on: list[str] = []
+        """Frozen adapters active in every view beside the one asked for (:meth:`add_frozen_adapter`)."""
+        self._frozen: list[torch.nn.Parameter] = []
         if dual.enabled:
             # The slow adapter's random init is overwritten by a copy of fast below; drawing it
             # from a forked RNG leaves the global stream (dropout masks, later draws) exactly as
@@ -133,13 +142,38 @@ class DualLoRA(Plugin):
         return SLOW if self.dual.enabled else FAST
 
     def activate(self, name: str) -> None:
-        """Make ``name`` the active adapter; only fast parameters ever require grad (unless
-        :attr:`fast_trainable` is off)."""
+        """Make ``name`` the active adapter (with the :attr:`always_on` ones); only fast
+        parameters ever require grad (none once bypassed, or with :attr:`fast_trainable` off)."""
         self.model.set_adapter(name)
+        if self.always_on:
+            self.model.base_model.set_adapter([name, *self.always_on])
         for p in self.fast_params:
-            p.requires_grad_(self.fast_trainable)
+            p.requires_grad_(self.fast_trainable and not self.bypassed)
         for p in self.slow_params:
             p.requires_grad_(False)
+        for p in self._frozen:
+            p.requires_grad_(False)
+
+    def add_frozen_adapter(self, name: str, r: int, alpha: float) -> None:
+        """Add a LoRA adapter ``name`` (rank ``r``, scaling ``alpha / r``, no dropout, the fast
+        adapter's target modules), all zeros, that takes part in every forward from now on
+        (training, scoring, evaluation, generation, in every view) and is never trained: its
+        owner writes its weights. Its random init is drawn from a forked RNG, so the run's
+        random stream is the one it would be without it."""
+        config = PeftLoraConfig(
+            r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(self.peft_config.target_modules), task_type=self.peft_config.task_type,
+        )
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            self.model.add_adapter(name, config)
+        self._lora_dtype_fp32()
+        params = [p for n, p in self.model.named_parameters() if f".{name}." in n]
+        with torch.no_grad():
+            for p in params:
+                p.zero_()
+        self.always_on.append(name)
+        self._frozen.extend(params)
+        self.activate(FAST)
 
     @contextlib.contextmanager
     def evaluating(self, name: str | None = None) -> Iterator[torch.nn.Module]:
@@ -167,6 +201,31 @@ class DualLoRA(Plugin):
             torch._foreach_copy_(self.slow_params, self._raw)
             torch._foreach_div_(self.slow_params, 1.0 - beta**self.steps)
 
+    def _adapter_modules(self) -> Iterator[torch.nn.Module]:
+        """The PEFT layers (each wraps one base module and holds its adapters' weights)."""
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        return (m for m in self.model.modules() if isinstance(m, BaseTunerLayer))
+
+    def bypass(self) -> None:
+        """Take the adapters out of the run, for a method that trains other weights: every
+        LoRA layer calls its base layer alone (the adapters add nothing, draw no dropout mask
+        and cost no compute), no adapter weight requires grad, and :meth:`export` writes none.
+        Their (untouched) weights stay in the checkpoints."""
+        for module in self._adapter_modules():
+            module.enable_adapters(False)
+        self.bypassed = True
+        self.activate(FAST)
+
+    def base_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """The base model's own weights, no adapter's, each once (weights tied together, as
+        SmolLM2's input and output embeddings, are one parameter, under its first name),
+        keyed by the name transformers gives it in the bare model (PEFT's ``.base_layer``
+        removed): the keys of a ``save_pretrained`` state dict."""
+        adapter = {id(p) for m in self._adapter_modules() for layer in m.adapter_layer_names for p in getattr(m, layer).parameters()}
+        base = self.model.get_base_model()
+        return {n.replace(".base_layer.", "."): p for n, p in base.named_parameters() if id(p) not in adapter}
+
     # ------------------------------------------------------------------ plugin hooks
 
     def after_step(self, ctx, record) -> None:
@@ -175,6 +234,21 @@ class DualLoRA(Plugin):
     def eval_context(self, ctx, task: int) -> contextlib.AbstractContextManager:
         """The adapter the run asks for (``ctx.eval_view``), by default the evaluation adapter."""
         return self.evaluating(ctx.eval_view)
+
+    def export(self, ctx, results: dict) -> None:
+        """The adapters in PEFT format, ``adapters/fast`` (and ``adapters/slow`` if dual), each
+        naming its base portably and with its model card; none when bypassed."""
+        if self.bypassed:
+            return
+        from surecl import __version__
+        from surecl.card import model_card, portable_base
+        from surecl.checkpoint import save_adapter
+
+        base_model, note = portable_base(ctx.cfg.model.name, ctx.model_path)
+        for name in [FAST, SLOW] if self.dual.enabled else [FAST]:
+            summed = (*self.merged_shape(name), self.always_on) if self.always_on else None
+            card = model_card(results, name, base_model, note, __version__, summed)
+            save_adapter(self, ctx.out_dir / "adapters", name, base_model=base_model, card=card)
 
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """Both adapters' tensors (by parameter name), the bias-corrected EMA's raw average
@@ -217,8 +291,43 @@ class DualLoRA(Plugin):
                 named[n].copy_(t)
 
     def save_pretrained(self, folder, name: str) -> None:
-        """Write one adapter in PEFT format, loadable with ``PeftModel.from_pretrained``."""
-        self.model.save_pretrained(str(folder), selected_adapters=[name], safe_serialization=True)
+        """Write one adapter in PEFT format, loadable with ``PeftModel.from_pretrained``: the
+        weights that answer in the view ``name``. With :attr:`always_on` adapters that is
+        ``name`` and those summed, written as one LoRA adapter whose rank is the sum of theirs
+        (A matrices stacked, B matrices side by side), under ``folder/name``."""
+        if not self.always_on:
+            self.model.save_pretrained(str(folder), selected_adapters=[name], safe_serialization=True)
+            return
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        names = [name, *self.always_on]
+        configs = [self.model.peft_config[n] for n in names]
+        scales = [c.lora_alpha / c.r for c in configs]
+        states = [get_peft_model_state_dict(self.model, adapter_name=n) for n in names]
+        tensors = {}
+        for key in states[0]:
+            parts = [state[key].detach() for state in states]
+            if ".lora_A." in key:
+                tensors[key] = torch.cat(parts, 0)
+            elif ".lora_B." in key:  # each part's own scaling, folded into its B relative to the first's
+                tensors[key] = torch.cat([p if s == scales[0] else p * (s / scales[0]) for p, s in zip(parts, scales)], 1)
+            else:
+                raise ValueError(f"cannot sum adapter tensor {key}")
+        config = copy.deepcopy(configs[0])
+        config.r, config.lora_alpha = self.merged_shape(name)
+        config.inference_mode = True
+        out = Path(folder) / name
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.cpu().contiguous() for k, v in tensors.items()}, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+        config.save_pretrained(str(out))
+
+    def merged_shape(self, name: str) -> tuple[int, float]:
+        """``(r, lora_alpha)`` of the adapter :meth:`save_pretrained` writes for the view ``name``."""
+        first = self.model.peft_config[name]
+        rank = first.r + sum(self.model.peft_config[n].r for n in self.always_on)
+        alpha = first.lora_alpha * rank / first.r  # the first adapter's scaling alpha / r
+        return rank, int(alpha) if float(alpha).is_integer() else alpha
 
     @torch.no_grad()
     def sync_slow_to_fast(self) -> None:

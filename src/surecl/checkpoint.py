@@ -100,13 +100,42 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tensor], card: str) -> None:
+    """A whole model as a transformers folder (``config.json``, ``model.safetensors``, the
+    tokenizer, ``card`` as ``README.md``), loadable with ``AutoModel*.from_pretrained(folder)``,
+    replaced atomically: built beside ``folder`` under a ``.``-prefixed temporary name and
+    swapped in. ``model`` gives the config; ``state_dict`` the weights, under transformers'
+    names (tied weights once: transformers ties them again on load)."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    old = folder.parent / f".{folder.name}.old"
+    try:
+        model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "README.md").write_text(card, encoding="utf-8")
+        if folder.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
 # --------------------------------------------------------------------------- a run directory
 
 RUN_FILES = ("config.yaml", "results.json", "buffer.json", "log.jsonl", "report.md", "heatmap.png")
 """The files ``surecl run`` writes at the top of its output directory."""
-RUN_DIRS = {"checkpoints": ("stage-",), "adapters": ("fast", "slow", "prompts")}
+RUN_DIRS = {
+    "checkpoints": ("stage-",),
+    "adapters": ("fast", "slow", "prompts"),
+    "tensorboard": ("surecl",),
+    "model": ("config.json", "generation_config.json", "model", "tokenizer", "special_tokens_map.json", "chat_template", "README.md"),
+}
 """The folders it writes there, and what it names inside them (atomic writes add ``.``-prefixed
-temporaries of those names)."""
+temporaries of those names; ``model`` is a full fine-tuned model's transformers folder,
+written whole, whose temporaries sit beside it as ``.model.*``)."""
 
 
 def _ours(name: str, known: tuple[str, ...]) -> bool:
@@ -131,8 +160,11 @@ def run_outputs(out: Path) -> list[Path]:
 
                     raise SureclError(f"--fresh: {inner} was not written by surecl; remove it or choose another --out (nothing was removed)")
             found.append(entry)
-        elif (name in RUN_FILES and entry.is_file()) or name.startswith(".surecl-probe-") or (
-            name.startswith(".") and any(name.startswith(f".{f}.") for f in RUN_FILES) and entry.is_file()
+        elif (
+            (name in RUN_FILES and entry.is_file())
+            or name.startswith(".surecl-probe-")
+            or (name.startswith(".") and any(name.startswith(f".{f}.") for f in RUN_FILES) and entry.is_file())
+            or (name.startswith(".model.") and entry.is_dir() and not entry.is_symlink())
         ):
             found.append(entry)
         else:
@@ -165,12 +197,14 @@ ComponentState = tuple[dict, dict[str, torch.Tensor]]
 """A component's ``state_dict()``: JSON-able meta and a flat ``{name: tensor}`` dict."""
 
 
-def save(root: Path, name: str, components: dict[str, ComponentState], meta: dict[str, Any]) -> Path:
+def save(root: Path, name: str, components: dict[str, ComponentState], meta: dict[str, Any], keep: int = 2) -> Path:
     """Write checkpoint ``root/name`` from the components' state dicts (each under its key:
     meta in ``meta.json`` under ``components``, tensors in ``tensors.safetensors`` as
-    ``<key>/<name>``) plus the run-level ``meta`` (config, task names); keep the previous
-    checkpoint as fallback. Atomic: the folder is built under a temporary name, ``meta.json``
-    (holding the tensor file's SHA-256) is written last, then the folder is renamed into place."""
+    ``<key>/<name>``) plus the run-level ``meta`` (config, task names); keep the newest ``keep``
+    complete checkpoints (by default this one and the previous as fallback). Atomic: the folder
+    is built under a temporary name, ``meta.json`` (holding the tensor file's SHA-256) is
+    written last, then the folder is renamed into place and older ones are removed, so while
+    it is written ``keep`` + 1 checkpoints lie on disk."""
     root.mkdir(parents=True, exist_ok=True)
     tensors = {f"{key}/{k}": v.detach().cpu().contiguous() for key, (_, part) in components.items() for k, v in part.items()}
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
@@ -190,9 +224,8 @@ def save(root: Path, name: str, components: dict[str, ComponentState], meta: dic
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    # Keep the newest two complete checkpoints.
     done = sorted(p for p in root.glob("stage-*") if p.is_dir())
-    for old in done[:-2]:
+    for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return root / name
 

@@ -67,6 +67,9 @@ def cmd_run(args) -> int:
         return 0
     out = _out_dir(args.out, cfg)
     check_out_dir(out)
+    from surecl.plugins.tracking import check_trackers
+
+    log_with = check_trackers([n.strip() for v in args.log_with or [] for n in v.split(",") if n.strip()])
     if args.no_resume:
         print("surecl: --no-resume is deprecated; it now means --fresh", file=sys.stderr)
         args.fresh = True
@@ -79,7 +82,7 @@ def cmd_run(args) -> int:
         return 0
     from surecl.trainer import run
 
-    results = run(cfg, out, fresh=args.fresh, progress=not args.quiet)
+    results = run(cfg, out, fresh=args.fresh, progress=not args.quiet, log_with=log_with)
     print(f"FP {results['fp']:.1f}  AP {results['ap'] if results['ap'] is None else round(results['ap'], 1)}  "
           f"forgetting {results['forgetting'] if results['forgetting'] is None else round(results['forgetting'], 1)}  -> {out}/results.json")
     return 0
@@ -250,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "checkpoint, or does nothing if the run finished")
     r.add_argument("--no-resume", action="store_true", help=argparse.SUPPRESS)  # deprecated alias of --fresh
     r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.add_argument("--log-with", action="append", metavar="TRACKER",
+                   help="also log loss, lr, buffer size and every accuracy-matrix cell to an experiment tracker: tensorboard "
+                        "(events in <out>/tensorboard/; pip install surecl[tensorboard]), wandb, mlflow, ... or all (repeatable, or comma-separated)")
     r.add_argument("--dry-run", action="store_true", help="print the resolved config and the planned steps, buffer and EMA window per task; train nothing")
     r.add_argument("overrides", nargs="*", metavar="key.sub=value")
     r.set_defaults(func=cmd_run)

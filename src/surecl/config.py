@@ -4,6 +4,17 @@ A run is described by one :class:`RunConfig` tree of dataclasses. Presets are YA
 ``surecl/presets`` holding a partial tree; ``key.sub=value`` overrides on the command line set
 single leaves. Unknown keys and wrongly typed values are rejected with a one-line
 :class:`~surecl.errors.SureclError` naming the key.
+
+Why hand-written and not OmegaConf structured configs or jsonargparse (judged for issue 14):
+the parsing here is about 130 lines (``_check_types``, ``_coerce``, ``_apply_mapping``,
+``apply_overrides``) over plain dataclasses. ``OmegaConf.structured`` + ``from_dotlist`` would
+replace perhaps 90 of them, but adds two dependencies (omegaconf, antlr4-python3-runtime),
+turns every leaf into a ``DictConfig``/``ListConfig`` node the rest of the code would have to
+convert back (``to_dict``, ``same_config``, ``dataclasses.asdict`` in results), interprets
+``${...}`` in string values (task instructions, paths), and reports errors over several lines
+(``full_key`` / ``object_type``) that would still need rewrapping into the one-line messages
+the CLI promises. jsonargparse brings the same trade with a larger dependency and its own
+CLI, where ``surecl`` keeps argparse. Neither removes enough to pay for itself here.
 """
 
 from __future__ import annotations
@@ -42,17 +53,56 @@ class ModelConfig:
 
 
 @dataclass
+class HFTaskConfig:
+    """One ``data.hf`` task: a Hugging Face ``datasets`` source and how to read it. In YAML or
+    an override a plain string is the ``path``, every other field at its default."""
+
+    path: str = ""
+    """A folder written by ``save_to_disk`` (a ``DatasetDict``, or one ``Dataset``: its rows are
+    the ``train`` split), a data file (``.parquet``, ``.csv``, ``.json``, ``.jsonl``: one
+    ``train`` split), a folder of such files (split names from the file names, e.g.
+    ``train.csv`` and ``test.csv``), or a hub id (``owner/name``) where the hub is reachable."""
+    name: str = ""
+    """The dataset's configuration name (``load_dataset(path, name)``), for hub datasets that have several."""
+    task: str = ""
+    """The task's name in the stream; default: the file or folder name without its suffix (a
+    hub id's last part, with ``-<name>`` when a configuration is named)."""
+    text_column: str = "text"
+    """The column holding the input text (strings)."""
+    label_column: str = "label"
+    """The column holding the answer: strings, or integers, which are the column's
+    ``ClassLabel`` names where it has them, else the i-th of ``labels`` (from 0) where those are
+    given, else the number as a string. Not read for ``data.kind=text``."""
+    train_split: str = "train"
+    test_split: str = "test"
+    test_fraction: float = 0.0
+    """Above 0 (and below 1): the test split is this fraction of the train split, held out by
+    a fixed draw per task name (the same for every run seed and method), and ``test_split`` is
+    not read. For sources with one split (a data file, one saved ``Dataset``)."""
+    labels: list[str] = field(default_factory=list)
+    """The task's label set, in order (the options of its prompt); default: the column's
+    ``ClassLabel`` names, else the sorted distinct labels of both splits. A row whose label is
+    not among them is an error (or dropped with ``data.invalid_labels=drop``)."""
+    instruction: str = ""
+    """The task's instruction; default: the generic one of ``data.jsonl`` tasks."""
+
+
+@dataclass
 class DataConfig:
     """The task stream."""
 
     benchmark: str = "embedded"
-    """``embedded`` (offline default), ``tiny`` (fixture), ``none`` (only ``data.jsonl`` tasks), or a path to a CL_Benchmark folder."""
+    """``embedded`` (offline default), ``tiny`` (fixture), ``none`` (only ``data.jsonl`` / ``data.hf`` tasks), or a path to a CL_Benchmark folder."""
     order: str = "default"
     """A task order: ``1``..``6`` for CL_Benchmark, ``default`` for the benchmark's own order."""
     tasks: list[str] = field(default_factory=list)
     """Explicit task names in training order; overrides ``order``."""
     jsonl: list[str] = field(default_factory=list)
     """User tasks, one JSONL file each (see README); appended after benchmark tasks."""
+    hf: list[HFTaskConfig] = field(default_factory=list)
+    """User tasks read with Hugging Face ``datasets`` (``pip install surecl[hf]``), one per
+    entry: a path or hub id, or a mapping of :class:`HFTaskConfig` fields (column names,
+    splits, labels); appended after the JSONL tasks."""
     kind: str = "classify"
     """``classify`` (instruction + options -> label) or ``text``: continual pre-training on raw
     documents (benchmark tasks keep their inputs only), next-token loss on every token,
@@ -75,6 +125,11 @@ class DataConfig:
     invalid_labels: str = "error"
     """Rows whose label is not in the task's labels: ``error`` (default) or ``drop`` them (the
     run prints how many per task; CL_Benchmark's MNLI test split has 131 rows labelled ``-``)."""
+
+    def __post_init__(self) -> None:
+        # From Python, a data.hf entry may be a plain path, as in YAML.
+        if isinstance(self.hf, list):
+            self.hf = [HFTaskConfig(path=e) if isinstance(e, str) else e for e in self.hf]
 
 
 @dataclass
@@ -149,7 +204,8 @@ class TrainConfig:
     batch_size: int = 8
     lr: float = 2e-3
     """AdamW learning rate of the fast adapter (the default suits the embedded run's 30 steps
-    per task; the paper presets set 1e-3 for T5-large and 1e-4 for Llama-3.1-8B)."""
+    per task; the paper presets set 1e-3 for T5-large and 1e-4 for Llama-3.1-8B), or of what
+    the method trains instead (``seq_ft``: every base weight; its preset sets 5e-5)."""
     weight_decay: float = 0.0
     warmup_steps: int = 0
     scheduler: str = "constant"
@@ -178,6 +234,11 @@ class TrainConfig:
     """Training examples per task used to estimate the EWC Fisher."""
     checkpoint_every: int = 50
     """Also checkpoint every this many steps inside a task (0 = only between tasks)."""
+    keep_checkpoints: int = 2
+    """Complete checkpoints kept in ``checkpoints/`` (the newest; one more lies there while the
+    next is written). 2 keeps a fallback should the newest be damaged; 1 halves the disk a run
+    holds, which matters for full fine-tuning (``seq_ft``: weights and both AdamW moments, 1.6
+    GB a checkpoint for SmolLM2-135M, against a few MB with LoRA)."""
     micro_batch_tokens: int = 1024
     """Run a step's mixed batch in slices of at most this many padded tokens, accumulating
     gradients (same loss and update; the saved activations of one slice at a time bound the
@@ -242,12 +303,67 @@ class PromptsConfig:
 
 
 @dataclass
+class OLoRAConfig:
+    """O-LoRA (method ``olora``; Wang et al., 2023, "Orthogonal Subspace Learning for Language
+    Model Continual Learning", code ``cmnfriend/O-LoRA``): a new LoRA per task, earlier tasks'
+    LoRAs frozen and summed into every forward, and the loss of task t gets
+    ``lambda_orth * sum_layers sum_{i<t} orth(A_i, A_t) + lambda_l2 * l2(theta_t)``.
+
+    The defaults are its scripts' (``scripts/order_1.sh`` .. ``order_3.sh`` of
+    ``cmnfriend/O-LoRA`` pass ``--lamda_1 0.5 --lamda_2 0`` for every task of every order).
+    The penalty forms default to the paper's formulas; ``orth_norm=l1`` and ``l2_norm=fro``
+    give the reference code's (``src/uie_trainer_lora.py``, ``training_step``)."""
+
+    lambda_orth: float = 0.5
+    """lambda_1: weight of the orthogonality penalty between the current task's LoRA A and
+    every earlier task's (0.5 in O-LoRA's scripts)."""
+    lambda_l2: float = 0.0
+    """lambda_2: weight of the L2 penalty on the current task's LoRA A and B (0 in O-LoRA's
+    scripts, so the term is off by default)."""
+    orth_norm: str = "fro2"
+    """``fro2``: the paper's ``||A_i^T A_t||_F^2`` (squared Frobenius norm of the overlap of
+    the two subspaces); ``l1``: the code's ``torch.abs(torch.mm(A_i, A_t.T)).sum()`` (the sum of
+    the overlap's absolute entries)."""
+    l2_norm: str = "fro2"
+    """``fro2``: the paper's ``||theta_t||_2^2`` (sum of squares of the current LoRA's
+    entries); ``fro``: the code's ``torch.norm(param, p=2)`` summed over the LoRA tensors (a
+    norm per tensor, not squared)."""
+
+
+@dataclass
+class NLoRAConfig:
+    """N-LoRA (method ``nlora``; Yang et al., COLING 2025, "Is Parameter Collision Hindering
+    Continual Learning in LLMs?", code ``PKU-YuanGroup/N-LoRA``): O-LoRA's setting (a new
+    LoRA per task, earlier ones frozen and summed into every forward) with an L1 (sparsity)
+    penalty on the current task's update in place of the orthogonality term:
+    ``lambda_l1 * sum_layers ||B_t A_t||_1`` (entrywise, the paper's ``||Delta W_t||_1``).
+
+    Sources: the official repository's code and scripts were not available to this project;
+    the values below are those of N-LoRA's code as carried by ``zuti666/Continual-Flat-LoRA``
+    (its README: "Code follow N-Lora"): ``src/uie_trainer_lora.py`` adds
+    ``lamda_1 * torch.norm(torch.mm(loranew_A, loranew_B), p=1)`` per layer and
+    ``scripts_T5/order_1.sh`` passes ``--lamda_1 0.4``."""
+
+    lambda_l1: float = 0.4
+    """Weight of the sparsity penalty (0.4: the T5 script above). Under AdamW an L1 gradient
+    does not fade near zero; on the tiny test stream 0.4 (and down to 4e-4) with
+    ``l1_of=delta`` keeps the tasks from being learned at all: measure before a long run."""
+    l1_of: str = "delta"
+    """``delta``: the paper's ``||B_t A_t||_1``, the sum of the absolute entries of the task's
+    ``(out, in)`` update (without the LoRA scaling); ``ab``: the code's ``||A_t B_t||_1`` with
+    PEFT's shapes (A ``(r, in)``, B ``(out, r)``): an ``(r, r)`` product, defined only where a
+    module's input and output widths are equal (a run with another module stops with an
+    error)."""
+
+
+@dataclass
 class RunConfig:
     """A whole continual run."""
 
     method: str = "sequential"
     """Training regime: ``sequential`` (continual), ``mtl`` (joint upper bound), ``per_task``,
-    ``ewc``, ``progressive_prompts``, or a method added with ``surecl.register_method``."""
+    ``ewc``, ``seq_ft`` (full fine-tuning of the base), ``olora``, ``nlora``,
+    ``progressive_prompts``, or a method added with ``surecl.register_method``."""
     preset: str = ""
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -258,6 +374,8 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    olora: OLoRAConfig = field(default_factory=OLoRAConfig)
+    nlora: NLoRAConfig = field(default_factory=NLoRAConfig)
     log_every: int = 1
 
     def __post_init__(self) -> None:
@@ -284,6 +402,15 @@ def _check_types(obj: Any, prefix: str) -> None:
             if not isinstance(value, typ):
                 raise SureclError(f"{key}: expected a {typ.__name__}, got {value!r}")
             _check_types(value, key + ".")
+            continue
+        entry = _entry_type(typ)
+        if entry is not None:
+            if not isinstance(value, list):
+                raise SureclError(f"{key}: expected a list, got {value!r}")
+            for i, item in enumerate(value):
+                if not isinstance(item, entry):
+                    raise SureclError(f"{key}[{i}]: expected a {entry.__name__} or a path, got {item!r}")
+                _check_types(item, f"{key}[{i}].")
             continue
         if typing.get_origin(typ) is list:
             ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
@@ -314,6 +441,9 @@ CHOICES: dict[str, tuple[str, ...] | None] = {
     "train.batching": ("bucketed", "uniform"),
     "eval.matrix": ("full", "fp_ap"),
     "prompts.eval": ("all", "own"),
+    "olora.orth_norm": ("fro2", "l1"),
+    "olora.l2_norm": ("fro2", "fro"),
+    "nlora.l1_of": ("delta", "ab"),
 }
 
 
@@ -343,8 +473,12 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("train.max_steps_per_task", cfg.train.max_steps_per_task >= 0, "must be >= 0"),
         ("train.warmup_steps", cfg.train.warmup_steps >= 0, "must be >= 0"),
         ("train.checkpoint_every", cfg.train.checkpoint_every >= 0, "must be >= 0"),
+        ("train.keep_checkpoints", cfg.train.keep_checkpoints >= 1, "must be >= 1"),
         ("train.ewc_lambda", cfg.train.ewc_lambda >= 0, "must be >= 0"),
         ("train.ewc_samples", cfg.train.ewc_samples >= 1, "must be >= 1"),
+        ("olora.lambda_orth", cfg.olora.lambda_orth >= 0 and math.isfinite(cfg.olora.lambda_orth), "must be >= 0"),
+        ("olora.lambda_l2", cfg.olora.lambda_l2 >= 0 and math.isfinite(cfg.olora.lambda_l2), "must be >= 0"),
+        ("nlora.lambda_l1", cfg.nlora.lambda_l1 >= 0 and math.isfinite(cfg.nlora.lambda_l1), "must be >= 0"),
         ("data.n_train", cfg.data.n_train >= 0, "must be >= 0"),
         ("data.n_test", cfg.data.n_test >= 0, "must be >= 0"),
         ("lora.r", cfg.lora.r >= 1, "must be >= 1"),
@@ -364,6 +498,12 @@ def validate(cfg: RunConfig) -> RunConfig:
             raise SureclError(f"{key}: {get_key(cfg, key)!r} {why}")
     if cfg.replay.buffer_size > 0 and cfg.replay.buffer_size >= 1 and cfg.replay.buffer_size != int(cfg.replay.buffer_size):
         raise SureclError(f"replay.buffer_size: {cfg.replay.buffer_size!r} must be a fraction below 1 or a whole count")
+    for i, entry in enumerate(cfg.data.hf):
+        key = f"data.hf[{i}]"
+        if not entry.path.strip():
+            raise SureclError(f"{key}.path: empty; give a dataset folder, a data file or a hub id")
+        if not (0.0 <= entry.test_fraction < 1.0):
+            raise SureclError(f"{key}.test_fraction: {entry.test_fraction!r} must be in [0, 1) (0 = read {key}.test_split)")
     for name in cfg.data.tasks:
         if "/" in name or "\\" in name or name.startswith(".") or not name:
             raise SureclError(f"data.tasks: task name {name!r} must not contain path separators or start with '.'")
@@ -379,6 +519,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         )
     if cfg.replay.aging and cfg.replay.policy != "none" and not policy.uses_scores:
         raise SureclError(f"replay.aging: policy {cfg.replay.policy} keeps no scores to age; use policy=surprise")
+    registry.method_class(cfg.method).validate_config(cfg)  # combinations the method cannot run
     return cfg
 
 
@@ -389,6 +530,35 @@ def validate(cfg: RunConfig) -> RunConfig:
 def _field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _entry_type(typ: Any) -> type | None:
+    """The dataclass of a ``list[SomeConfig]`` field (``data.hf``), else None."""
+    if typing.get_origin(typ) is list:
+        (inner,) = typing.get_args(typ)[:1]
+        if dataclasses.is_dataclass(inner):
+            return inner
+    return None
+
+
+def _coerce_entries(value: Any, entry: type, key: str, source: str) -> list[Any]:
+    """A list of ``entry`` dataclasses from YAML/CLI: each item a mapping of its fields or a
+    string, which sets its first field (a path); a string alone is a comma-separated list."""
+    if isinstance(value, str):
+        value = [v for v in (s.strip() for s in value.split(",")) if v]
+    if not isinstance(value, (list, tuple)):
+        raise SureclError(f"{key}: expected a list, got {value!r}")
+    first = dataclasses.fields(entry)[0].name
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            item = {first: item}
+        if not isinstance(item, dict):
+            raise SureclError(f"{source}: {key}[{i}] must be a {first} or a mapping of {', '.join(f.name for f in dataclasses.fields(entry))}")
+        obj = entry()
+        _apply_mapping(obj, item, f"{key}[{i}].", source)
+        out.append(obj)
+    return out
 
 
 def get_key(cfg: Any, dotted: str) -> Any:
@@ -454,6 +624,8 @@ def _apply_mapping(obj: Any, mapping: dict[str, Any], prefix: str, source: str) 
             if not isinstance(value, dict):
                 raise SureclError(f"{source}: {key} must be a mapping")
             _apply_mapping(getattr(obj, name), value, key + ".", source)
+        elif _entry_type(typ) is not None:
+            setattr(obj, name, _coerce_entries(value, _entry_type(typ), key, source))
         else:
             setattr(obj, name, _coerce(value, typ, key))
 

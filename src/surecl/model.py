@@ -200,7 +200,21 @@ def load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None = 
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SureclError(f"model.name: cannot load {cfg.name!r}: {first}") from None
+    return prepare_model(model, tokenizer, device, path=str(path), note=note)
+
+
+def prepare_model(model: torch.nn.Module, tokenizer, device: torch.device, path: str = "", note: str = "") -> LoadedModel:
+    """A loaded transformers model and its tokenizer made ready for a run, as :func:`load_model`
+    does for the configured one: a pad token (the EOS token when there is none), left padding,
+    base frozen and in eval mode, on ``device``. Also the entry for a model the caller built
+    (``ContinualRun(..., model=, tokenizer=)``); its dtype is kept as it is."""
+    if not hasattr(model, "config") or not hasattr(model, "get_output_embeddings"):
+        raise SureclError(f"model: expected a transformers model (a PreTrainedModel), got {type(model).__name__}")
+    if tokenizer is None or not callable(getattr(tokenizer, "encode", None)):
+        raise SureclError(f"tokenizer: expected a transformers tokenizer, got {type(tokenizer).__name__}")
     if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise SureclError("tokenizer: has neither a pad token nor an EOS token to pad with")
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     head = model.get_output_embeddings()
@@ -210,4 +224,7 @@ def load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None = 
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    return LoadedModel(model=model, tokenizer=tokenizer, is_seq2seq=is_seq2seq, path=str(path), dtype=str(dtype).removeprefix("torch."), note=note)
+    is_seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    path = path or getattr(model.config, "_name_or_path", "") or type(model).__name__
+    return LoadedModel(model=model, tokenizer=tokenizer, is_seq2seq=is_seq2seq, path=str(path), dtype=dtype, note=note)

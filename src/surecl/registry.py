@@ -28,6 +28,9 @@ _METHODS: dict[str, type | str] = {
     "mtl": "surecl.methods.mtl:MultiTask",
     "per_task": "surecl.methods.per_task:PerTask",
     "ewc": "surecl.methods.ewc:EWC",
+    "seq_ft": "surecl.methods.seq_ft:SeqFT",
+    "olora": "surecl.methods.olora:OLoRA",
+    "nlora": "surecl.methods.olora:NLoRA",
     "progressive_prompts": "surecl.methods.progressive_prompts:ProgressivePrompts",
 }
 _POLICIES: dict[str, type | str] = {

@@ -1,7 +1,9 @@
 """The training step: one optimizer step on a mixed batch, as its own unit.
 
-:class:`TrainStep` owns the AdamW optimizer (of the fast adapter, or what the method trains)
-and the learning-rate schedule, and is the run's ``optimizer`` plugin (``before_task`` clears the AdamW state with
+:class:`TrainStep` owns the AdamW optimizer of what the method trains (the fast adapter by
+default, the base weights for full fine-tuning, the prompts for prompt tuning, each param
+group at its own learning rate) and the learning-rate schedule, and is the
+run's ``optimizer`` plugin (``before_task`` clears the AdamW state with
 ``train.fresh_optimizer``; its state is the optimizer's). Calling it takes one step:
 
 1. the batch = the current examples, then the replayed entries; with W processes each takes

@@ -35,23 +35,24 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs
+from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 from tqdm.auto import tqdm
 
 from surecl import checkpoint, metrics
 from surecl.adapters import DualLoRA, resolve_beta
 from surecl.config import RunConfig
 from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, uniform_batches
-from surecl.data.loading import load_stream
+from surecl.data.loading import caller_stream, load_stream
 from surecl.data.task import Task
 from surecl.errors import SureclError
 from surecl.evaluate import accuracy, generate_answers, perplexity, rank_answers
 from surecl.logs import logger
-from surecl.model import default_cache_dir, load_model
+from surecl.model import default_cache_dir, load_model, prepare_model
 from surecl.plan import planned_steps
 from surecl.plugins.base import Plugin, Plugins, Stage
 from surecl.plugins.faults import FaultInjection, fault_point
 from surecl.plugins.steplog import StepLog
+from surecl.plugins.tracking import Tracking, check_trackers
 from surecl.registry import method_class, policy_class
 from surecl.replay.policies import buffer_capacity, check_scores, quota_warning
 from surecl.replay.surprise import score_examples
@@ -132,27 +133,43 @@ class ContinualRun:
     """One continual run: builds everything from a config, then :meth:`run` executes it.
 
     ``plugins``: extra :class:`~surecl.plugins.base.Plugin` instances taking part in the run
-    (after the replay policy, before the step log), each checkpointed under ``plugin:<name>``."""
+    (after the replay policy, before the step log), each checkpointed under ``plugin:<name>``.
+    ``model`` and ``tokenizer``: a transformers model and its tokenizer built by the caller
+    (both, in place of ``model.name``); ``tasks``: a list of :class:`~surecl.data.task.Task`
+    (in place of ``data.benchmark`` / ``data.jsonl``; still sampled by ``data.n_train`` /
+    ``n_test``). After :meth:`run`, :attr:`peft_model` is the trained model."""
 
-    def __init__(self, cfg: RunConfig, out_dir: Path, *, progress: bool = True, cache_dir: Path | None = None, plugins: list[Plugin] = ()):
+    def __init__(
+        self, cfg: RunConfig, out_dir: Path, *, progress: bool = True, cache_dir: Path | None = None, plugins: list[Plugin] = (),
+        log_with: list[str] = (), model=None, tokenizer=None, tasks: list[Task] | None = None,
+    ):
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.progress = progress
-        # No buffer broadcast in DDP's forward: the base is frozen and its buffers (rotary
-        # frequencies) never change, and a collective per forward would deadlock the ranks,
-        # whose steps may run different numbers of forwards (micro-batch slices and shared
-        # prefix passes are cut from each rank's own rows). The one collective of a step is
+        # No buffer broadcast in DDP's forward: the base's buffers (rotary frequencies) never
+        # change (full fine-tuning trains weights, not buffers), and a collective per forward
+        # would deadlock the ranks, whose steps may run different numbers of forwards
+        # (micro-batch slices and shared prefix passes are cut from each rank's own rows). The one collective of a step is
         # the gradient all-reduce of its last slice's backward.
         ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp])
+        trackers = check_trackers(list(log_with))
+        self.accelerator = Accelerator(
+            cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp], log_with=trackers or None,
+            project_config=ProjectConfiguration(project_dir=str(self.out_dir), logging_dir=str(self.out_dir / "tensorboard")),
+        )
         self.device = self.accelerator.device
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.rng = random.Random(f"batches:{cfg.seed}")
-        self.tasks: list[Task] = load_stream(cfg, cache_dir=cache_dir)
+        self.tasks: list[Task] = load_stream(cfg, cache_dir=cache_dir) if tasks is None else caller_stream(tasks, cfg)
         for t in self.tasks:
             for split, n in t.meta.get("dropped", {}).items():
                 self.log(f"{t.name}: dropped {n} {split} rows whose label is not one of {t.labels} (data.invalid_labels=drop)")
-        loaded = load_model(cfg.model, self.device, cache_dir or default_cache_dir())
+        if (model is None) != (tokenizer is None):
+            raise SureclError("model and tokenizer: pass both (a model the caller built) or neither (model.name)")
+        if model is None:
+            loaded = load_model(cfg.model, self.device, cache_dir or default_cache_dir())
+        else:
+            loaded = prepare_model(model, tokenizer, self.device)
         self.tokenizer, self.is_seq2seq, self.model_path = loaded.tokenizer, loaded.is_seq2seq, loaded.path
         self.base_dtype = loaded.dtype
         self.share_prefix = cfg.model.share_prefix and not self.is_seq2seq
@@ -189,7 +206,7 @@ class ContinualRun:
             raise ValueError(f"plugins: two plugins named alike in {[p.name for p in plugins]}")
         self.plugins = Plugins({
             "optimizer": self.train_step, "adapters": self.adapters, "method": self.method, "replay": self.policy,
-            **extra, "log": self.steplog, "faults": FaultInjection(),
+            **extra, "log": self.steplog, **({"tracking": Tracking()} if trackers else {}), "faults": FaultInjection(),
         })
         self.state = RunState(accuracy=[[None] * len(self.tasks) for _ in self.tasks])
         self.stage: Stage | None = None
@@ -214,6 +231,13 @@ class ContinualRun:
         if self.method is None or not self._method_inputs:
             return ()
         return tuple(self.method.input_prefix(self, task))
+
+    @property
+    def peft_model(self):
+        """The trained PEFT model (frozen base + adapters) with the adapter that answers active
+        (slow if dual), in eval mode: call ``generate`` on it, or ``save_pretrained``."""
+        self.adapters.activate(self.adapters.eval_adapter)
+        return self.accelerator.unwrap_model(self.model).eval()
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -325,6 +349,7 @@ class ContinualRun:
         with self.steplog.opened(self.out_dir / "log.jsonl", self.accelerator.is_main_process):
             if self.cfg.eval.before and self.state.initial is None:
                 self.evaluate_before()
+                self.plugins.after_eval(self, None)
                 self.checkpoint()
             for s in range(self.state.next_stage, len(self.stages)):
                 self.run_stage(s)
@@ -342,6 +367,7 @@ class ContinualRun:
         self.state.batches, self.state.step = None, 0
         self.plugins.after_task(self, stage)
         self.evaluate_stage(stage)
+        self.plugins.after_eval(self, stage)
         self.state.next_stage = s + 1
         fault_point(f"stage_end:{s}")
         self.checkpoint()
@@ -398,7 +424,10 @@ class ContinualRun:
             st = self.state
             name = f"stage-{st.next_stage:04d}" + (f"-step-{st.step:06d}" if st.batches is not None else "")
             components = {"run": (dataclasses.asdict(st), {}), "rng": self._rng_state(), **self.plugins.state_dicts()}
-            checkpoint.save(self.out_dir / "checkpoints", name, components, {"config": self.cfg.to_dict(), "tasks": [t.name for t in self.tasks]})
+            checkpoint.save(
+                self.out_dir / "checkpoints", name, components, {"config": self.cfg.to_dict(), "tasks": [t.name for t in self.tasks]},
+                keep=self.cfg.train.keep_checkpoints,
+            )
         self.accelerator.wait_for_everyone()
 
     def restore(self) -> Path | None:
@@ -550,29 +579,26 @@ class ContinualRun:
         if self.accelerator.is_main_process:
             checkpoint.write_json(self.out_dir / "results.json", results)
             checkpoint.write_json(self.out_dir / "buffer.json", self.policy.buffer.state_dict())
-            adapters_dir = self.out_dir / "adapters"
-            names = ["fast", "slow"] if self.cfg.dual.enabled else ["fast"]
-            from surecl import __version__
-            from surecl.card import model_card, portable_base
-
-            base_model, note = portable_base(self.cfg.model.name, self.model_path)
-            for name in names:
-                card = model_card(results, name, base_model, note, __version__)
-                checkpoint.save_adapter(self.adapters, adapters_dir, name, base_model=base_model, card=card)
-            self.plugins.export(self, adapters_dir)
+            self.plugins.export(self, results)  # the learner's adapters, a full fine-tuned model, prompts, ...
             write_run_report(self.out_dir, results)
+        self.plugins.after_run(self, results)
         return results
 
 
 def run(
     cfg: RunConfig, out_dir: Path, *, resume: bool = True, fresh: bool = False, progress: bool = True, cache_dir: Path | None = None,
-    plugins: list[Plugin] = (),
+    plugins: list[Plugin] = (), log_with: list[str] = (), model=None, tokenizer=None, tasks: list[Task] | None = None,
 ) -> dict:
     """Run (or resume) one continual run into ``out_dir``; return the results dict.
 
     ``fresh``: start over, removing what an earlier run wrote there (see :meth:`ContinualRun.run`).
-    ``plugins``: extra plugins taking part in the run (:class:`ContinualRun`)."""
+    ``plugins``: extra plugins taking part in the run (:class:`ContinualRun`). ``log_with``:
+    experiment trackers (``["tensorboard"]``, ``wandb``, ...; :mod:`surecl.plugins.tracking`).
+    ``model`` + ``tokenizer`` and/or ``tasks``: built by the caller, in place of ``model.name`` and
+    ``data.*`` (see :class:`ContinualRun`; its ``peft_model`` is the trained model)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*use_cache=True.*")
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        return ContinualRun(cfg, out_dir, progress=progress, cache_dir=cache_dir, plugins=plugins).run(resume=resume, fresh=fresh)
+        return ContinualRun(
+            cfg, out_dir, progress=progress, cache_dir=cache_dir, plugins=plugins, log_with=log_with, model=model, tokenizer=tokenizer, tasks=tasks,
+        ).run(resume=resume, fresh=fresh)

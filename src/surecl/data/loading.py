@@ -1,4 +1,5 @@
-"""From a :class:`~surecl.config.DataConfig` to a subsampled task stream."""
+"""From a :class:`~surecl.config.DataConfig` to a subsampled task stream: benchmark, then
+``data.jsonl``, then ``data.hf`` tasks."""
 
 from __future__ import annotations
 
@@ -35,6 +36,32 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
     if data.kind == "text":
         tasks = [t.as_text() for t in tasks]
     tasks += [load_jsonl_task(p, data.kind, data.invalid_labels) for p in data.jsonl]
+    if data.hf:
+        from surecl.config import HFTaskConfig
+        from surecl.data.hf import load_hf_task  # only now: it imports `datasets`
+
+        for i, spec in enumerate(data.hf):
+            spec = HFTaskConfig(path=spec) if isinstance(spec, str) else spec
+            tasks.append(load_hf_task(spec, f"data.hf[{i}]", data.kind, data.invalid_labels))
     if not tasks:
-        raise SureclError("data: the stream has no tasks (set data.benchmark or data.jsonl)")
+        raise SureclError("data: the stream has no tasks (set data.benchmark, data.jsonl or data.hf)")
+    return sampled(tasks, cfg)
+
+
+def caller_stream(tasks: list[Task], cfg: RunConfig) -> list[Task]:
+    """Tasks the caller built (``ContinualRun(..., tasks=)``), checked like loaded ones and
+    sampled by the config (``data.n_train`` / ``n_test``, 0 = all; ``data.*_sampling``)."""
+    if not isinstance(tasks, (list, tuple)) or not all(isinstance(t, Task) for t in tasks):
+        raise SureclError("tasks: expected a list of surecl.data.task.Task")
+    if not tasks:
+        raise SureclError("tasks: the stream has no tasks")
+    tasks = [t.as_text() if cfg.data.kind == "text" and t.kind != "text" else t for t in tasks]
+    for t in tasks:
+        t.check("tasks", cfg.data.invalid_labels)
+    return sampled(list(tasks), cfg)
+
+
+def sampled(tasks: list[Task], cfg: RunConfig) -> list[Task]:
+    """The stream subsampled as the config says (``data.n_train`` / ``n_test``, ``data.*_sampling``, seed)."""
+    data = cfg.data
     return prepare_stream(tasks, data.n_train, data.n_test, data.train_sampling == "balanced", cfg.seed, test_balanced=data.test_sampling == "balanced")

@@ -28,6 +28,10 @@ also decides:
   method gives the model's input embedding itself (a hook on the input embedding module);
   no loss or surprise score ever predicts one (:mod:`surecl.nll`), and an encoder-decoder
   keeps them on its encoder side. Default: none.
+* ``validate_config(cfg)``  - a class method run by config validation (``surecl.config.validate``,
+  so before anything is loaded, and by ``--dry-run`` and sweeps): raise a one-line
+  ``SureclError`` naming the key of a combination the method cannot run (full fine-tuning
+  with the dual learner).
 
 Examples: fresh adapters per task (per-task FT, ``before_task``), a penalty on the loss (EWC,
 ``loss``), a Fisher estimate or an adapter snapshot (``after_task``), the weights that answer
@@ -49,6 +53,10 @@ class Method(Plugin):
     fast_eval = True
     """Whether a dual run may also evaluate its fast adapter (``eval.fast``): False where
     the method swaps the evaluation weights itself (per-task FT)."""
+
+    @classmethod
+    def validate_config(cls, cfg) -> None:
+        """Refuse (``SureclError`` naming the key) a config this method cannot run."""
 
     def setup(self, ctx) -> None:
         """Attach, freeze or check before the optimizer and ``accelerate`` see the model."""

@@ -106,11 +106,14 @@ class ProgressivePrompts(Method):
 
     # ------------------------------------------------------------------ setup
 
-    def setup(self, ctx) -> None:
-        if ctx.cfg.dual.enabled:
+    @classmethod
+    def validate_config(cls, cfg) -> None:
+        if cfg.dual.enabled:
             raise SureclError(
                 "dual.enabled: progressive_prompts trains soft prompts, not the LoRA adapters the dual learner averages; set dual.enabled=false"
             )
+
+    def setup(self, ctx) -> None:
         embedding = ctx.model.get_input_embeddings()
         if not isinstance(embedding, nn.Embedding):
             raise SureclError(f"method progressive_prompts: the model's input embedding is a {type(embedding).__name__}, not an nn.Embedding")
@@ -233,8 +236,8 @@ class ProgressivePrompts(Method):
             for k, v in module.named_parameters():
                 v.copy_(tensors[f"current.{k}"])
 
-    def export(self, ctx, folder) -> None:
-        """``folder/prompts/``: ``prompts.safetensors`` (``prefix``: the vectors put before the
+    def export(self, ctx, results: dict) -> None:
+        """``adapters/prompts/`` in the run folder: ``prompts.safetensors`` (``prefix``: the vectors put before the
         input embeddings at test time, newest prompt first, fp32) and ``prompts.json``."""
         from surecl import __version__, checkpoint
         from surecl.card import portable_base
@@ -245,7 +248,7 @@ class ProgressivePrompts(Method):
         k = len(self.learned)
         names = [ctx.tasks[t].name for t in self.learned]
         base_model, _ = portable_base(ctx.cfg.model.name, getattr(ctx, "model_path", None))
-        out = folder / "prompts"
+        out = ctx.out_dir / "adapters" / "prompts"
         checkpoint.write_tensors(out / "prompts.safetensors", {"prefix": self.module.frozen.float()})
         checkpoint.write_json(out / "prompts.json", {
             "method": "progressive_prompts",

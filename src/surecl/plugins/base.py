@@ -19,9 +19,15 @@ these hooks (all optional; the defaults do nothing):
   task: chooses the weights that answer (slow or fast adapter, a per-task snapshot). Also
   entered, in a dual run, for the fast adapter's row (``ctx.eval_view == "fast"``) and, except
   the method's, for the before-training row (``eval.before``; ``ctx.stage`` is None then).
-* ``export(ctx, folder)``  - at the end of a run, on the main process: write what the plugin
-  learned that a user may reuse, beside the saved adapters (``folder`` is the run's
-  ``adapters/``; Progressive Prompts writes ``prompts/`` there). Safetensors and JSON only.
+* ``after_eval(ctx, stage)``   - after a stage's row of the accuracy matrix (and the fast
+  adapter's, ``ctx.state.accuracy_fast``) is filled; ``stage`` is None for the before-training
+  row (``ctx.state.initial``). Loggers and trackers read the matrix here.
+* ``after_run(ctx, results)`` - once, when the run has finished and ``results`` (the dict
+  written to ``results.json``) is final (after ``export``): close trackers.
+* ``export(ctx, results)``  - once, at the end of a finished run (main process only), after
+  ``results.json``: write what the plugin leaves for use after the run into ``ctx.out_dir``
+  (the learner's PEFT adapters; full fine-tuning's whole model; Progressive Prompts'
+  ``adapters/prompts``), atomically.
 * ``state_dict()`` / ``load_state_dict(meta, tensors)`` - the plugin's own state for
   checkpoints: JSON-able ``meta`` and a flat ``{name: tensor}`` dict (tensors are handed
   back on the CPU; a plugin moves them where it needs them). A checkpoint without the
@@ -117,6 +123,9 @@ class RunContext(Protocol):
     adapters: Any
     """The :class:`~surecl.adapters.DualLoRA` learner (``fast_params``, ``adapter_state``, ...)."""
     model: Any
+    tokenizer: Any
+    model_path: str
+    """The folder (or hub name) the base model was loaded from."""
     trained_params: list
     """The parameters the optimizer trains (the method's ``parameters(ctx)``; by default the
     fast adapter's)."""
@@ -190,7 +199,13 @@ class Plugin:
     def eval_context(self, ctx: RunContext, task: int) -> Iterator[None]:
         yield
 
-    def export(self, ctx: RunContext, folder: Any) -> None:
+    def after_eval(self, ctx: RunContext, stage: Stage | None) -> None:
+        pass
+
+    def after_run(self, ctx: RunContext, results: dict) -> None:
+        pass
+
+    def export(self, ctx: RunContext, results: dict) -> None:
         pass
 
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -236,9 +251,17 @@ class Plugins:
                     stack.enter_context(p.eval_context(ctx, task))
             yield
 
-    def export(self, ctx: RunContext, folder: Any) -> None:
+    def after_eval(self, ctx: RunContext, stage: Stage | None) -> None:
         for p in self._list:
-            p.export(ctx, folder)
+            p.after_eval(ctx, stage)
+
+    def after_run(self, ctx: RunContext, results: dict) -> None:
+        for p in self._list:
+            p.after_run(ctx, results)
+
+    def export(self, ctx: RunContext, results: dict) -> None:
+        for p in self._list:
+            p.export(ctx, results)
 
     def state_dicts(self) -> dict[str, tuple[dict, dict[str, torch.Tensor]]]:
         return {key: p.state_dict() for key, p in self.by_key.items()}

@@ -1,0 +1,254 @@
+"""User tasks read with Hugging Face ``datasets`` (``data.hf``; ``pip install surecl[hf]``).
+
+Each ``data.hf`` entry (:class:`~surecl.config.HFTaskConfig`) is one task: a folder written by
+``save_to_disk``, a Parquet / CSV / JSON(L) file, a folder of such files (splits from the file
+names), or a hub id where the hub is reachable. The text and label columns, the split names (or
+a held-out fraction of the train split) and the label set are options. The task is built as a
+``data.jsonl`` task would be from the same rows: the generic instruction unless one is given,
+the labels in the given order, else the column's ``ClassLabel`` names, else sorted.
+
+``datasets`` is imported only when such a task is configured. Every problem with a source (a
+missing path, an unreadable file, a missing column or split, labels that are neither strings
+nor integers, a hub id while the hub is unreachable) is a one-line
+:class:`~surecl.errors.SureclError` naming the entry's key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from surecl.config import HFTaskConfig
+from surecl.data.jsonl import GENERIC_INSTRUCTION
+from surecl.data.task import _SAFE_NAME, Example, Task
+from surecl.errors import SureclError
+
+DATA_FILES = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
+"""Data-file suffix -> the ``datasets`` builder that reads it."""
+HUB_TIMEOUT_S = 5.0
+"""How long the hub may take to say whether a dataset id exists before it counts as unreachable."""
+_STRINGS = ("string", "large_string")
+_INTS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def _import_datasets(key: str) -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise SureclError(f"{key}: reading Hugging Face datasets needs the `datasets` package: pip install 'surecl[hf]'") from None
+    return datasets
+
+
+@contextlib.contextmanager
+def _quiet(datasets: Any) -> Iterator[None]:
+    """No ``datasets`` progress bars or warnings while a task is read: the CLI's one-line
+    errors stay one line, and a run's console shows surecl's own lines."""
+    bars = not datasets.utils.are_progress_bars_disabled()
+    level = datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its loaders log a failure, then raise it
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(level)
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _why(exc: BaseException, root: bool = True) -> str:
+    """An exception as one short line; with ``root``, its root cause (``datasets`` wraps a
+    parser's error in "An error occurred while generating the dataset")."""
+    seen = {id(exc)}
+    while root and (exc.__cause__ or exc.__context__) is not None and id(exc.__cause__ or exc.__context__) not in seen:
+        exc = exc.__cause__ or exc.__context__
+        seen.add(id(exc))
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    if len(first) > 200:
+        first = first[:200] + "..."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _looks_local(path: str) -> bool:
+    """A path that cannot be a hub id (``name`` or ``owner/name``): it is a missing local path."""
+    p = Path(path)
+    return p.is_absolute() or path.startswith((".", "~")) or "\\" in path or path.count("/") > 1 or p.suffix.lower() in DATA_FILES
+
+
+def _hub(datasets: Any, spec: HFTaskConfig, key: str) -> Any:
+    """``load_dataset(hub id)``, after asking the hub (with a short timeout) whether it is
+    there, so that an unreachable hub is one line at once rather than minutes of retries."""
+    from huggingface_hub import constants
+
+    offline = bool(constants.HF_HUB_OFFLINE)
+    where = f"{key}.path: {spec.path!r} is not a local file or folder"
+    if not offline:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+        try:
+            HfApi().dataset_info(spec.path, timeout=HUB_TIMEOUT_S)
+        except GatedRepoError:
+            raise SureclError(f"{where}, and the hub dataset is gated: accept its terms and log in (hf auth login)") from None
+        except RepositoryNotFoundError:
+            raise SureclError(f"{where}, and the Hugging Face hub has no dataset of that id") from None
+        except Exception as exc:  # DNS, refused connection, timeout, proxy, HTTP errors
+            raise SureclError(f"{where}, and the Hugging Face hub is not reachable to fetch it ({_why(exc)})") from None
+    try:
+        return datasets.load_dataset(spec.path, spec.name or None)
+    except Exception as exc:
+        mode = ": HF_HUB_OFFLINE is set and it is not in the local datasets cache" if offline else ""
+        raise SureclError(f"{where}, and it cannot be loaded from the Hugging Face hub{mode} ({_why(exc, root=False)})") from None
+
+
+def _open(datasets: Any, spec: HFTaskConfig, key: str) -> dict[str, Any]:
+    """The source's splits, name -> ``datasets.Dataset``."""
+    path = Path(spec.path).expanduser()
+    if path.exists():
+        if path.is_dir():
+            if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+                what, load = "a saved dataset", lambda: datasets.load_from_disk(str(path))
+            else:
+                what, load = "a folder of data files", lambda: datasets.load_dataset(str(path), spec.name or None)
+        elif path.is_file():
+            builder = DATA_FILES.get(path.suffix.lower())
+            if builder is None:
+                raise SureclError(
+                    f"{key}.path: {path} is not a data file datasets reads here (suffix {', '.join(DATA_FILES)}), nor a dataset folder"
+                )
+            what, load = f"{builder.upper()}", lambda: datasets.load_dataset(builder, data_files=str(path))
+        else:  # reading a FIFO would block: say what it is instead
+            raise SureclError(f"{key}.path: {path} is not a regular file or folder (a FIFO, socket or device)")
+        try:
+            loaded = load()
+        except Exception as exc:
+            empty = re.search(r'Instruction "([^"]+)" corresponds to no data', str(exc))  # datasets refuses an empty split
+            if empty:
+                raise SureclError(f"{key}.path: {path} has an empty {empty.group(1)} split") from None
+            raise SureclError(f"{key}.path: cannot read {path} as {what} ({_why(exc)})") from None
+    elif _looks_local(spec.path):
+        raise SureclError(f"{key}.path: {path} does not exist")
+    else:
+        loaded = _hub(datasets, spec, key)
+    if isinstance(loaded, datasets.Dataset):
+        return {"train": loaded}
+    if isinstance(loaded, datasets.DatasetDict):
+        return dict(loaded)
+    raise SureclError(f"{key}.path: {spec.path} holds a {type(loaded).__name__}, not a dataset with splits")
+
+
+def _default_name(spec: HFTaskConfig) -> str:
+    path = Path(spec.path).expanduser()
+    if path.exists():
+        return path.stem if path.is_file() else path.resolve().name
+    name = spec.path.rstrip("/").rsplit("/", 1)[-1]
+    return f"{name}-{spec.name}" if spec.name else name
+
+
+def _split(splits: dict[str, Any], name: str, key: str, src: str, hint: str = "") -> Any:
+    if name not in splits:
+        raise SureclError(f"{key}: {src} has no split {name!r} (its splits: {', '.join(splits) or 'none'}){hint}")
+    return splits[name]
+
+
+def _column(ds: Any, column: str, key: str, src: str, split: str) -> list:
+    if column not in ds.column_names:
+        raise SureclError(f"{key}: {src} split {split!r} has no column {column!r} (its columns: {', '.join(ds.column_names)})")
+    return ds.with_format("arrow")[column].to_pylist()  # a Column iterated row by row is 10x slower
+
+
+def _texts(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str) -> list[str]:
+    col = spec.text_column
+    values = _column(ds, col, f"{key}.text_column", src, split)
+    feature = ds.features[col]
+    if getattr(feature, "dtype", None) not in _STRINGS:
+        raise SureclError(f"{key}.text_column: column {col!r} of {src} holds {_describe(feature)}, not text")
+    for i, v in enumerate(values):
+        if v is None:
+            raise SureclError(f"{key}.text_column: {src} {split} row {i}: no text (null)")
+    return values
+
+
+def _describe(feature: Any) -> str:
+    dtype = getattr(feature, "dtype", None)
+    return f"{dtype} values" if isinstance(dtype, str) and dtype != "list" else f"{type(feature).__name__} values"
+
+
+def _labels(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str) -> tuple[list[str], list[str] | None]:
+    """The split's labels as strings, and the column's ``ClassLabel`` names (None without)."""
+    col = spec.label_column
+    values = _column(ds, col, f"{key}.label_column", src, split)
+    feature = ds.features[col]
+    names = list(feature.names) if type(feature).__name__ == "ClassLabel" else None
+    dtype = getattr(feature, "dtype", None)
+    if names is None and dtype not in _STRINGS + _INTS:
+        raise SureclError(f"{key}.label_column: column {col!r} of {src} holds {_describe(feature)}; labels must be strings or integers")
+    index = names if names is not None else (spec.labels or None)
+    out = []
+    for i, v in enumerate(values):
+        if v is None:
+            raise SureclError(f"{key}.label_column: {src} {split} row {i}: no label (null)")
+        if isinstance(v, str):
+            out.append(v.strip())
+        elif index is not None and 0 <= v < len(index):
+            out.append(index[v])
+        else:  # no names, or outside them (-1 marks an unlabelled row in many hub datasets): Task.check names it
+            out.append(str(v))
+    return out, names
+
+
+def load_hf_task(spec: HFTaskConfig, key: str = "data.hf[0]", kind: str = "classify", invalid_labels: str = "error") -> Task:
+    """One ``data.hf`` entry as a :class:`Task` (``key`` names the entry in messages)."""
+    datasets = _import_datasets(key)
+    name = spec.task or _default_name(spec)
+    if not _SAFE_NAME.match(name) or ".." in name:
+        raise SureclError(f"{key}.task: task name {name!r} must be letters, digits, '.', '_', '+', '-' (set {key}.task)")
+    src = spec.path
+    with _quiet(datasets):
+        splits = _open(datasets, spec, key)
+        hold_out = spec.test_fraction > 0
+        train_ds = _split(splits, spec.train_split, f"{key}.train_split", src)
+        test_ds = None
+        if not hold_out:
+            hint = f"; name the test split with {key}.test_split, or hold out part of the train split with {key}.test_fraction"
+            test_ds = _split(splits, spec.test_split, f"{key}.test_split", src, hint)
+        parts = {"train": train_ds} if hold_out else {"train": train_ds, "test": test_ds}
+        rows: dict[str, list[Example]] = {}
+        class_names = None
+        for split, ds in parts.items():
+            label_of = getattr(spec, f"{split}_split")
+            texts = _texts(ds, spec, key, src, label_of)
+            if kind == "text":
+                rows[split] = [Example(sentence=t, label="") for t in texts]
+                continue
+            labels, names = _labels(ds, spec, key, src, label_of)
+            class_names = class_names or names
+            rows[split] = [Example(sentence=t, label=lab) for t, lab in zip(texts, labels)]
+    if hold_out:
+        train = rows["train"]
+        n_test = round(len(train) * spec.test_fraction)
+        if not 1 <= n_test < len(train):
+            left = "no test rows" if n_test < 1 else "no train rows"
+            raise SureclError(f"{key}.test_fraction: {spec.test_fraction:g} of {src}'s {len(train)} train rows leaves {left}")
+        held = set(random.Random(f"hf-test:{name}").sample(range(len(train)), n_test))
+        rows = {"train": [ex for i, ex in enumerate(train) if i not in held], "test": [ex for i, ex in enumerate(train) if i in held]}
+    where = f"{key} ({src})"
+    if kind == "text":
+        task = Task(name=name, instruction="", labels=[], train=rows["train"], test=rows["test"], group="hf", kind="text")
+        task.check(where)
+        return task
+    labels = list(spec.labels) or class_names or sorted({ex.label for ex in rows["train"] + rows["test"]})
+    task = Task(
+        name=name,
+        instruction=spec.instruction or GENERIC_INSTRUCTION,
+        labels=labels,
+        train=rows["train"],
+        test=rows["test"],
+        group="hf",
+    )
+    task.check(where, invalid_labels)
+    return task

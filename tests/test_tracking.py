@@ -1,0 +1,71 @@
+"""``--log-with tensorboard``: event files with the loss per step and every accuracy-matrix
+cell, read back from the files (TFRecord framing, tensorboardX's Event protobuf)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from surecl.cli import main
+from surecl.config import build_config
+from surecl.trainer import run
+
+ARGS = ["data.tasks=[colors,animals]", "data.n_test=16", "eval.before=true"]
+
+
+def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the event files under ``folder``: tag -> [(step, value)]."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    files = sorted(folder.rglob("events.out.tfevents.*"))
+    assert files, f"no event files under {folder}"
+    for path in files:
+        data = path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
+            event = Event.FromString(data[pos + 12 : pos + 12 + length])
+            pos += 12 + length + 4
+            for v in event.summary.value:
+                if v.HasField("simple_value"):
+                    out.setdefault(v.tag, []).append((event.step, v.simple_value))
+    return out
+
+
+def test_tensorboard_gets_the_loss_per_step_and_every_matrix_cell(tmp_path, tiny_cache):
+    cfg = build_config("tiny,slow_surprise", ARGS)
+    res = run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache, log_with=["tensorboard"])
+    got = scalars(tmp_path / "run" / "tensorboard")
+    losses = [v for _, v in got["train/loss"]]
+    assert len(losses) == res["steps"] and [s for s, _ in got["train/loss"]] == list(range(1, res["steps"] + 1))
+    logged = [json.loads(line)["loss"] for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert losses == pytest.approx(logged, abs=1e-6)  # the same losses as log.jsonl (rounded to 6 places there)
+    a, fast = res["accuracy_matrix"], res["fast"]["accuracy_matrix"]
+    for i, row in enumerate(a):
+        for j, name in enumerate(res["tasks"]):
+            if row[j] is not None:
+                assert [v for _, v in got[f"matrix/row{i}/{name}"]] == [pytest.approx(row[j])]
+    # one curve per task: the before-training row at step 0, then each row after its stage
+    colors = got["accuracy/colors"]
+    assert colors[0] == (0, pytest.approx(res["initial"][0])) and [v for _, v in colors[1:]] == pytest.approx([a[0][0], a[1][0]])
+    assert [v for _, v in got["accuracy_fast/animals"]] == pytest.approx([fast[1][1]])
+    assert got["summary/fp"] == [(res["steps"], pytest.approx(res["fp"]))]
+    assert max(losses) > min(losses)  # it trained
+
+
+def test_cli_log_with_writes_events_and_rejects_an_unknown_tracker(tmp_path, tiny_cache, monkeypatch, capsys):
+    monkeypatch.setenv("SURECL_CACHE", str(tiny_cache))
+    out = tmp_path / "cli"
+    assert main(["run", "--quiet", "--config", "tiny,seq_lora", *ARGS, "--log-with", "tensorboard", "--out", str(out)]) == 0
+    assert "train/loss" in scalars(out / "tensorboard")
+    assert main(["run", "--quiet", "--config", "tiny,seq_lora", *ARGS, "--log-with", "nosuch", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "--log-with: unknown tracker 'nosuch'" in err and "Traceback" not in err
+    assert not (tmp_path / "bad").exists()
+    # --fresh removes the tracker's folder with the rest of the run
+    assert main(["run", "--quiet", "--fresh", "--config", "tiny,seq_lora", *ARGS, "--out", str(out)]) == 0
+    assert not (out / "tensorboard").exists()
