@@ -59,10 +59,15 @@ def test_killed_run_resumes_to_the_same_result(point, reference):
     killed = surecl(out, root / "cache", kill_at=point)
     assert killed.returncode == -9, f"the run was not killed at {point}: {killed.returncode} {killed.stderr[-500:]}"
     assert not (out / "results.json").exists()
+    assert (out / ".surecl-lock").is_file()  # the killed process's lock, left behind
     resumed = surecl(out, root / "cache")
-    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.returncode == 0, resumed.stderr  # the stale lock was taken over
     assert "resumed from" in resumed.stderr
     assert outcome(out) == expected
+    assert not (out / ".surecl-lock").exists()
+    # the wall time of every finished part counts, not only the resumed one's
+    t = json.loads((out / "results.json").read_text())["timing"]
+    assert t["total"] >= t["train"] + t["score"] + t["eval"], t
 
 
 def test_corrupt_checkpoint_falls_back_to_previous(reference):

@@ -13,12 +13,14 @@ policy, the step log, any extra plugin), each under its own key, and handed back
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +140,73 @@ temporaries of those names; ``model`` is a full fine-tuned model's transformers 
 written whole, whose temporaries sit beside it as ``.model.*``)."""
 
 
+LOCK = ".surecl-lock"
+"""The lock file a running process holds in its run folder (:func:`run_lock`)."""
+
+
+def _lock_holder(path: Path) -> dict | None:
+    """Who holds the lock at ``path`` ({"host", "pid"}), or None when nobody does: no lock,
+    or a stale one, left on this host by a process that is gone (killed, crashed)."""
+    try:
+        holder = json.loads(path.read_text(encoding="utf-8"))
+        host, pid = str(holder["host"]), int(holder["pid"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"host": "?", "pid": "?"}  # half-written by a process starting right now: busy
+    if host != socket.gethostname():
+        return holder  # another machine's process (a shared file system): cannot tell, so held
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, another user's
+    return holder
+
+
+@contextlib.contextmanager
+def run_lock(out: Path, enabled: bool = True) -> Iterator[None]:
+    """Hold ``out/.surecl-lock`` while a run writes ``out``, so two processes never write one run
+    folder: a second ``surecl run`` there stops with :class:`~surecl.errors.RunBusy` (one line
+    naming the holder) and a sweep worker skips the run to the next. The lock is created with
+    ``O_EXCL`` and names host and pid; one whose process is gone (``kill -9``, a crash) is
+    taken over. Removed when the run ends, however it ends. ``enabled`` False (the other ranks
+    of a multi-process run) holds nothing."""
+    if not enabled:
+        yield
+        return
+    from surecl.errors import RunBusy
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK
+    mine = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _lock_holder(path)
+            if holder is not None:
+                raise RunBusy(
+                    f"{out}: another surecl process (host {holder['host']}, pid {holder['pid']}) is running there; "
+                    "wait for it to finish or choose another --out"
+                ) from None
+            path.unlink(missing_ok=True)  # stale: its process is gone
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(mine)
+        break
+    else:
+        raise RunBusy(f"{out}: could not take its lock {path}; another surecl process keeps starting there")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if path.read_text(encoding="utf-8") == mine:
+                path.unlink()
+
+
 def _ours(name: str, known: tuple[str, ...]) -> bool:
     return name.startswith(known) or name.startswith(tuple("." + k for k in known))
 
@@ -153,6 +222,8 @@ def run_outputs(out: Path) -> list[Path]:
     found = []
     for entry in sorted(out.iterdir()):
         name = entry.name
+        if name == LOCK:
+            continue  # the running process's lock (run_lock): neither refused nor removed
         if name in RUN_DIRS and entry.is_dir() and not entry.is_symlink():
             for inner in sorted(entry.iterdir()):
                 if not _ours(inner.name, RUN_DIRS[name]):

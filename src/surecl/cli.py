@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from surecl.errors import SureclError
+from surecl.errors import RunBusy, SureclError
 
 
 def _out_dir(arg: str | None, cfg) -> Path:
@@ -154,7 +154,10 @@ def cmd_sweep(args) -> int:
             print(f"[{k}/{len(todo)}] {out}: finished, skipped", file=sys.stderr)
             continue
         print(f"[{k}/{len(todo)}] {out}", file=sys.stderr)
-        run(cfg, out, resume=True, progress=not args.quiet)
+        try:
+            run(cfg, out, resume=True, progress=not args.quiet)
+        except RunBusy as busy:  # another worker of the same study has it
+            print(f"[{k}/{len(todo)}] {out}: {str(busy).split(': ', 1)[1].split(';')[0]}, skipped", file=sys.stderr)
     if plan.layout == "paper":
         return cmd_report(argparse.Namespace(dirs=[str(root)], metric=args.metric, csv=None, md=None, layout="paper",
                                              out_dir=str(root / "report"), no_fast=False, claims="default", claim=[], order_benchmark=[]))

@@ -7,3 +7,7 @@ with a one-line message; the CLI prints it and exits with code 2 instead of a tr
 
 class SureclError(Exception):
     """An error caused by the user's input or environment, reported in one line."""
+
+
+class RunBusy(SureclError):
+    """Another live process holds the run folder's lock (:func:`surecl.checkpoint.run_lock`)."""

@@ -209,6 +209,7 @@ class ContinualRun:
             **extra, "log": self.steplog, **({"tracking": Tracking()} if trackers else {}), "faults": FaultInjection(),
         })
         self.state = RunState(accuracy=[[None] * len(self.tasks) for _ in self.tasks])
+        self._wall: float | None = None  # wall clock of the running part (``_clock``)
         self.stage: Stage | None = None
         """The stage being trained or evaluated (None before the first)."""
         self.eval_view: str | None = None
@@ -331,7 +332,20 @@ class ContinualRun:
     def run(self, resume: bool = True, fresh: bool = False) -> dict:
         """Run into ``out_dir``: continue from its newest valid checkpoint (``resume``), or with
         ``fresh`` first remove the outputs an earlier run left there (:func:`checkpoint.clear_run`:
-        only files surecl writes; a directory holding others is refused)."""
+        only files surecl writes; a directory holding others is refused). The main process holds
+        the folder's lock (:func:`checkpoint.run_lock`) throughout: a second process there stops
+        with :class:`~surecl.errors.RunBusy` before it touches anything."""
+        with checkpoint.run_lock(self.out_dir, self.accelerator.is_main_process):
+            return self._run(resume, fresh)
+
+    def _clock(self) -> None:
+        """Add the wall time since the last call to ``seconds["total"]`` (checkpointed, so a
+        resumed run's total counts every finished part, not only the last)."""
+        now = time.perf_counter()
+        self.state.seconds["total"] = self.state.seconds.get("total", 0.0) + now - self._wall
+        self._wall = now
+
+    def _run(self, resume: bool, fresh: bool) -> dict:
         if fresh:
             if self.accelerator.is_main_process:
                 removed = checkpoint.clear_run(self.out_dir)
@@ -345,7 +359,7 @@ class ContinualRun:
                 self.log(f"resumed from {restored} at stage {self.state.next_stage}/{len(self.stages)}")
         if self.accelerator.is_main_process:  # after the checkpoint check: another run's config stays
             checkpoint.write_config(self.out_dir, self.cfg)
-        wall = time.perf_counter()
+        self._wall = time.perf_counter()
         with self.steplog.opened(self.out_dir / "log.jsonl", self.accelerator.is_main_process):
             if self.cfg.eval.before and self.state.initial is None:
                 self.evaluate_before()
@@ -353,7 +367,7 @@ class ContinualRun:
                 self.checkpoint()
             for s in range(self.state.next_stage, len(self.stages)):
                 self.run_stage(s)
-        self.state.seconds["total"] = self.state.seconds.get("total", 0.0) + time.perf_counter() - wall
+        self._clock()
         return self.finish()
 
     def run_stage(self, s: int) -> None:
@@ -420,6 +434,8 @@ class ContinualRun:
 
     def checkpoint(self) -> None:
         """Checkpoint every component's state (main process) after the last finished step."""
+        if self._wall is not None:
+            self._clock()
         if self.accelerator.is_main_process:
             st = self.state
             name = f"stage-{st.next_stage:04d}" + (f"-step-{st.step:06d}" if st.batches is not None else "")
