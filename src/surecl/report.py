@@ -701,7 +701,8 @@ def _ablation_png(key: str, values: list[str], cols: list[str], cells: dict, met
     ax.set_ylabel(f"{_LABEL[metric]} ({'perplexity' if kind == 'perplexity' else '%'})")
     ax.set_title(f"{_LABEL[metric]} vs {key} (mean ± std over orders and seeds)", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # an axis whose runs are all missing plots nothing
+        ax.legend(fontsize=8)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
