@@ -188,10 +188,8 @@ def run_lock(out: Path, enabled: bool = True) -> Iterator[None]:
         except FileExistsError:
             holder = _lock_holder(path)
             if holder is not None:
-                raise RunBusy(
-                    f"{out}: another surecl process (host {holder['host']}, pid {holder['pid']}) is running there; "
-                    "wait for it to finish or choose another --out"
-                ) from None
+                who = f"another surecl process (host {holder['host']}, pid {holder['pid']})"
+                raise RunBusy(f"{out}: {who} is running there; wait for it to finish or choose another --out", who) from None
             path.unlink(missing_ok=True)  # stale: its process is gone
             continue
         with os.fdopen(fd, "w", encoding="utf-8") as f:

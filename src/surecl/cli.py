@@ -157,7 +157,7 @@ def cmd_sweep(args) -> int:
         try:
             run(cfg, out, resume=True, progress=not args.quiet)
         except RunBusy as busy:  # another worker of the same study has it
-            print(f"[{k}/{len(todo)}] {out}: {str(busy).split(': ', 1)[1].split(';')[0]}, skipped", file=sys.stderr)
+            print(f"[{k}/{len(todo)}] {out}: {busy.holder} is running there, skipped", file=sys.stderr)
     if plan.layout == "paper":
         return cmd_report(argparse.Namespace(dirs=[str(root)], metric=args.metric, csv=None, md=None, layout="paper",
                                              out_dir=str(root / "report"), no_fast=False, claims="default", claim=[], order_benchmark=[]))

@@ -10,4 +10,9 @@ class SureclError(Exception):
 
 
 class RunBusy(SureclError):
-    """Another live process holds the run folder's lock (:func:`surecl.checkpoint.run_lock`)."""
+    """Another live process holds the run folder's lock (:func:`surecl.checkpoint.run_lock`);
+    ``holder`` names it (``another surecl process (host H, pid P)``)."""
+
+    def __init__(self, message: str, holder: str = "another surecl process") -> None:
+        super().__init__(message)
+        self.holder = holder
