@@ -36,11 +36,14 @@ def test_every_preset_runs_on_tiny(preset, tmp_path, cache_dir):
         assert a[0][0] is not None and a[0][1] is None
         assert results["forgetting"] == pytest.approx(results["ap"] - results["fp"])
     # what the run leaves for use after it: the PEFT adapters, or full fine-tuning's whole model
-    exported = "model/model.safetensors" if cfg.method == "seq_ft" else "adapters/fast/adapter_config.json"
+    exported = {"seq_ft": "model/model.safetensors", "progressive_prompts": "adapters/prompts/prompts.safetensors"}.get(
+        cfg.method, "adapters/fast/adapter_config.json"
+    )
     for name in ("results.json", "report.md", "heatmap.png", "log.jsonl", exported):
         assert (tmp_path / "run" / name).is_file(), name
     assert (tmp_path / "run" / "adapters" / "slow").is_dir() == cfg.dual.enabled
     assert (tmp_path / "run" / "adapters").is_dir() == (cfg.method != "seq_ft")
+    assert (tmp_path / "run" / "adapters" / "fast").is_dir() == (cfg.method not in ("seq_ft", "progressive_prompts"))
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["config"]["preset"] == preset
     assert saved["base_dtype"] == "float32" and saved["device"] == "cpu"

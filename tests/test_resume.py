@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from surecl.checkpoint import LOCK, lock_holder
+
 pytestmark = pytest.mark.slow  # every test here runs surecl two or three times as a subprocess (16-23 s each)
 
 ARGS = [
@@ -59,12 +61,12 @@ def test_killed_run_resumes_to_the_same_result(point, reference):
     killed = surecl(out, root / "cache", kill_at=point)
     assert killed.returncode == -9, f"the run was not killed at {point}: {killed.returncode} {killed.stderr[-500:]}"
     assert not (out / "results.json").exists()
-    assert (out / ".surecl-lock").is_file()  # the killed process's lock, left behind
+    assert (out / LOCK).is_file() and lock_holder(out) is None  # the killed process's lock file, released
     resumed = surecl(out, root / "cache")
-    assert resumed.returncode == 0, resumed.stderr  # the stale lock was taken over
+    assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stderr
     assert outcome(out) == expected
-    assert not (out / ".surecl-lock").exists()
+    assert lock_holder(out) is None
     # the wall time of every finished part counts, not only the resumed one's
     t = json.loads((out / "results.json").read_text())["timing"]
     assert t["total"] >= t["train"] + t["score"] + t["eval"], t

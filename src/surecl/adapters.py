@@ -237,8 +237,10 @@ class DualLoRA(Plugin):
 
     def export(self, ctx, results: dict) -> None:
         """The adapters in PEFT format, ``adapters/fast`` (and ``adapters/slow`` if dual), each
-        naming its base portably and with its model card; none when bypassed."""
-        if self.bypassed:
+        naming its base portably and with its model card; none when bypassed or never trained
+        (``fast_trainable`` off: a method that trains something else, such as prompts, would
+        leave only the zero update)."""
+        if self.bypassed or not self.fast_trainable:
             return
         from surecl import __version__
         from surecl.card import model_card, portable_base

@@ -30,6 +30,11 @@ from safetensors.torch import load_file, save_file
 
 from surecl.plugins.faults import fault_point
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: run folders are not locked
+    fcntl = None
+
 FORMAT = 2
 """2: each component's state under its own key (``components`` in meta.json, ``<key>/``
 tensors). Format 1 checkpoints (one layout for the whole run) are still read."""
@@ -141,68 +146,75 @@ written whole, whose temporaries sit beside it as ``.model.*``)."""
 
 
 LOCK = ".surecl-lock"
-"""The lock file a running process holds in its run folder (:func:`run_lock`)."""
+"""The lock file of a run folder (:func:`run_lock`): a running process holds an exclusive
+``flock`` on it and writes its host and pid into it."""
 
 
-def _lock_holder(path: Path) -> dict | None:
-    """Who holds the lock at ``path`` ({"host", "pid"}), or None when nobody does: no lock,
-    or a stale one, left on this host by a process that is gone (killed, crashed)."""
-    try:
-        holder = json.loads(path.read_text(encoding="utf-8"))
-        host, pid = str(holder["host"]), int(holder["pid"])
-    except FileNotFoundError:
+def lock_holder(out: Path) -> str | None:
+    """Who holds ``out``'s run lock now ("another surecl process (host H, pid P)"), or None:
+    no lock file, or nobody holds it (a finished run, or a killed one: the kernel releases a
+    dead process's ``flock``). Takes and drops the lock to find out; holds nothing after."""
+    path = Path(out) / LOCK
+    if fcntl is None or not path.is_file():
         return None
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder_text(fd)
+    finally:
+        os.close(fd)  # closing the descriptor releases a lock taken here
+    return None
+
+
+def _holder_text(fd: int) -> str:
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+        return f"another surecl process (host {holder['host']}, pid {holder['pid']})"
     except (OSError, ValueError, KeyError, TypeError):
-        return {"host": "?", "pid": "?"}  # half-written by a process starting right now: busy
-    if host != socket.gethostname():
-        return holder  # another machine's process (a shared file system): cannot tell, so held
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # alive, another user's
-    return holder
+        return "another surecl process"  # it holds the lock and has not written its name yet
 
 
 @contextlib.contextmanager
-def run_lock(out: Path, enabled: bool = True) -> Iterator[None]:
+def run_lock(out: Path, enabled: bool = True, agree: Callable[[str | None], str | None] | None = None) -> Iterator[None]:
     """Hold ``out/.surecl-lock`` while a run writes ``out``, so two processes never write one run
     folder: a second ``surecl run`` there stops with :class:`~surecl.errors.RunBusy` (one line
-    naming the holder) and a sweep worker skips the run to the next. The lock is created with
-    ``O_EXCL`` and names host and pid; one whose process is gone (``kill -9``, a crash) is
-    taken over. Removed when the run ends, however it ends. ``enabled`` False (the other ranks
-    of a multi-process run) holds nothing."""
-    if not enabled:
-        yield
-        return
+    naming the holder) and a sweep worker skips the run to the next. The lock is an exclusive
+    ``flock`` (``fcntl``), which the kernel releases when its process ends however it ends
+    (``kill -9`` included), so a killed run's folder is free again at once and two processes
+    can never both take it; the file stays, unlocked, after the run (its content is the last
+    holder). ``enabled`` False (the other ranks of a multi-process run) takes nothing;
+    ``agree`` hands the main process's outcome (None, or the holder) to every rank, so all of
+    them stop when the folder is busy. Without ``fcntl`` (not POSIX) no lock is taken."""
     from surecl.errors import RunBusy
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / LOCK
-    mine = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
-    for _ in range(3):
+    fd = None
+    holder = None
+    if enabled and fcntl is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = _lock_holder(path)
-            if holder is not None:
-                who = f"another surecl process (host {holder['host']}, pid {holder['pid']})"
-                raise RunBusy(f"{out}: {who} is running there; wait for it to finish or choose another --out", who) from None
-            path.unlink(missing_ok=True)  # stale: its process is gone
-            continue
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(mine)
-        break
-    else:
-        raise RunBusy(f"{out}: could not take its lock {path}; another surecl process keeps starting there")
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder_text(fd)
+            os.close(fd)
+            fd = None
+        else:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode("utf-8"), 0)
+    if agree is not None:
+        holder = agree(holder)
     try:
+        if holder is not None:
+            raise RunBusy(f"{out}: {holder} is running there; wait for it to finish or choose another --out", holder)
         yield
     finally:
-        with contextlib.suppress(OSError):
-            if path.read_text(encoding="utf-8") == mine:
-                path.unlink()
+        if fd is not None:
+            os.close(fd)  # releases the flock
 
 
 def _ours(name: str, known: tuple[str, ...]) -> bool:

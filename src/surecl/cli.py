@@ -101,6 +101,7 @@ def _preset_orders(config: str) -> list[str] | None:
 
 
 def cmd_sweep(args) -> int:
+    from surecl.checkpoint import lock_holder
     from surecl.config import build_config
     from surecl.report import write_sweep_plan
     from surecl.sweep import Plan, _grid, _orders, _seeds, _strings, expand, load_plan
@@ -152,6 +153,10 @@ def cmd_sweep(args) -> int:
     for k, (cfg, out) in enumerate(todo, 1):
         if _finished(out, cfg):
             print(f"[{k}/{len(todo)}] {out}: finished, skipped", file=sys.stderr)
+            continue
+        holder = lock_holder(out)  # before building the run: a model load is not free
+        if holder is not None:
+            print(f"[{k}/{len(todo)}] {out}: {holder} is running there, skipped", file=sys.stderr)
             continue
         print(f"[{k}/{len(todo)}] {out}", file=sys.stderr)
         try:

@@ -236,7 +236,10 @@ class ContinualRun:
     @property
     def peft_model(self):
         """The trained PEFT model (frozen base + adapters) with the adapter that answers active
-        (slow if dual), in eval mode: call ``generate`` on it, or ``save_pretrained``."""
+        (slow if dual), in eval mode: call ``generate`` on it, or ``save_pretrained``. What a
+        method puts before the input (Progressive Prompts' soft prompts, ``input_prefix``) is
+        not part of it: plain token ids reach the base model without them; the prompts are
+        exported to ``adapters/prompts`` with how to prepend them."""
         self.adapters.activate(self.adapters.eval_adapter)
         return self.accelerator.unwrap_model(self.model).eval()
 
@@ -335,8 +338,17 @@ class ContinualRun:
         only files surecl writes; a directory holding others is refused). The main process holds
         the folder's lock (:func:`checkpoint.run_lock`) throughout: a second process there stops
         with :class:`~surecl.errors.RunBusy` before it touches anything."""
-        with checkpoint.run_lock(self.out_dir, self.accelerator.is_main_process):
+        agree = self._from_main if self.world > 1 else None
+        with checkpoint.run_lock(self.out_dir, self.accelerator.is_main_process, agree):
             return self._run(resume, fresh)
+
+    def _from_main(self, value):
+        """The main process's ``value``, on every process."""
+        from accelerate.utils import broadcast_object_list
+
+        box = [value]
+        broadcast_object_list(box, from_process=0)
+        return box[0]
 
     def _clock(self) -> None:
         """Add the wall time since the last call to ``seconds["total"]`` (checkpointed, so a
