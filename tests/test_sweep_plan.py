@@ -103,3 +103,20 @@ def test_finished_runs_stay_finished_when_the_config_gains_a_key():
     legacy = cfg.to_dict()
     legacy["data"]["balanced"] = True  # a key that no longer exists
     assert not same_config(legacy, cfg)
+
+
+def test_another_methods_options_do_not_make_a_run_different():
+    """A run saved before a default of N-LoRA's (or O-LoRA's, or Progressive Prompts') options
+    changed is the same run for every method that does not read them, and a different one for
+    the method that does."""
+    for method in ("seq_lora", "olora", "progressive_prompts", "nlora"):
+        cfg = build_config(f"tiny,{method}")
+        saved = cfg.to_dict()
+        saved["nlora"]["lambda_l1"] = cfg.nlora.lambda_l1 * 1000  # as saved under another default
+        assert same_config(saved, cfg) == (method != "nlora"), method
+        saved = cfg.to_dict()
+        saved["prompts"]["length"] = cfg.prompts.length + 1
+        saved["olora"]["lambda_orth"] = cfg.olora.lambda_orth + 1
+        assert same_config(saved, cfg) == (method == "seq_lora" or method == "nlora"), method
+    saved = build_config("tiny,nlora").to_dict()
+    assert not same_config(saved, build_config("tiny,olora"))  # another method is another run

@@ -730,8 +730,19 @@ def same_config(saved: dict[str, Any], cfg: RunConfig) -> bool:
     The saved tree is rebuilt first, so keys added to the config since then take their
     defaults: a finished or checkpointed run stays resumable when a later version adds an
     option whose default keeps the old behaviour. A saved key that no longer exists, or a
-    saved value that no longer validates, is a different config."""
+    saved value that no longer validates, is a different config. A section only one method
+    reads (:data:`METHOD_SECTIONS`) counts only for that method: a changed default of N-LoRA's
+    strength does not make a finished SeqLoRA run a different run."""
     try:
-        return config_from_dict(saved).to_dict() == cfg.to_dict()
+        old, new = config_from_dict(saved).to_dict(), cfg.to_dict()
     except SureclError:
         return False
+    for section, readers in METHOD_SECTIONS.items():
+        if old.get("method") not in readers and new.get("method") not in readers:
+            old.pop(section, None)
+            new.pop(section, None)
+    return old == new
+
+
+METHOD_SECTIONS: dict[str, tuple[str, ...]] = {"olora": ("olora",), "nlora": ("nlora",), "prompts": ("progressive_prompts",)}
+"""Config sections that one method alone reads (its own options), by the methods that read them."""
