@@ -162,15 +162,19 @@ def lock_holder(out: Path) -> str | None:
     except OSError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return _holder_text(fd)
+        return _try_lock(fd)
     finally:
         os.close(fd)  # closing the descriptor releases a lock taken here
-    return None
 
 
-def _holder_text(fd: int) -> str:
+def _try_lock(fd: int) -> str | None:
+    """Take the exclusive ``flock`` on ``fd`` without waiting: None when taken, else who holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pass
+    else:
+        return None
     try:
         holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
         return f"another surecl process (host {holder['host']}, pid {holder['pid']})"
@@ -197,10 +201,8 @@ def run_lock(out: Path, enabled: bool = True, agree: Callable[[str | None], str 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder_text(fd)
+        holder = _try_lock(fd)
+        if holder is not None:
             os.close(fd)
             fd = None
         else:
