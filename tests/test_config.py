@@ -15,6 +15,7 @@ from surecl.config import (
     get_key,
     load_yaml,
     preset_names,
+    same_config,
     validate,
 )
 from surecl.errors import SureclError
@@ -149,3 +150,27 @@ def test_yaml_file_with_unknown_key_names_it(tmp_path):
     path.write_text("kind: method\nreplay: {policy: surprise, frobnicate: 2}\n", encoding="utf-8")
     with pytest.raises(SureclError, match=re.escape("replay.frobnicate")):
         build_config(f"tiny,{path}")
+
+
+def test_dual_beta_takes_a_number_or_auto():
+    cfg = build_config("tiny", ["dual.beta=auto"])
+    assert cfg.dual.beta == "auto" and cfg.dual.window_tasks == 0.5
+    assert build_config("tiny", ["dual.beta=0.99"]).dual.beta == 0.99
+    for bad, words in ((["dual.beta=often"], "number in (0, 1) or auto"), (["dual.beta=auto", "dual.window_tasks=0"], "with dual.beta=auto")):
+        with pytest.raises(SureclError) as err:
+            build_config("tiny", bad)
+        assert words in str(err.value)
+    # round trip through a saved config keeps the word
+    assert config_from_dict(build_config("tiny", ["dual.beta=auto"]).to_dict()).dual.beta == "auto"
+
+
+def test_same_config_ignores_dual_options_a_run_does_not_read():
+    base = build_config("tiny,seq_lora")
+    saved = base.to_dict()
+    assert same_config(saved, build_config("tiny,seq_lora", ["dual.beta=auto", "dual.window_tasks=2"]))
+    dual = build_config("tiny,slow_surprise", ["dual.beta=0.99"])
+    assert same_config(dual.to_dict(), build_config("tiny,slow_surprise", ["dual.beta=0.99", "dual.window_tasks=3"]))
+    assert not same_config(dual.to_dict(), build_config("tiny,slow_surprise", ["dual.beta=0.995"]))
+    auto = build_config("tiny,slow_surprise", ["dual.beta=auto"])
+    assert not same_config(auto.to_dict(), build_config("tiny,slow_surprise", ["dual.beta=auto", "dual.window_tasks=2"]))
+    assert not same_config(auto.to_dict(), dual)

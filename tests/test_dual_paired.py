@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from surecl.config import build_config
 from surecl.trainer import run
@@ -54,19 +56,23 @@ def test_per_task_has_no_fast_rows(tmp_path, tiny_cache):
     assert "fast" not in res
 
 
-def test_window_tasks_sets_beta_from_the_steps_per_task(tmp_path, tiny_cache, capsys):
+def test_beta_auto_sets_beta_from_the_steps_per_task(tmp_path, tiny_cache, capsys):
     from surecl.adapters import resolve_beta
     from surecl.cli import main
     from surecl.config import DualConfig
 
     assert resolve_beta(DualConfig(beta=0.995), 15) == 0.995
-    assert resolve_beta(DualConfig(beta=0.995, window_tasks=2), 15) == pytest.approx(1 - 1 / 30)
-    assert resolve_beta(DualConfig(window_tasks=0.01), 15) == 0.0  # a window below one step is one step
+    assert resolve_beta(DualConfig(beta=0.995, window_tasks=2), 15) == 0.995  # a number: the window is not read
+    assert resolve_beta(DualConfig(beta="auto", window_tasks=2), 15) == pytest.approx(1 - 1 / 30)
+    assert resolve_beta(DualConfig(beta="auto"), 16) == pytest.approx(1 - 1 / 8)  # half a task by default
+    assert resolve_beta(DualConfig(beta="auto", window_tasks=0.01), 15) == 0.0  # a window below one step is one step
     # 48 examples at batch 8, 6 epochs: 36 steps per task; a window of 2 tasks is 72 steps
-    res = run(build_config("tiny,slow_surprise", FAST + ["dual.window_tasks=2"]), tmp_path / "w", progress=False, cache_dir=tiny_cache)
-    assert res["dual_beta"] == pytest.approx(1 - 1 / 72)
+    res = run(build_config("tiny,slow_surprise", FAST + ["dual.beta=auto", "dual.window_tasks=2"]), tmp_path / "w", progress=False, cache_dir=tiny_cache)
+    assert res["dual_beta"] == pytest.approx(1 - 1 / 72) and res["config"]["dual"]["beta"] == "auto"
     # the EMA really ran at that rate: the fast trajectory is the non-dual one, the slow one differs from beta 0.9's
-    other = run(build_config("tiny,slow_surprise", FAST), tmp_path / "b", progress=False, cache_dir=tiny_cache)
+    other = run(build_config("tiny,slow_surprise", FAST + ["dual.window_tasks=2"]), tmp_path / "b", progress=False, cache_dir=tiny_cache)
     assert other["dual_beta"] == 0.9 and res["fast"]["accuracy_matrix"] == other["fast"]["accuracy_matrix"]
-    assert main(["run", "--dry-run", "--config", "tiny,slow_surprise", "dual.window_tasks=2", *FAST]) == 0
-    assert "beta 0.9861 (window of 2 tasks)" in capsys.readouterr().out
+    slow = [load_file(str(d / "adapters" / "slow" / "adapter_model.safetensors")) for d in (tmp_path / "w", tmp_path / "b")]
+    assert any(not torch.equal(slow[0][k], slow[1][k]) for k in slow[0])
+    assert main(["run", "--dry-run", "--config", "tiny,slow_surprise", "dual.beta=auto", "dual.window_tasks=2", *FAST]) == 0
+    assert "beta 0.9861 (auto: a window of 2 tasks)" in capsys.readouterr().out

@@ -69,8 +69,9 @@ class DualLoRA(Plugin):
 
     def __init__(self, base: torch.nn.Module, lora: LoraConfig, dual: DualConfig, is_seq2seq: bool):
         self.config = self.dual = dual
-        self.beta = dual.beta
-        """The EMA rate in use (``resolve_beta`` may replace ``dual.beta`` by the window rule)."""
+        self.beta = resolve_beta(dual, 1)
+        """The EMA rate in use (the run sets it with :func:`resolve_beta` once it knows the
+        steps per task, which ``dual.beta=auto`` needs)."""
         self.peft_config = PeftLoraConfig(
             r=lora.r,
             lora_alpha=lora.alpha,
@@ -342,8 +343,9 @@ class DualLoRA(Plugin):
 
 
 def resolve_beta(dual: DualConfig, steps_first_task: int) -> float:
-    """The EMA rate a run uses: ``dual.beta``, or with ``dual.window_tasks`` = w > 0 the rate
-    whose window 1/(1-beta) is w tasks of ``steps_first_task`` steps (at least one step)."""
-    if dual.window_tasks <= 0:
-        return dual.beta
+    """The EMA rate a run uses: ``dual.beta``, or with ``dual.beta=auto`` the rate whose window
+    1/(1-beta) is ``dual.window_tasks`` tasks of ``steps_first_task`` steps (at least one
+    step: beta 0, the slow adapter then follows the fast one)."""
+    if dual.beta != "auto":
+        return float(dual.beta)
     return 1.0 - 1.0 / max(1.0, dual.window_tasks * steps_first_task)

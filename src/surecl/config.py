@@ -180,20 +180,20 @@ class DualConfig:
     """Fast/slow dual learner: slow = EMA(beta) of fast after every optimizer step."""
 
     enabled: bool = False
-    beta: float = 0.995
+    beta: float | str = 0.995
+    """The EMA rate, a number in (0, 1) (the paper's 0.995: a window 1/(1-beta) of 200 steps),
+    or ``auto``: the rate whose window is ``window_tasks`` tasks of this stream,
+    beta = 1 - 1/(window_tasks x S) with S the first task's optimizer steps. Whether the slow
+    adapter helps or lags depends on that window against the steps per task (RESULTS.md §3;
+    ``bench/ema_window.py`` measures slow - fast per rule)."""
     bias_correction: bool = True
     """Divide out the weight still on the initial adapter (Adam-style). Once a run has many
     more than 1/(1-beta) steps this equals the paper's EMA; in short runs it stops the slow
-    adapter from sitting near its random start (kept as the default for that reason: the
-    embedded default run has 15 steps per task against a 200-step window). ``false`` gives
-    the paper's exact recursion slow <- beta * slow + (1 - beta) * fast (the ``paper-*``
-    presets)."""
-    window_tasks: float = 0.0
-    """0 (default): use ``beta``. Above 0: choose beta from the stream, beta = 1 - 1/(w x S)
-    with S the first task's optimizer steps, so the slow adapter averages over about
-    ``window_tasks`` tasks whatever a task's size (the EMA window 1/(1-beta) decides whether
-    the slow adapter helps or lags: the paper's 0.995 is 200 steps, 12 of its LNT tasks or
-    2.5 of its Standard CL ones). ``bench/ema_window.py`` measures slow - fast per rule."""
+    adapter from sitting near its random start. ``false`` gives the paper's exact recursion
+    slow <- beta * slow + (1 - beta) * fast (the ``paper-*`` presets)."""
+    window_tasks: float = 0.5
+    """With ``beta: auto``: the EMA window in tasks (0.5: half a task). Not read when ``beta``
+    is a number."""
 
 
 @dataclass
@@ -418,6 +418,9 @@ def _check_types(obj: Any, prefix: str) -> None:
             continue
         if typing.get_origin(typ) is list:
             ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        elif typing.get_origin(typ) in (typing.Union, types.UnionType):
+            members = typing.get_args(typ)
+            ok = isinstance(value, members) or (float in members and isinstance(value, int) and not isinstance(value, bool))
         elif typ is float:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         elif typ is int:
@@ -425,7 +428,12 @@ def _check_types(obj: Any, prefix: str) -> None:
         else:
             ok = isinstance(value, typ)
         if not ok:
-            want = "a list of strings" if typing.get_origin(typ) is list else f"a {typ.__name__}"
+            if typing.get_origin(typ) is list:
+                want = "a list of strings"
+            elif typing.get_origin(typ) in (typing.Union, types.UnionType):
+                want = " or ".join(f"a {t.__name__}" for t in typing.get_args(typ))
+            else:
+                want = f"a {typ.__name__}"
             raise SureclError(f"{key}: expected {want}, got {value!r}")
 
 
@@ -467,8 +475,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("replay.buffer_size", cfg.replay.buffer_size >= 0 and math.isfinite(cfg.replay.buffer_size), "must be >= 0"),
         ("replay.every", cfg.replay.every >= 1, "must be >= 1"),
         ("replay.batch_size", cfg.replay.batch_size >= 1, "must be >= 1"),
-        ("dual.beta", 0.0 < cfg.dual.beta < 1.0, "must be in (0, 1)"),
-        ("dual.window_tasks", cfg.dual.window_tasks >= 0 and math.isfinite(cfg.dual.window_tasks), "must be >= 0 (0 = use dual.beta)"),
+        ("dual.beta", _beta_ok(cfg.dual.beta), "must be a number in (0, 1) or auto"),
+        ("dual.window_tasks", cfg.dual.window_tasks >= 0 and math.isfinite(cfg.dual.window_tasks), "must be >= 0"),
+        ("dual.window_tasks", cfg.dual.beta != "auto" or cfg.dual.window_tasks > 0, "must be > 0 with dual.beta=auto"),
         ("train.epochs", cfg.train.epochs >= 1, "must be >= 1"),
         ("train.batch_size", cfg.train.batch_size >= 1, "must be >= 1"),
         ("train.lr", cfg.train.lr > 0 and math.isfinite(cfg.train.lr), "must be > 0"),
@@ -531,6 +540,12 @@ def validate(cfg: RunConfig) -> RunConfig:
 # generic tree handling
 
 
+def _beta_ok(beta: float | str) -> bool:
+    if isinstance(beta, str):
+        return beta == "auto"
+    return 0.0 < beta < 1.0
+
+
 def _field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
@@ -583,7 +598,14 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
             raise SureclError(f"{key}: expected a list, got {value!r}")
         return [_coerce(v, inner, key) for v in value]
     if origin in (typing.Union, types.UnionType):
-        raise SureclError(f"{key}: unsupported type")  # no unions in the tree
+        # the first member the value converts to (``float | str``: a number, else a word)
+        members = [t for t in typing.get_args(typ) if t is not type(None)]
+        for member in members:
+            try:
+                return _coerce(value, member, key)
+            except SureclError:
+                continue
+        raise SureclError(f"{key}: expected {' or '.join('a ' + t.__name__ for t in members)}, got {value!r}")
     if typ is bool:
         if isinstance(value, bool):
             return value
@@ -731,8 +753,9 @@ def same_config(saved: dict[str, Any], cfg: RunConfig) -> bool:
     defaults: a finished or checkpointed run stays resumable when a later version adds an
     option whose default keeps the old behaviour. A saved key that no longer exists, or a
     saved value that no longer validates, is a different config. A section only one method
-    reads (:data:`METHOD_SECTIONS`) counts only for that method: a changed default of N-LoRA's
-    strength does not make a finished SeqLoRA run a different run."""
+    reads (:data:`METHOD_SECTIONS`) counts only for that method, and the dual learner's options
+    only where they are read (:func:`_read_only`): a changed default of N-LoRA's strength or of
+    the EMA rate does not make a finished SeqLoRA run a different run."""
     try:
         old, new = config_from_dict(saved).to_dict(), cfg.to_dict()
     except SureclError:
@@ -741,7 +764,18 @@ def same_config(saved: dict[str, Any], cfg: RunConfig) -> bool:
         if old.get("method") not in readers and new.get("method") not in readers:
             old.pop(section, None)
             new.pop(section, None)
-    return old == new
+    return _read_only(old) == _read_only(new)
+
+
+def _read_only(tree: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` without the dual learner's options a run does not read: all but ``enabled``
+    when the slow adapter is off, ``window_tasks`` when ``beta`` is a number."""
+    dual = dict(tree.get("dual", {}))
+    if not dual.get("enabled"):
+        dual = {"enabled": dual.get("enabled", False)}
+    elif dual.get("beta") != "auto":
+        dual.pop("window_tasks", None)
+    return {**tree, "dual": dual}
 
 
 METHOD_SECTIONS: dict[str, tuple[str, ...]] = {"olora": ("olora",), "nlora": ("nlora",), "prompts": ("progressive_prompts",)}

@@ -105,7 +105,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         per_task = sum(steps_all) / len(steps_all)
         form = "bias-corrected" if cfg.dual.bias_correction else "plain recursion (the paper's)"
         lines.append(
-            f"dual learner: slow = EMA of fast, beta {beta:.4g}{f' (window of {cfg.dual.window_tasks:g} tasks)' if cfg.dual.window_tasks > 0 else ''}, {form}; window 1/(1-beta) = {window:.0f} steps "
+            f"dual learner: slow = EMA of fast, beta {beta:.4g}{f' (auto: a window of {cfg.dual.window_tasks:g} tasks)' if cfg.dual.beta == 'auto' else ''}, {form}; window 1/(1-beta) = {window:.0f} steps "
             f"against {per_task:.0f} steps per task ({per_task / window:.2f} windows per task)"
         )
         if not cfg.dual.bias_correction and window > steps_all[0]:
