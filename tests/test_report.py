@@ -435,3 +435,28 @@ def test_sweep_writes_plan_before_running(tmp_path, capsys, monkeypatch):
     assert table_rows(md, "Missing runs")["seq_lora"] == ["default", "1", str(out / "seq_lora/orderdefault/seed1"), "no results.json"]
     assert table_rows(md, "Main table")["seq_lora"][0].endswith(" †")  # one seed of two
     assert main(["sweep", "--config", "tiny", "--seeds", "x", "--out", str(out)]) == 2
+
+
+def test_mean_matrix_and_heatmap_panels(runs, tmp_path):
+    st = Study.load([runs])
+    # order 1: seq_lora seeds FP 40 and 44, AP 80 -> mean matrix [[80, -], [42, 80]]
+    tasks, mat, n = st.mean_matrix("seq_lora", "1")
+    assert tasks == ["a", "b"] and n == 2 and mat == [[80.0, None], [42.0, 80.0]]
+    # the fast rows have their own matrices (slow_surprise's fast FP 55 and 57 on order 1)
+    assert st.mean_matrix("slow_surprise (fast)", "1")[1][1][0] == 56.0
+    assert st.mean_matrix("seq_lora", "nope") is None
+    # a one-stage run (one row of results, as MTL writes) has no square matrix to draw
+    d = put(runs, "mtl", "1", 0, 70.0, 70.0)
+    r = json.loads((d / "results.json").read_text())
+    r["accuracy_matrix"] = [[70.0, 70.0]]
+    (d / "results.json").write_text(json.dumps(r))
+    st = Study.load([runs])
+    assert st.mean_matrix("mtl", "1") is None
+    rep = paper_report([runs])
+    stems = [stem for stem, _, _ in rep.heatmaps]
+    assert stems == ["heatmap_1", "heatmap_2", "heatmap_4"]
+    assert all(png.startswith(b"\x89PNG") for _, _, png in rep.heatmaps)
+    out = tmp_path / "paper"
+    assert main(["report", str(runs), "--layout", "paper", "--out-dir", str(out)]) == 0
+    assert (out / "heatmap_1.png").read_bytes().startswith(b"\x89PNG")
+    assert "![heatmap_2](heatmap_2.png)" in (out / "report.md").read_text()

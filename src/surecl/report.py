@@ -30,16 +30,11 @@ def matrix_markdown(tasks: list[str], a: list[list[float | None]], initial: list
     return "\n".join(lines)
 
 
-def heatmap(path: Path, tasks: list[str], a: list[list[float | None]], title: str, metric: str = "accuracy") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _draw_matrix(ax, tasks: list[str], a: list[list[float | None]], title: str, metric: str = "accuracy", labels: bool = True):
+    """One accuracy (or perplexity) matrix on ``ax``; returns the image for a colour bar."""
     import numpy as np
 
     data = np.array([[np.nan if v is None else v for v in row] for row in a], dtype=float)
-    size = max(4.0, 0.55 * len(tasks) + 2)
-    fig, ax = plt.subplots(figsize=(size + 1, size))
     if metric == "perplexity":  # lower is better: reversed colours, range from the data
         lo, hi = np.nanmin(data), np.nanmax(data)
         im = ax.imshow(data, vmin=lo, vmax=max(hi, lo + 1e-6), cmap="viridis_r")
@@ -48,14 +43,27 @@ def heatmap(path: Path, tasks: list[str], a: list[list[float | None]], title: st
         im = ax.imshow(data, vmin=0, vmax=100, cmap="viridis")
         dark = lambda v: v < 60  # noqa: E731
     ax.set_xticks(range(len(tasks)), tasks, rotation=45, ha="right")
-    ax.set_yticks(range(len(tasks)), tasks)
-    ax.set_xlabel("evaluated on task")
-    ax.set_ylabel("after training on task")
-    ax.set_title(title)
-    for i in range(len(tasks)):
-        for j in range(len(tasks)):
+    ax.set_yticks(range(len(tasks[: len(a)])), tasks[: len(a)])
+    if labels:
+        ax.set_xlabel("evaluated on task")
+        ax.set_ylabel("after training on task")
+    ax.set_title(title, fontsize=9 if not labels else None)
+    for i in range(data.shape[0]):
+        for j in range(data.shape[1]):
             if not np.isnan(data[i, j]):
                 ax.text(j, i, f"{data[i, j]:.0f}" if metric != "perplexity" else f"{data[i, j]:.1f}", ha="center", va="center", color="w" if dark(data[i, j]) else "k", fontsize=8)
+    return im
+
+
+def heatmap(path: Path, tasks: list[str], a: list[list[float | None]], title: str, metric: str = "accuracy") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    size = max(4.0, 0.55 * len(tasks) + 2)
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    im = _draw_matrix(ax, tasks, a, title, metric)
     fig.colorbar(im, ax=ax, label="perplexity" if metric == "perplexity" else "accuracy (%)")
     fig.tight_layout()
     buf = io.BytesIO()
@@ -86,6 +94,16 @@ def _fast_section(results: dict, digits: int) -> list[str]:
     ]
 
 
+def _dual_words(results: dict) -> str:
+    dual = results["config"]["dual"]
+    if not dual["enabled"]:
+        return "off"
+    used = results.get("dual_beta")
+    if dual["beta"] == "auto" and used is not None:
+        return f"on (beta auto: {used:.4g}, a window of {dual.get('window_tasks')} tasks)"
+    return f"on (beta {dual['beta']})"
+
+
 def write_run_report(out_dir: Path, results: dict) -> None:
     cfg = results["config"]
     name = cfg.get("preset") or cfg["method"]
@@ -96,7 +114,7 @@ def write_run_report(out_dir: Path, results: dict) -> None:
         f"# surecl run: {name}",
         "",
         f"model `{cfg['model']['name']}`, benchmark `{cfg['data']['benchmark']}`, order `{cfg['data']['order']}`, seed {cfg['seed']}",
-        f"method `{cfg['method']}`, replay `{cfg['replay']['policy']}`, dual {'on (beta ' + str(cfg['dual']['beta']) + ')' if cfg['dual']['enabled'] else 'off'}",
+        f"method `{cfg['method']}`, replay `{cfg['replay']['policy']}`, dual {_dual_words(results)}",
         "",
         f"| FP | AP | forgetting ({'FP-AP' if ppl else 'AP-FP'}) | BWT |",
         "|---|---|---|---|",
@@ -241,6 +259,8 @@ class Record:
     seed: int | str
     values: dict[str, float | None]
     path: Path
+    tasks: list[str] = field(default_factory=list)
+    matrix: list[list[float | None]] | None = None
 
 
 @dataclass
@@ -379,7 +399,8 @@ class Study:
                 key = (name, order, seed)
                 if key in records:
                     raise SureclError(f"report: two runs of row {name!r}, order {order}, seed {seed}: {records[key].path} and {f.parent}; report them separately")
-                records[key] = Record(name, order, seed, {m: src.get(m) for m in METRICS}, f.parent)
+                records[key] = Record(name, order, seed, {m: src.get(m) for m in METRICS}, f.parent,
+                                      list(r.get("tasks") or []), src.get("accuracy_matrix"))
         # expected runs: the plans, then every combination seen among runs no plan covers
         expected: dict[Key, str] = {}
         plan_dirs = []
@@ -460,6 +481,26 @@ class Study:
         groups = [(b, [o for o in self.orders if self.bench_of.get(o) == b]) for b in self.benchmarks]
         return groups + [(o, [o]) for o in self.orders if o not in self.bench_of]
 
+    def mean_matrix(self, row: str, order: str) -> tuple[list[str], list[list[float | None]], int] | None:
+        """The accuracy (or perplexity) matrix of ``row`` on ``order`` averaged entry by entry
+        over its seeds: (tasks, matrix, number of seeds); None without a full square matrix (a
+        one-stage method such as MTL has one row, not a matrix)."""
+        mats = []
+        for (r, o, _), rec in sorted(self.records.items(), key=lambda kv: str(kv[0])):
+            m = rec.matrix
+            if r == row and o == order and rec.tasks and isinstance(m, list) and len(m) == len(rec.tasks) > 1 \
+                    and all(isinstance(x, list) and len(x) == len(rec.tasks) for x in m):
+                mats.append((rec.tasks, m))
+        if not mats or any(t != mats[0][0] for t, _ in mats):
+            return None
+        tasks, n = mats[0][0], len(mats[0][0])
+
+        def mean(i: int, j: int) -> float | None:
+            vals = [m[i][j] for _, m in mats if m[i][j] is not None]
+            return fmean(vals) if vals else None
+
+        return tasks, [[mean(i, j) for j in range(n)] for i in range(n)], len(mats)
+
     def pooled_cell(self, row: str, metric: str) -> Cell:
         vals = [self.value(k, metric) for k in sorted(self.records, key=str) if k[0] == row]
         vals = [v for v in vals if v is not None]
@@ -539,6 +580,8 @@ class PaperReport:
     fast: bool = True
     claims: list[tuple[str, str]] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
+    heatmaps: list[tuple[str, str, bytes]] = field(default_factory=list)
+    """(file stem, caption, PNG) per order: each row's accuracy matrix averaged over seeds."""
 
     @property
     def shown_rows(self) -> list[str]:
@@ -558,6 +601,8 @@ class PaperReport:
             if images and t.png is not None:
                 body += f"\n\n![{t.title}]({t.name}.png)"
             parts.append(body)
+        if images and self.heatmaps:
+            parts.append("## Accuracy matrices\n\n" + "\n\n".join(f"{cap}\n\n![{stem}]({stem}.png)" for stem, cap, _ in self.heatmaps))
         return "\n\n".join(parts) + "\n"
 
     def write(self, out_dir: Path) -> list[Path]:
@@ -574,6 +619,9 @@ class PaperReport:
                 if data is not None:
                     _atomic_write_bytes(path, data)
                     written.append(path)
+        for stem, _, png in self.heatmaps:
+            _atomic_write_bytes(out_dir / f"{stem}.png", png)
+            written.append(out_dir / f"{stem}.png")
         path = out_dir / "report.md"
         write_text(path, self.markdown(images=True))
         return [*written, path]
@@ -826,4 +874,40 @@ def paper_report(paths: list[Path], metric: str = "fp", fast: bool = True, claim
     rows = rep.shown_rows
     rep.tables = [main_table(st, metric, rows), forgetting_table(st, rows), *ablation_tables(st, metric, rows),
                   claims_table(st, metric, pairs), missing_table(st, metric, rows)]
+    rep.heatmaps = heatmap_panels(st, [r for r in rows if not parse_row(r)[1]])
     return rep
+
+
+def heatmap_panels(st: Study, rows: list[str], columns: int = 4) -> list[tuple[str, str, bytes]]:
+    """Per order, one figure with a panel per row: its matrix averaged over seeds (rows after
+    each task, columns the tasks), the seeds counted in each panel's title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    for order in st.orders:
+        panels = [(row, m) for row in rows if (m := st.mean_matrix(row, order)) is not None]
+        if not panels:
+            continue
+        n_tasks = len(panels[0][1][0])
+        cols = min(columns, len(panels))
+        rows_n = -(-len(panels) // cols)
+        side = max(2.6, 0.45 * n_tasks + 1.6)
+        fig, axes = plt.subplots(rows_n, cols, figsize=(side * cols + 0.8, side * rows_n + 0.4), squeeze=False)
+        im = None
+        for k, (ax, (row, (tasks, mat, n))) in enumerate(zip(axes.flat, panels)):
+            im = _draw_matrix(ax, tasks, mat, f"{row} ({n} seed{'s' if n > 1 else ''})", st.kind, labels=False)
+            if k % cols:  # the same tasks down every panel of an order: named once, on the left
+                ax.set_yticklabels([])
+        for ax in list(axes.flat)[len(panels):]:
+            ax.axis("off")
+        fig.colorbar(im, ax=axes.ravel().tolist(), label="perplexity" if st.kind == "perplexity" else "accuracy (%)", shrink=0.8)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        caption = (f"Order {order}: each method's {'perplexity' if st.kind == 'perplexity' else 'accuracy'} matrix averaged "
+                   "over its seeds (row: after training on that task; column: the task evaluated).")
+        out.append((f"heatmap_{_slug(order)}", caption, buf.getvalue()))
+    return out
