@@ -156,7 +156,8 @@ def test_dual_beta_takes_a_number_or_auto():
     cfg = build_config("tiny", ["dual.beta=auto"])
     assert cfg.dual.beta == "auto" and cfg.dual.window_tasks == 0.5
     assert build_config("tiny", ["dual.beta=0.99"]).dual.beta == 0.99
-    for bad, words in ((["dual.beta=often"], "number in (0, 1) or auto"), (["dual.beta=auto", "dual.window_tasks=0"], "with dual.beta=auto")):
+    for bad, words in ((["dual.beta=often"], "number in (0, 1) or auto"), (["dual.beta=auto", "dual.window_tasks=0"], "with dual.beta=auto"),
+                        (["dual.beta=true"], "expected a float or a str, got True")):
         with pytest.raises(SureclError) as err:
             build_config("tiny", bad)
         assert words in str(err.value)

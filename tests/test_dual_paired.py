@@ -74,5 +74,8 @@ def test_beta_auto_sets_beta_from_the_steps_per_task(tmp_path, tiny_cache, capsy
     assert other["dual_beta"] == 0.9 and res["fast"]["accuracy_matrix"] == other["fast"]["accuracy_matrix"]
     slow = [load_file(str(d / "adapters" / "slow" / "adapter_model.safetensors")) for d in (tmp_path / "w", tmp_path / "b")]
     assert any(not torch.equal(slow[0][k], slow[1][k]) for k in slow[0])
+    # the run report and the slow adapter's model card name the rate auto resolved to
+    assert "beta auto: 0.9861, a window of 2.0 tasks" in (tmp_path / "w" / "report.md").read_text()
+    assert "beta 0.9861, from dual.beta=auto" in (tmp_path / "w" / "adapters" / "slow" / "README.md").read_text()
     assert main(["run", "--dry-run", "--config", "tiny,slow_surprise", "dual.beta=auto", "dual.window_tasks=2", *FAST]) == 0
     assert "beta 0.9861 (auto: a window of 2 tasks)" in capsys.readouterr().out

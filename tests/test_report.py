@@ -455,6 +455,8 @@ def test_mean_matrix_and_heatmap_panels(runs, tmp_path):
     rep = paper_report([runs])
     stems = [stem for stem, _, _ in rep.heatmaps]
     assert stems == ["heatmap_1", "heatmap_2", "heatmap_4"]
+    assert "Not drawn (one-stage runs, or seeds with different task lists): mtl." in rep.heatmaps[0][1]
+    assert "Not drawn" not in rep.heatmaps[1][1]
     assert all(png.startswith(b"\x89PNG") for _, _, png in rep.heatmaps)
     out = tmp_path / "paper"
     assert main(["report", str(runs), "--layout", "paper", "--out-dir", str(out)]) == 0

@@ -82,6 +82,11 @@ def _run_table(results: dict, scores: dict) -> list[str]:
     ]
 
 
+def _beta_words(results: dict) -> str:
+    beta, used = results["config"]["dual"]["beta"], results.get("dual_beta")
+    return f"{used:.4g}, from dual.beta=auto" if beta == "auto" and used is not None else str(beta)
+
+
 def model_card(results: dict, adapter: str, base_model: str, note: str, version: str, summed: tuple[int, float, list[str]] | None = None) -> str:
     """The ``README.md`` of one saved adapter, from a run's results. ``summed``: the adapter
     was saved summed with frozen always-on adapters (``(rank, alpha, their names)``,
@@ -93,7 +98,7 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
     front += ["tags:", "- lora", "- continual-learning", "- surecl", "---", ""]
     role = {
         "fast": "the **fast** adapter: trained by AdamW on each task in turn",
-        "slow": f"the **slow** adapter: an exponential moving average (beta {cfg['dual']['beta']}) of the fast one after every step; "
+        "slow": f"the **slow** adapter: an exponential moving average (beta {_beta_words(results)}) of the fast one after every step; "
         "the run evaluates with it",
     }.get(adapter, f"the `{adapter}` adapter")
     rank, alpha = (summed[0], summed[1]) if summed else (cfg["lora"]["r"], cfg["lora"]["alpha"])

@@ -600,6 +600,8 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         # the first member the value converts to (``float | str``: a number, else a word)
         members = [t for t in typing.get_args(typ) if t is not type(None)]
+        if isinstance(value, bool) and bool not in members:
+            raise SureclError(f"{key}: expected {' or '.join('a ' + t.__name__ for t in members)}, got {value!r}")
         for member in members:
             try:
                 return _coerce(value, member, key)

@@ -30,13 +30,15 @@ def matrix_markdown(tasks: list[str], a: list[list[float | None]], initial: list
     return "\n".join(lines)
 
 
-def _draw_matrix(ax, tasks: list[str], a: list[list[float | None]], title: str, metric: str = "accuracy", labels: bool = True):
-    """One accuracy (or perplexity) matrix on ``ax``; returns the image for a colour bar."""
+def _draw_matrix(ax, tasks: list[str], a: list[list[float | None]], title: str, metric: str = "accuracy", labels: bool = True,
+                 scale: tuple[float, float] | None = None):
+    """One accuracy (or perplexity) matrix on ``ax``; returns the image for a colour bar.
+    ``scale``: the perplexity range (panels sharing one colour bar share it), else the data's."""
     import numpy as np
 
     data = np.array([[np.nan if v is None else v for v in row] for row in a], dtype=float)
     if metric == "perplexity":  # lower is better: reversed colours, range from the data
-        lo, hi = np.nanmin(data), np.nanmax(data)
+        lo, hi = scale if scale is not None else (np.nanmin(data), np.nanmax(data))
         im = ax.imshow(data, vmin=lo, vmax=max(hi, lo + 1e-6), cmap="viridis_r")
         dark = lambda v: v > lo + 0.4 * (hi - lo)  # noqa: E731
     else:
@@ -891,6 +893,9 @@ def heatmap_panels(st: Study, rows: list[str], columns: int = 4) -> list[tuple[s
         panels = [(row, m) for row in rows if (m := st.mean_matrix(row, order)) is not None]
         if not panels:
             continue
+        left_out = [row for row in rows if (row, order) in {(k[0], k[1]) for k in st.records} and row not in dict(panels)]
+        values = [v for _, (_, mat, _) in panels for line in mat for v in line if v is not None]
+        scale = (min(values), max(values)) if values else None
         n_tasks = len(panels[0][1][0])
         cols = min(columns, len(panels))
         rows_n = -(-len(panels) // cols)
@@ -898,7 +903,7 @@ def heatmap_panels(st: Study, rows: list[str], columns: int = 4) -> list[tuple[s
         fig, axes = plt.subplots(rows_n, cols, figsize=(side * cols + 0.8, side * rows_n + 0.4), squeeze=False)
         im = None
         for k, (ax, (row, (tasks, mat, n))) in enumerate(zip(axes.flat, panels)):
-            im = _draw_matrix(ax, tasks, mat, f"{row} ({n} seed{'s' if n > 1 else ''})", st.kind, labels=False)
+            im = _draw_matrix(ax, tasks, mat, f"{row} ({n} seed{'s' if n > 1 else ''})", st.kind, labels=False, scale=scale)
             if k % cols:  # the same tasks down every panel of an order: named once, on the left
                 ax.set_yticklabels([])
         for ax in list(axes.flat)[len(panels):]:
@@ -908,6 +913,7 @@ def heatmap_panels(st: Study, rows: list[str], columns: int = 4) -> list[tuple[s
         fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
         plt.close(fig)
         caption = (f"Order {order}: each method's {'perplexity' if st.kind == 'perplexity' else 'accuracy'} matrix averaged "
-                   "over its seeds (row: after training on that task; column: the task evaluated).")
+                   "over its seeds (row: after training on that task; column: the task evaluated)."
+                   + (f" Not drawn (one-stage runs, or seeds with different task lists): {', '.join(left_out)}." if left_out else ""))
         out.append((f"heatmap_{_slug(order)}", caption, buf.getvalue()))
     return out
