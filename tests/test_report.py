@@ -310,6 +310,15 @@ def test_default_claims(runs):
     assert "**shown**" in md and "not shown (the interval contains 0)" in md
 
 
+
+def test_dual_grid_rows_get_a_slow_over_fast_claim(runs):
+    put(runs, "slow_surprise dual.beta=auto", "1", 0, 61.0, 90.0, fast=(55.0, 85.0))
+    put(runs, "slow_surprise train.batching=bucketed", "1", 0, 61.0, 90.0, fast=(55.0, 85.0))
+    claims = paper_report([runs]).claims
+    assert ("slow_surprise dual.beta=auto", "slow_surprise dual.beta=auto (fast)") in claims
+    assert not any(a.startswith("slow_surprise train.batching") for a, _ in claims)
+
+
 def test_surprise_vs_reservoir_uses_fast_rows_and_forgetting_direction(tmp_path):
     root = tmp_path / "r"
     for s, (a, b) in enumerate([(60.0, 55.0), (61.0, 57.0), (59.0, 54.5)]):

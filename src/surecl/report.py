@@ -768,8 +768,8 @@ _RESERVOIR = ("slow_reservoir" + FAST, "reservoir")
 
 def default_claims(rows: list[str]) -> list[tuple[str, str]]:
     """The paper's claims whose two rows are both in the runs: surprise > reservoir (the
-    fast adapters of the slow_* runs, or the single-learner runs), slow > fast, slow_surprise >
-    seq_lora."""
+    fast adapters of the slow_* runs, or the single-learner runs), slow > fast (also for every
+    row of a ``dual.*`` grid point: another EMA rule), slow_surprise > seq_lora."""
     have = set(rows)
     out = [(s, r) for s, r in zip(_SURPRISE, _RESERVOIR) if s in have and r in have]
     if not out:
@@ -778,6 +778,9 @@ def default_claims(rows: list[str]) -> list[tuple[str, str]]:
         if s and r:
             out.append((s, r))
     out += [(m, m + FAST) for m in ("slow_surprise", "slow_reservoir") if m in have and m + FAST in have]
+    # a row that varies the slow learner itself (a dual.* grid point) tests slow > fast too
+    out += [(r, r + FAST) for r in rows if not r.endswith(FAST) and r + FAST in have
+            and parse_row(r)[1] and all(k.startswith("dual.") for k, _ in parse_row(r)[1])]
     if "slow_surprise" in have and "seq_lora" in have:
         out.append(("slow_surprise", "seq_lora"))
     return out
