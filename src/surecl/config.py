@@ -180,12 +180,15 @@ class DualConfig:
     """Fast/slow dual learner: slow = EMA(beta) of fast after every optimizer step."""
 
     enabled: bool = False
-    beta: float | str = 0.995
-    """The EMA rate, a number in (0, 1) (the paper's 0.995: a window 1/(1-beta) of 200 steps),
-    or ``auto``: the rate whose window is ``window_tasks`` tasks of this stream,
-    beta = 1 - 1/(window_tasks x S) with S the first task's optimizer steps. Whether the slow
-    adapter helps or lags depends on that window against the steps per task (RESULTS.md §3;
-    ``bench/ema_window.py`` measures slow - fast per rule)."""
+    beta: float | str = "auto"
+    """The EMA rate: ``auto`` (default), the rate whose window 1/(1-beta) is ``window_tasks``
+    tasks of this stream, beta = 1 - 1/(window_tasks x S) with S the first task's optimizer
+    steps; or a number in (0, 1) (the paper's 0.995, a 200-step window, which the ``paper-*``
+    presets pin). Whether the slow adapter helps or lags depends on the window against the
+    steps per task: half a task was the one rule measured at or above the fast adapter on
+    every stream measured from 15 to 150 steps per task, where bias-corrected 0.995 fell below
+    it at 15 and 25 steps per task, by up to 13 points (RESULTS.md §3; ``bench/ema_window.py``
+    measures slow - fast per rule)."""
     bias_correction: bool = True
     """Divide out the weight still on the initial adapter (Adam-style). Once a run has many
     more than 1/(1-beta) steps this equals the paper's EMA; in short runs it stops the slow
