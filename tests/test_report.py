@@ -471,3 +471,10 @@ def test_mean_matrix_and_heatmap_panels(runs, tmp_path):
     assert main(["report", str(runs), "--layout", "paper", "--out-dir", str(out)]) == 0
     assert (out / "heatmap_1.png").read_bytes().startswith(b"\x89PNG")
     assert "![heatmap_2](heatmap_2.png)" in (out / "report.md").read_text()
+
+
+def test_footer_names_at_most_limit_empty_cells():
+    from surecl.report import _footer
+
+    text = _footer([], [f"row{i} s1" for i in range(35)], limit=30)
+    assert "row29 s1; … and 5 more." in text and "row30 s1" not in text

@@ -561,8 +561,9 @@ def _footer(missing: list[Missing], empty: list[str], limit: int = 30) -> str:
         more = f"; … and {len(names) - limit} more" if len(names) > limit else ""
         lines.append(f"{DAGGER} incomplete: computed from fewer runs than expected ({len(missing)} missing, paths under \"Missing runs\"): "
                      + "; ".join(names[:limit]) + more + ".")
-    if empty:
-        lines.append("Cells \"-\" have no runs at all: " + "; ".join(empty) + ".")
+    if empty:  # a study's grid rows leave most cells unplanned: name a few, count the rest
+        more = f"; … and {len(empty) - limit} more" if len(empty) > limit else ""
+        lines.append("Cells \"-\" have no runs at all: " + "; ".join(empty[:limit]) + more + ".")
     return "\n\n".join(lines)
 
 
