@@ -187,7 +187,7 @@ class DualConfig:
     presets pin). Whether the slow adapter helps or lags depends on the window against the
     steps per task: half a task was the one rule measured at or above the fast adapter on
     every stream measured from 15 to 150 steps per task, where bias-corrected 0.995 fell below
-    it at 15 to 50 steps per task, by up to 14 points (RESULTS.md §3, §4;
+    it at 15 to 50 steps per task, by up to 15 points (RESULTS.md §3, §4;
     ``bench/ema_window.py`` measures slow - fast per rule)."""
     bias_correction: bool = True
     """Divide out the weight still on the initial adapter (Adam-style). Once a run has many
