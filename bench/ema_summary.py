@@ -45,17 +45,17 @@ def main(argv: list[str]) -> int:
             for shadow, res in entry["shadows"].items():
                 per_rule.setdefault(rule_name(shadow), []).append(res[metric] - entry["fast"][metric])
     cols = list(streams)
-    rules = sorted({r for s in streams.values() for r in s}, key=lambda r: r)
+    rules = sorted({r for s in streams.values() for r in s})
     rows = []
     for rule in rules:
         means = [fmean(streams[c][rule]) if rule in streams[c] else None for c in cols]
         have = [m for m in means if m is not None]
-        rows.append((rule, means, min(have), fmean(have), [len(streams[c].get(rule, [])) for c in cols]))
+        rows.append((rule, means, min(have), fmean(have)))
     rows.sort(key=lambda r: (-r[2], -r[3]))
     print(f"{metric.upper()} slow - fast, mean over seeds")
     print("| rule | " + " | ".join(f"{c}, n={max(len(v) for v in streams[c].values())}" for c in cols) + " | min | mean |")
     print("|---" * (len(cols) + 3) + "|")
-    for rule, means, lo, mean, _ in rows:
+    for rule, means, lo, mean in rows:
         cells = ["" if m is None else f"{m:+.1f}" for m in means]
         print(f"| {rule} | " + " | ".join(cells) + f" | {lo:+.1f} | {mean:+.2f} |")
     return 0

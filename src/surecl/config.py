@@ -434,7 +434,7 @@ def _check_types(obj: Any, prefix: str) -> None:
             if typing.get_origin(typ) is list:
                 want = "a list of strings"
             elif typing.get_origin(typ) in (typing.Union, types.UnionType):
-                want = " or ".join(f"a {t.__name__}" for t in typing.get_args(typ))
+                want = _type_words(typing.get_args(typ))
             else:
                 want = f"a {typ.__name__}"
             raise SureclError(f"{key}: expected {want}, got {value!r}")
@@ -543,6 +543,11 @@ def validate(cfg: RunConfig) -> RunConfig:
 # generic tree handling
 
 
+def _type_words(types_: Any) -> str:
+    """``(float, str)`` -> ``"a float or a str"`` (the members of a union, for an error)."""
+    return " or ".join(f"a {t.__name__}" for t in types_)
+
+
 def _beta_ok(beta: float | str) -> bool:
     if isinstance(beta, str):
         return beta == "auto"
@@ -603,14 +608,13 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         # the first member the value converts to (``float | str``: a number, else a word)
         members = [t for t in typing.get_args(typ) if t is not type(None)]
-        if isinstance(value, bool) and bool not in members:
-            raise SureclError(f"{key}: expected {' or '.join('a ' + t.__name__ for t in members)}, got {value!r}")
-        for member in members:
-            try:
-                return _coerce(value, member, key)
-            except SureclError:
-                continue
-        raise SureclError(f"{key}: expected {' or '.join('a ' + t.__name__ for t in members)}, got {value!r}")
+        if not (isinstance(value, bool) and bool not in members):
+            for member in members:
+                try:
+                    return _coerce(value, member, key)
+                except SureclError:
+                    continue
+        raise SureclError(f"{key}: expected {_type_words(members)}, got {value!r}")
     if typ is bool:
         if isinstance(value, bool):
             return value

@@ -57,6 +57,16 @@ def _draw_matrix(ax, tasks: list[str], a: list[list[float | None]], title: str, 
     return im
 
 
+def _png(fig, **savefig) -> bytes:
+    """The figure as PNG bytes; closes it."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", **savefig)
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def heatmap(path: Path, tasks: list[str], a: list[list[float | None]], title: str, metric: str = "accuracy") -> None:
     import matplotlib
 
@@ -68,12 +78,9 @@ def heatmap(path: Path, tasks: list[str], a: list[list[float | None]], title: st
     im = _draw_matrix(ax, tasks, a, title, metric)
     fig.colorbar(im, ax=ax, label="perplexity" if metric == "perplexity" else "accuracy (%)")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
     from surecl.checkpoint import _atomic_write_bytes
 
-    _atomic_write_bytes(path, buf.getvalue())
+    _atomic_write_bytes(path, _png(fig, dpi=120))
 
 
 def _fast_section(results: dict, digits: int) -> list[str]:
@@ -755,10 +762,7 @@ def _ablation_png(key: str, values: list[str], cols: list[str], cells: dict, met
     if ax.get_legend_handles_labels()[0]:  # an axis whose runs are all missing plots nothing
         ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    return buf.getvalue()
+    return _png(fig, dpi=120)
 
 
 # --------------------------------------------------------------------------- claims
@@ -893,11 +897,13 @@ def heatmap_panels(st: Study, rows: list[str], columns: int = 4) -> list[tuple[s
     import matplotlib.pyplot as plt
 
     out = []
+    ran = {(row, order) for row, order, _ in st.records}
     for order in st.orders:
         panels = [(row, m) for row in rows if (m := st.mean_matrix(row, order)) is not None]
         if not panels:
             continue
-        left_out = [row for row in rows if (row, order) in {(k[0], k[1]) for k in st.records} and row not in dict(panels)]
+        drawn = {row for row, _ in panels}
+        left_out = [row for row in rows if (row, order) in ran and row not in drawn]
         values = [v for _, (_, mat, _) in panels for line in mat for v in line if v is not None]
         scale = (min(values), max(values)) if values else None
         n_tasks = len(panels[0][1][0])
@@ -913,11 +919,9 @@ def heatmap_panels(st: Study, rows: list[str], columns: int = 4) -> list[tuple[s
         for ax in list(axes.flat)[len(panels):]:
             ax.axis("off")
         fig.colorbar(im, ax=axes.ravel().tolist(), label="perplexity" if st.kind == "perplexity" else "accuracy (%)", shrink=0.8)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-        plt.close(fig)
+        png = _png(fig, dpi=110, bbox_inches="tight")
         caption = (f"Order {order}: each method's {'perplexity' if st.kind == 'perplexity' else 'accuracy'} matrix averaged "
                    "over its seeds (row: after training on that task; column: the task evaluated)."
                    + (f" Not drawn (one-stage runs, or seeds with different task lists): {', '.join(left_out)}." if left_out else ""))
-        out.append((f"heatmap_{_slug(order)}", caption, buf.getvalue()))
+        out.append((f"heatmap_{_slug(order)}", caption, png))
     return out
