@@ -10,6 +10,7 @@ import torch
 from plain_eval import greedy_row
 
 from surecl.config import build_config, load_yaml, preset_names
+from surecl.data.loading import load_stream
 from surecl.trainer import run
 
 
@@ -49,6 +50,18 @@ def test_every_preset_runs_on_tiny(preset, tmp_path, cache_dir):
     assert saved["base_dtype"] == "float32" and saved["device"] == "cpu"
     buffer_expected = cfg.replay.policy != "none" and cfg.method == "sequential"
     assert (saved["buffer"]["size"] > 0) == buffer_expected
+    # the kept examples' labels, per task: the entries of buffer.json looked up in the data
+    tasks = {t.name: t for t in load_stream(cfg)}
+    names = results["tasks"]
+    expected: dict[str, dict[str, int]] = {}
+    for e in json.loads((tmp_path / "run" / "buffer.json").read_text())["entries"]:
+        task = tasks[names[e["task"]]]
+        counts = expected.setdefault(task.name, dict.fromkeys(task.labels, 0))
+        counts[task.train[e["index"]].label] += 1
+    assert saved["buffer"]["labels"] == expected
+    assert {k: sum(v.values()) for k, v in expected.items()} == saved["buffer"]["per_task"]
+    if buffer_expected:
+        assert "buffer labels" in (tmp_path / "run" / "report.md").read_text()
 
 
 @pytest.mark.slow

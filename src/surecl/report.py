@@ -83,6 +83,15 @@ def heatmap(path: Path, tasks: list[str], a: list[list[float | None]], title: st
     _atomic_write_bytes(path, _png(fig, dpi=120))
 
 
+def _buffer_label_lines(labels: dict[str, dict[str, int]] | None) -> list[str]:
+    """The labels of the kept examples, per task (runs from before this field have none)."""
+    if not labels:
+        return []
+    lines = ["buffer labels (kept examples per label):", ""]
+    lines += [f"- {task}: " + ", ".join(f"{lab} {n}" for lab, n in counts.items()) for task, counts in labels.items()]
+    return [*lines, ""]
+
+
 def _fast_section(results: dict, digits: int) -> list[str]:
     """A dual run's fast adapter on the same trajectory: the non-dual method's row, paired."""
     fast = results.get("fast")
@@ -136,6 +145,7 @@ def write_run_report(out_dir: Path, results: dict) -> None:
         *_fast_section(results, digits),
         f"buffer: {results['buffer']['size']} / {results['buffer']['capacity']} {results['buffer']['per_task']}",
         "",
+        *_buffer_label_lines(results["buffer"].get("labels")),
         "timing (s): " + ", ".join(f"{k} {v}" for k, v in results["timing"].items()),
         "",
         "![accuracy matrix](heatmap.png)",

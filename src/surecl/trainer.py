@@ -583,7 +583,8 @@ class ContinualRun:
             "initial": self.state.initial,
             **summary,
             **extra,
-            "buffer": {"capacity": self.policy.capacity, "size": len(self.policy), "per_task": self._buffer_counts()},
+            "buffer": {"capacity": self.policy.capacity, "size": len(self.policy), "per_task": self._buffer_counts(),
+                       "labels": self._buffer_labels()},
             "config": self.cfg.to_dict(),
             "timing": {k: round(v, 3) for k, v in self.state.seconds.items()},
             "steps": self.state.global_step,
@@ -599,6 +600,19 @@ class ContinualRun:
             name = self.tasks[e.task].name
             counts[name] = counts.get(name, 0) + 1
         return counts
+
+    def _buffer_labels(self) -> dict[str, dict[str, int]]:
+        """Per task with labels, how many kept examples carry each label, in the task's label
+        order (a label the buffer does not hold counts 0): what a selection rule keeps."""
+        held: dict[int, dict[str, int]] = {}
+        for e in self.policy.buffer.entries:
+            task = self.tasks[e.task]
+            if task.kind != "classify":
+                continue
+            counts = held.setdefault(e.task, dict.fromkeys(task.labels, 0))
+            label = self.train_sets.encoded[e.task][e.index].label
+            counts[label] = counts.get(label, 0) + 1
+        return {self.tasks[t].name: held[t] for t in sorted(held)}
 
     def finish(self) -> dict:
         from surecl.report import write_run_report
