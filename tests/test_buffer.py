@@ -234,3 +234,72 @@ def test_sample_is_uniform():
             counts[e.index] += 1
     for c in counts:
         assert abs(c / draws - 2 / 6) < 0.05
+
+
+# ---------------------------------------------------------------------------- balanced QuotaBuffer
+
+# index:  0    1    2    3    4    5    6    7    8    9
+LABELS = ["a", "a", "a", "a", "a", "a", "b", "b", "c", "c"]
+SCORES = [9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 1.0, 0.5, 3.0, 2.0]
+# by label: a = 0, 1, 2, 3, 4, 5; b = 6, 7; c = 8, 9. Rounds: {0, 8, 6}, {1, 9, 7}, {2}, {3}, ...
+# in score order inside a round: 0 (9), 8 (3), 6 (1) | 1 (8), 9 (2), 7 (0.5) | 2 | 3 | 4 | 5
+BALANCED_RANKED = [0, 8, 6, 1, 9, 7, 2, 3, 4, 5]
+
+
+def _labels_of(buf: QuotaBuffer, task: int) -> list[str]:
+    return [LABELS[e.index] for e in buf.entries if e.task == task]
+
+
+def test_balanced_buffer_takes_each_labels_top_in_turn():
+    plain, balanced = QuotaBuffer(4), QuotaBuffer(4, balanced=True)
+    plain.add_task(0, SCORES)
+    balanced.add_task(0, SCORES, LABELS)
+    # the four highest scores are all label a; balanced takes a, c, b, then a's second best
+    assert _by_task(plain) == {0: {0, 1, 2, 3}}
+    assert _by_task(balanced) == {0: set(BALANCED_RANKED[:4])}
+    assert sorted(_labels_of(balanced, 0)) == ["a", "a", "b", "c"]
+
+
+@pytest.mark.parametrize("capacity", [3, 5, 6, 7, 10, 20])
+def test_balanced_buffer_splits_every_quota_evenly_and_shrinks_by_prefix(capacity):
+    buf = QuotaBuffer(capacity, balanced=True)
+    buf.add_task(0, SCORES, LABELS)
+    for d, task in enumerate((0, 1, 2), start=1):
+        if task:
+            buf.add_task(task, [float(i) for i in range(10)], LABELS)
+        m = min(capacity // d, 10)
+        assert [e.index for e in buf.entries if e.task == 0] == BALANCED_RANKED[:m]
+        counts = {k: _labels_of(buf, 0).count(k) for k in "abc"}
+        # no label holds more than one above a label that still has examples to give
+        have = {"a": 6, "b": 2, "c": 2}
+        for k in (k for k in have if counts[k] < have[k]):
+            assert all(counts[j] <= counts[k] + 1 for j in have), (m, counts)
+        assert sum(counts.values()) == m
+
+
+def test_balanced_buffer_reranks_by_new_scores_inside_a_label():
+    buf = QuotaBuffer(3, balanced=True)
+    buf.add_task(0, SCORES, LABELS)
+    assert _by_task(buf) == {0: {0, 8, 6}}
+    for e in buf.entries:  # aging lowered the scores of a and c below b's
+        e.score = {"a": 0.0, "b": 1.0, "c": 0.1}[LABELS[e.index]]
+    buf.add_task(1, [1.0] * 10, LABELS)  # m = 1: the round-0 entry with the highest score now
+    assert _by_task(buf)[0] == {6}
+
+
+def test_balanced_buffer_state_round_trip_and_needs_labels():
+    buf = QuotaBuffer(8, balanced=True)
+    buf.add_task(0, SCORES, LABELS)
+    buf.add_task(1, [float(i) for i in range(10)], LABELS)
+    state = json.loads(json.dumps(buf.state_dict()))
+    assert state["balanced"] is True and {e["key"] for e in state["entries"]} == {"a", "b", "c"}
+    again = QuotaBuffer(0)
+    again.load_state_dict(state)
+    assert again.balanced and [(e.task, e.index) for e in again.entries] == [(e.task, e.index) for e in buf.entries]
+    # the restored buffer keeps splitting by label when a task is added
+    for b in (buf, again):
+        b.add_task(2, [float(-i) for i in range(10)], LABELS)
+    assert [(e.task, e.index, e.score) for e in again.entries] == [(e.task, e.index, e.score) for e in buf.entries]
+    assert "balanced" not in QuotaBuffer(4).state_dict()  # the plain buffer's format is unchanged
+    with pytest.raises(ValueError, match="one label per scored example"):
+        QuotaBuffer(4, balanced=True).add_task(0, SCORES)

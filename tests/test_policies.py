@@ -328,3 +328,57 @@ def test_surprise_keeps_exactly_the_top_m_of_the_fast_adapters_scores(tiny_cache
     assert kept[("sequence", "mean")] != kept[("sequence", "sum")]
     assert kept[("sequence", "mean")] != kept[("label", "mean")]
     assert kept[("label", "mean")] == kept[("label", "sum")]
+
+
+# ---------------------------------------------------------------------------- balance by label
+
+
+LABELS10 = ["x"] * 7 + ["y"] * 2 + ["z"]  # a task whose labels are far from even
+
+
+@pytest.mark.parametrize("policy_name", ["surprise", "random"])
+def test_balance_label_spreads_each_tasks_share_over_its_labels(policy_name):
+    cfg = ReplayConfig(policy=policy_name, balance="label")
+    policy = policy_class(policy_name)(cfg, 6, seed=0)
+    scorer = FakeScorer()  # before training: score = index, so x's examples score lowest
+    policy.at_task_start(0, N, scorer, LABELS10)
+    held = sorted(LABELS10[e.index] for e in policy.buffer.entries)
+    assert held == ["x", "x", "x", "y", "y", "z"]  # y and z give all they have, x the rest
+    if policy_name == "surprise":  # inside a label, the most surprising first
+        assert _indices(policy, 0) == {6, 5, 4, 8, 7, 9}
+    policy.at_task_start(1, N, scorer, LABELS10)  # m = 3: one of each label per task
+    for task in (0, 1):
+        assert sorted(LABELS10[e.index] for e in policy.buffer.entries if e.task == task) == ["x", "y", "z"]
+    unbalanced = policy_class(policy_name)(ReplayConfig(policy=policy_name), 6, seed=0)
+    unbalanced.at_task_start(0, N, FakeScorer(), LABELS10)  # labels are ignored without balance
+    if policy_name == "surprise":
+        assert _indices(unbalanced, 0) == TOP6_BEFORE
+
+
+def test_balance_label_in_a_run_keeps_every_label_evenly(tiny_cache, tmp_path):
+    """The trainer hands each task's labels to the policy: the run's kept examples spread
+    evenly over every task's labels (the tiny tasks have two labels, ~equally frequent)."""
+    from surecl.trainer import run
+
+    cfg = build_config("tiny,surprise", ["data.tasks=[colors,animals,numbers]", "data.n_train=24", "data.n_test=4",
+                                         "replay.buffer_size=18", "replay.balance=label"])
+    from surecl.plan import describe
+
+    assert "each task's share spread evenly over its labels" in describe(cfg, tiny_cache)  # the dry run says so
+    res = run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    labels = res["buffer"]["labels"]
+    assert set(labels) == {"colors", "animals", "numbers"}
+    for task, counts in labels.items():
+        assert sum(counts.values()) == 6 and max(counts.values()) - min(counts.values()) <= 1, (task, counts)
+    state = json.loads((tmp_path / "run" / "buffer.json").read_text())
+    assert state["balanced"] is True
+
+
+def test_balance_needs_a_per_task_quota_policy():
+    from surecl.errors import SureclError
+
+    for policy in ("reservoir", "online_surprise", "none"):
+        with pytest.raises(SureclError, match=f"replay.balance: 'label' needs a per-task quota policy .* not {policy}"):
+            build_config("tiny", [f"replay.policy={policy}", "replay.balance=label", "replay.scope=label"])
+    with pytest.raises(SureclError, match="replay.balance"):
+        build_config("tiny", ["replay.policy=surprise", "replay.balance=labels"])

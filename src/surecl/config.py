@@ -157,6 +157,12 @@ class ReplayConfig:
     """When surprise is computed for a task: ``before`` or ``after`` training on it."""
     insert_time: str = "before"
     """When a task's selection enters the buffer: ``before`` or ``after`` training on it."""
+    balance: str = "none"
+    """``none`` (the paper's): a task's share is its m highest-priority examples whatever their
+    labels; ``label``: the share is spread evenly over the task's answer labels, each label
+    giving its highest-priority examples in turn (floor(m/K) or one more of each of K labels).
+    Per-task quota policies only (``surprise``, ``random``; ``online_surprise`` partitions by
+    label already)."""
     reduction: str = "mean"
     """Token reduction of the NLL: ``mean`` (paper) or ``sum``."""
     scope: str = "sequence"
@@ -447,6 +453,7 @@ CHOICES: dict[str, tuple[str, ...] | None] = {
     "replay.insert_time": ("before", "after"),
     "replay.reduction": ("mean", "sum"),
     "replay.scope": ("sequence", "label"),
+    "replay.balance": ("none", "label"),
     "train.scheduler": ("constant", "constant_with_warmup", "linear", "cosine"),
     "eval.mode": ("generate", "rank", "perplexity"),
     "data.kind": ("classify", "text"),
@@ -533,6 +540,8 @@ def validate(cfg: RunConfig) -> RunConfig:
             f"eval.mode: {cfg.eval.mode!r} does not fit data.kind={cfg.data.kind!r}; text streams are "
             "evaluated by perplexity and only they are (use --config cpt, or set both)"
         )
+    if cfg.replay.balance != "none" and not policy.per_task_quota:
+        raise SureclError(f"replay.balance: {cfg.replay.balance!r} needs a per-task quota policy (surprise, random), not {cfg.replay.policy}")
     if cfg.replay.aging and cfg.replay.policy != "none" and not policy.uses_scores:
         raise SureclError(f"replay.aging: policy {cfg.replay.policy} keeps no scores to age; use policy=surprise")
     registry.method_class(cfg.method).validate_config(cfg)  # combinations the method cannot run

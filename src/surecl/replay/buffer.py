@@ -3,7 +3,8 @@
 Entries are small typed records, not copies of the data. Two kinds:
 
 * :class:`QuotaBuffer` - task-aware, equal per-task quota ``m = floor(S / d)`` after ``d`` tasks
-  entered; each task keeps its ``m`` highest-priority entries (surprise, or a random key).
+  entered; each task keeps its ``m`` highest-priority entries (surprise, or a random key), or,
+  balanced, the highest-priority entries of each of its labels in turn.
 * :class:`ReservoirBuffer` - online, task-agnostic reservoir sampling (Vitter's algorithm R):
   every example offered has the same chance ``S / n_seen`` of being in the buffer.
 * :class:`OnlineQuotaBuffer` - online and boundary-free: equal quota per partition key (the
@@ -34,25 +35,57 @@ def quota(capacity: int, n_tasks: int) -> int:
 
 
 class QuotaBuffer:
-    """Equal per-task quota; a task's entries are ranked by score, highest kept."""
+    """Equal per-task quota; a task's entries are ranked by score, highest kept.
 
-    def __init__(self, capacity: int):
+    ``balanced=True`` spreads each task's share over its labels: entries are ranked in rounds,
+    round r holding the r-th highest-scoring entry of every label that has one (a round in score
+    order), so a task's m kept entries give each label floor(m/K) or one more (K labels; a
+    label with fewer entries gives up its turns). A shrinking quota keeps a prefix of the same
+    ranking, so the split stays even as tasks are added."""
+
+    def __init__(self, capacity: int, balanced: bool = False):
         self.capacity = int(capacity)
+        self.balanced = balanced
         self.by_task: dict[int, list[Entry]] = {}
+        self.key_of: dict[tuple[int, int], str] = {}
+        """(task, index) -> label of a kept entry (balanced buffers only)."""
         self._flat: list[Entry] = []
 
-    def add_task(self, task: int, scores: list[float]) -> None:
-        """Enter a task with one priority per training example, then rebalance quotas."""
+    def add_task(self, task: int, scores: list[float], keys: list[str] | None = None) -> None:
+        """Enter a task with one priority per training example (and, for a balanced buffer, its
+        label), then rebalance quotas."""
         m = quota(self.capacity, len(self.by_task) + (task not in self.by_task))
-        ranked = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:m]
-        self.by_task[task] = [Entry(task, i, float(scores[i])) for i in ranked]
+        entries = [Entry(task, i, float(scores[i])) for i in range(len(scores))]
+        if self.balanced:
+            if keys is None or len(keys) != len(scores):
+                raise ValueError("a balanced buffer needs one label per scored example")
+            key_of = {(task, i): keys[i] for i in range(len(keys))}
+            kept = self._ranked(entries, key_of)[:m]
+            self.key_of.update({(e.task, e.index): key_of[(e.task, e.index)] for e in kept})
+        else:
+            kept = sorted(entries, key=lambda e: (-e.score, e.index))[:m]
+        self.by_task[task] = kept
         self.rebalance()
+
+    def _ranked(self, entries: list[Entry], key_of: dict[tuple[int, int], str]) -> list[Entry]:
+        if not self.balanced:
+            return sorted(entries, key=lambda e: (-e.score, e.index))
+        by_key: dict[str, list[Entry]] = {}
+        for e in entries:
+            by_key.setdefault(key_of[(e.task, e.index)], []).append(e)
+        for group in by_key.values():
+            group.sort(key=lambda e: (-e.score, e.index))
+        ranked: list[Entry] = []
+        for r in range(max((len(g) for g in by_key.values()), default=0)):
+            ranked += sorted((g[r] for g in by_key.values() if len(g) > r), key=lambda e: (-e.score, e.index))
+        return ranked
 
     def rebalance(self) -> None:
         m = quota(self.capacity, len(self.by_task))
         for entries in self.by_task.values():
-            entries.sort(key=lambda e: (-e.score, e.index))
-            del entries[m:]
+            entries[:] = self._ranked(entries, self.key_of)[:m]
+        if self.balanced:
+            self.key_of = {(e.task, e.index): self.key_of[(e.task, e.index)] for es in self.by_task.values() for e in es}
         self._flat = [e for t in sorted(self.by_task) for e in self.by_task[t]]
 
     @property
@@ -63,13 +96,22 @@ class QuotaBuffer:
         return len(self._flat)
 
     def state_dict(self) -> dict:
-        return {"kind": "quota", "capacity": self.capacity, "entries": [asdict(e) for e in self._flat], "tasks": sorted(self.by_task)}
+        state = {"kind": "quota", "capacity": self.capacity, "entries": [asdict(e) for e in self._flat], "tasks": sorted(self.by_task)}
+        if self.balanced:
+            state["balanced"] = True
+            for e in state["entries"]:
+                e["key"] = self.key_of[(e["task"], e["index"])]
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.capacity = state["capacity"]
+        self.balanced = bool(state.get("balanced", False))
         self.by_task = {t: [] for t in state["tasks"]}
+        self.key_of = {}
         for e in state["entries"]:
-            self.by_task[e["task"]].append(Entry(**e))
+            if self.balanced:
+                self.key_of[(e["task"], e["index"])] = e["key"]
+            self.by_task[e["task"]].append(Entry(e["task"], e["index"], e["score"]))
         self.rebalance()
 
 

@@ -3,7 +3,8 @@
 * ``reservoir`` - online and task-agnostic: every current-task example is offered to a
   reservoir as it is trained on (Random-O in the paper's ablations).
 * ``random``    - task-aware, equal quota; a task's share is a uniform random subset
-  (Random-B / Random-A depending on ``insert_time``).
+  (Random-B / Random-A depending on ``insert_time``); with ``replay.balance=label`` (either
+  quota policy) the share is spread evenly over the task's labels.
 * ``surprise`` and ``online_surprise`` - SuRe, in :mod:`surecl.plugins.sure`.
 
 A policy is a :class:`~surecl.plugins.base.Plugin`: its ``before_task`` / ``after_task`` hooks
@@ -50,6 +51,9 @@ class QuotaConfig(BufferConfig):
 
     score_time: str = "before"
     insert_time: str = "before"
+    balance: str = "none"
+    """``label``: a task's share is spread evenly over its labels (the top entries of each label
+    in turn); ``none``: the top entries whatever their labels."""
 
 
 def check_scores(scores: list[float], task: str, indices: list[int], what: str = "scored") -> None:
@@ -159,24 +163,36 @@ class QuotaPolicy(ReplayPolicy):
 
     def __init__(self, cfg, capacity: int, seed: int):
         super().__init__(cfg, capacity, seed)
+        self.buffer = QuotaBuffer(capacity, balanced=self.config.balance == "label")
         self._pending: list[float] | None = None
+
+    def before_task(self, ctx, stage: Stage) -> None:
+        self.at_task_start(stage.row, len(ctx.train_sets[stage.row]), self.scorer(ctx), self._labels(ctx, stage.row))
+
+    def after_task(self, ctx, stage: Stage) -> None:
+        self.at_task_end(stage.row, len(ctx.train_sets[stage.row]), self.scorer(ctx), self._labels(ctx, stage.row))
+
+    def _labels(self, ctx, task: int) -> list[str] | None:
+        """The answer label of each of the task's training examples, for a balanced buffer."""
+        return [e.label for e in ctx.train_sets[task]] if self.buffer.balanced else None
 
     def priorities(self, task: int, n_items: int, scorer: Scorer) -> list[float]:
         raise NotImplementedError
 
-    def _at(self, when: str, task: int, n_items: int, scorer: Scorer) -> None:
+    def _at(self, when: str, task: int, n_items: int, scorer: Scorer, labels: list[str] | None) -> None:
         if self.config.score_time == when:
             self._pending = self.priorities(task, n_items, scorer)
         if self.config.insert_time == when:
             assert self._pending is not None, "scores must exist before insertion"
-            self.buffer.add_task(task, self._pending)
+            self.buffer.add_task(task, self._pending, labels)
             self._pending = None
 
-    def at_task_start(self, task: int, n_items: int, scorer: Scorer) -> None:
-        self._at("before", task, n_items, scorer)
+    def at_task_start(self, task: int, n_items: int, scorer: Scorer, labels: list[str] | None = None) -> None:
+        """``labels``: each example's answer label (read by a balanced buffer only)."""
+        self._at("before", task, n_items, scorer, labels)
 
-    def at_task_end(self, task: int, n_items: int, scorer: Scorer) -> None:
-        self._at("after", task, n_items, scorer)
+    def at_task_end(self, task: int, n_items: int, scorer: Scorer, labels: list[str] | None = None) -> None:
+        self._at("after", task, n_items, scorer, labels)
 
     def state_dict(self) -> tuple[dict, dict]:
         meta, tensors = super().state_dict()
