@@ -48,6 +48,10 @@ def test_every_preset_runs_on_tiny(preset, tmp_path, cache_dir):
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["config"]["preset"] == preset
     assert saved["base_dtype"] == "float32" and saved["device"] == "cpu"
+    # where the numbers come from: the processor and its kernel flags, threads, torch
+    assert saved["host"]["threads"] == torch.get_num_threads() and saved["host"]["torch"] == torch.__version__
+    assert saved["host"]["cpu"] and set(saved["host"]["cpu_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
+    assert f"host: {saved['host']['cpu']}" in (tmp_path / "run" / "report.md").read_text()
     buffer_expected = cfg.replay.policy != "none" and cfg.method == "sequential"
     assert (saved["buffer"]["size"] > 0) == buffer_expected
     # the kept examples' labels, per task: the entries of buffer.json looked up in the data

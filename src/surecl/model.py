@@ -50,6 +50,35 @@ def bf16_supported(device: torch.device) -> bool:
     return False
 
 
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+"""The instruction-set flags that pick torch's CPU kernels (and with them bf16 rounding)."""
+
+
+def host_info(device: torch.device) -> dict:
+    """Where a run's numbers come from: the processor (CPUs with the same flags but another
+    vendor take other bf16 kernels and other roundings, so their runs differ in the last bits
+    and, through training, in the matrix), its kernel flags, torch's thread count and version."""
+    import platform
+
+    cpu, flags = platform.processor() or platform.machine(), []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    cpu = value.strip()
+                elif key.strip() == "flags":
+                    have = set(value.split())
+                    flags = [flag for flag in CPU_FLAGS if flag in have]
+                    break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cpu_flags": flags, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
 def base_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
     if cfg.dtype == "fp32" or cfg.name == TINY:
         return torch.float32

@@ -83,6 +83,16 @@ def heatmap(path: Path, tasks: list[str], a: list[list[float | None]], title: st
     _atomic_write_bytes(path, _png(fig, dpi=120))
 
 
+def _host_lines(results: dict) -> list[str]:
+    """Where the run ran (runs from before ``host`` was recorded name only the device)."""
+    host = results.get("host")
+    if not host:
+        return []
+    flags = f" ({', '.join(host['cpu_flags'])})" if host.get("cpu_flags") else ""
+    gpu = f", GPU {host['gpu']}" if host.get("gpu") else ""
+    return [f"host: {host['cpu']}{flags}{gpu}, {host['threads']} thread(s), torch {host['torch']}, base {results.get('base_dtype')}", ""]
+
+
 def _buffer_label_lines(labels: dict[str, dict[str, int]] | None) -> list[str]:
     """The labels of the kept examples, per task (runs from before this field have none)."""
     if not labels:
@@ -148,6 +158,7 @@ def write_run_report(out_dir: Path, results: dict) -> None:
         *_buffer_label_lines(results["buffer"].get("labels")),
         "timing (s): " + ", ".join(f"{k} {v}" for k, v in results["timing"].items()),
         "",
+        *_host_lines(results),
         "![accuracy matrix](heatmap.png)",
         "",
     ]

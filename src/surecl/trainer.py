@@ -47,7 +47,7 @@ from surecl.data.task import Task
 from surecl.errors import SureclError
 from surecl.evaluate import accuracy, generate_answers, perplexity, rank_answers
 from surecl.logs import logger
-from surecl.model import default_cache_dir, load_model, prepare_model
+from surecl.model import default_cache_dir, host_info, load_model, prepare_model
 from surecl.plan import planned_steps
 from surecl.plugins.base import Plugin, Plugins, Stage
 from surecl.plugins.faults import FaultInjection, fault_point
@@ -592,6 +592,7 @@ class ContinualRun:
             "model_path": self.model_path,
             "base_dtype": self.base_dtype,
             "device": str(self.device),
+            "host": host_info(self.device),
         }
 
     def _buffer_counts(self) -> dict[str, int]:
