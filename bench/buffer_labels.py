@@ -6,7 +6,9 @@ Per task and method: the runs read, the labels held (mean number of the task's l
 least one kept example, of how many), the largest label's share of the task's kept examples,
 and the total variation distance of the kept labels from a uniform spread over the task's
 labels (0 = every label equally often), beside the mean distance a random pick of the same
-number of examples from a balanced task has (simulated: a random buffer is not at 0 either).
+number of examples from a balanced task has (simulated: a random buffer is not at 0 either),
+and the labels no run kept at all (a random pick misses different labels in different runs; a
+rule that misses the same ones never rehearses them).
 
 Usage (from the repository root):
   python bench/buffer_labels.py studies/smollm2 slow_surprise slow_reservoir random
@@ -46,10 +48,13 @@ def random_tv(k: int, m: int, draws: int = 2000) -> float:
     return total / draws
 
 
-def per_task(root: Path, method: str) -> tuple[dict[str, list[tuple[int, float, float]]], dict[str, int], dict[str, int]]:
+def per_task(root: Path, method: str):
+    """Per task: each run's spread, the number of labels, the examples kept, and the labels
+    every run left out."""
     rows: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
     n_labels: dict[str, int] = {}
     kept: dict[str, int] = {}
+    never: dict[str, set[str]] = {}
     for f in sorted((root / method).glob("order-*/seed*/results.json")):
         labels = json.loads(f.read_text()).get("buffer", {}).get("labels")
         for task, counts in (labels or {}).items():
@@ -58,7 +63,9 @@ def per_task(root: Path, method: str) -> tuple[dict[str, list[tuple[int, float, 
                 rows[task].append(s)
                 n_labels[task] = len(counts)
                 kept[task] = sum(counts.values())
-    return rows, n_labels, kept
+                missing = {lab for lab, n in counts.items() if n == 0}
+                never[task] = never.get(task, missing) & missing
+    return rows, n_labels, kept, never
 
 
 def main() -> int:
@@ -66,16 +73,17 @@ def main() -> int:
     ap.add_argument("study", type=Path)
     ap.add_argument("methods", nargs="+")
     args = ap.parse_args()
-    print("| method | task | runs | kept | labels held | largest share | TV from uniform | a random pick's TV |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| method | task | runs | kept | labels held | largest share | TV from uniform | a random pick's TV | kept by no run |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for m in args.methods:
-        rows, n_labels, kept = per_task(args.study, m)
+        rows, n_labels, kept, never = per_task(args.study, m)
         if not rows:
-            print(f"| {m} | (no run with buffer labels) | 0 | | | | | |")
+            print(f"| {m} | (no run with buffer labels) | 0 | | | | | | |")
         for task in sorted(rows):
             r = rows[task]
             print(f"| {m} | {task} | {len(r)} | {kept[task]} | {fmean(x[0] for x in r):.1f} / {n_labels[task]} | "
-                  f"{fmean(x[1] for x in r):.2f} | {fmean(x[2] for x in r):.2f} | {random_tv(n_labels[task], kept[task]):.2f} |")
+                  f"{fmean(x[1] for x in r):.2f} | {fmean(x[2] for x in r):.2f} | {random_tv(n_labels[task], kept[task]):.2f} | "
+                  f"{', '.join(sorted(never[task])) or '-'} |")
     return 0
 
 
