@@ -21,6 +21,10 @@ def cache_dir(tmp_path_factory):
 
 METHOD_PRESETS = [p for p in preset_names() if load_yaml(p)[0].get("kind") == "method"]
 FAST = ["train.epochs=1", "data.n_train=16", "data.n_test=8", "data.tasks=[colors,animals]"]
+# Tests that need a task learned (>= 90 %) train 12 epochs: at the tiny preset's 8 a seed's first
+# task lands at 75-100 % depending on the CPU's kernels (seed 0: 100 on one AVX512-BF16 machine,
+# 75-87.5 on an AMD EPYC with the same flags); at 12 every seed 0-4 reached 100 on both tasks.
+LEARNED = "train.epochs=12"
 
 
 @pytest.mark.parametrize("preset", METHOD_PRESETS)
@@ -77,7 +81,7 @@ def test_replay_keeps_more_of_earlier_tasks_than_seq_lora(tmp_path, cache_dir):
     retained: dict[str, list[float]] = {}
     for preset in ("seq_lora", "surprise", "reservoir"):
         for seed in (0, 1, 2):
-            cfg = build_config(f"tiny,{preset}", ["data.tasks=[colors,animals,numbers]", f"seed={seed}"])
+            cfg = build_config(f"tiny,{preset}", ["data.tasks=[colors,animals,numbers]", f"seed={seed}", LEARNED])
             res = run(cfg, tmp_path / f"{preset}{seed}", progress=False, cache_dir=cache_dir)
             a = res["accuracy_matrix"]
             assert a[0][0] >= 90.0, f"{preset} did not learn the first task: {a[0][0]}"
@@ -122,7 +126,7 @@ def test_saved_adapters_load_with_peft_and_reproduce_eval(tmp_path, cache_dir):
 
 
 def test_rank_evaluation_mode(tmp_path, cache_dir):
-    cfg = build_config("tiny,seq_lora", ["eval.mode=rank", "data.tasks=[colors]", "data.n_test=8"])
+    cfg = build_config("tiny,seq_lora", ["eval.mode=rank", "data.tasks=[colors]", "data.n_test=8", LEARNED])
     res = run(cfg, tmp_path / "run", progress=False, cache_dir=cache_dir)
     assert res["accuracy_matrix"][0][0] >= 90.0
 

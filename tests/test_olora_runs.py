@@ -17,6 +17,7 @@ from surecl.trainer import ContinualRun, run
 
 TWO = "data.tasks=[colors,animals]"
 THREE = "data.tasks=[colors,animals,numbers]"
+LEARNED = "train.epochs=12"  # a task learned on every CPU (the tiny preset's 8 epochs: 75-100 % by CPU)
 
 
 def log_lines(out):
@@ -79,7 +80,7 @@ def test_evaluation_uses_every_task_lora(tmp_path, tiny_cache):
     """After two tasks: the second task's LoRA was trained on top of the first's and only
     answers with it (zeroing the past store loses the second task too), and the store alone
     answers the first task exactly as right after it was learned."""
-    cfg = build_config("tiny,olora", [TWO, "eval.before=true"])
+    cfg = build_config("tiny,olora", [TWO, "eval.before=true", LEARNED])
     r = ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
     res = r.run()
     a, initial = res["accuracy_matrix"], res["initial"]
@@ -156,7 +157,7 @@ def test_olora_keeps_more_of_earlier_tasks_than_seq_lora(tmp_path, tiny_cache):
     retained: dict[str, list[float]] = {}
     for preset in ("seq_lora", "olora"):
         for seed in (0, 1, 2):
-            cfg = build_config(f"tiny,{preset}", [THREE, "eval.mode=rank", f"seed={seed}"])
+            cfg = build_config(f"tiny,{preset}", [THREE, "eval.mode=rank", f"seed={seed}", LEARNED])
             a = run(cfg, tmp_path / f"{preset}{seed}", progress=False, cache_dir=tiny_cache)["accuracy_matrix"]
             assert a[0][0] >= 90.0, f"{preset} did not learn the first task: {a}"
             retained.setdefault(preset, []).append(sum(a[-1][:-1]) / 2)
