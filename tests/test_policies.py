@@ -382,3 +382,31 @@ def test_balance_needs_a_per_task_quota_policy():
             build_config("tiny", [f"replay.policy={policy}", "replay.balance=label", "replay.scope=label"])
     with pytest.raises(SureclError, match="replay.balance"):
         build_config("tiny", ["replay.policy=surprise", "replay.balance=labels"])
+    with pytest.raises(SureclError, match="replay.balance: 'label' needs labelled tasks"):
+        build_config("tiny,cpt", ["replay.policy=surprise", "replay.balance=label"])
+
+
+def test_a_subclass_with_the_old_hook_signature_still_runs_unbalanced(tiny_cache, tmp_path):
+    """A policy written against ``at_task_start(task, n_items, scorer)`` is not handed labels
+    unless the run asks for balance."""
+    from surecl.registry import register_policy, unregister_policy
+    from surecl.replay.policies import QuotaPolicy
+    from surecl.trainer import run
+
+    class LastK(QuotaPolicy):
+        def at_task_start(self, task, n_items, scorer):
+            super().at_task_start(task, n_items, lambda t: [float(i) for i in range(n_items)])
+
+        def priorities(self, task, n_items, scorer):
+            return scorer(task)
+
+    register_policy("last_k", LastK)
+    try:
+        cfg = build_config("tiny,surprise", ["data.tasks=[colors,animals]", "data.n_train=8", "data.n_test=4",
+                                             "train.epochs=1", "replay.policy=last_k", "replay.buffer_size=4"])
+        res = run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    finally:
+        unregister_policy("last_k")
+    kept = json.loads((tmp_path / "run" / "buffer.json").read_text())["entries"]
+    assert sorted((e["task"], e["index"]) for e in kept) == [(0, 6), (0, 7), (1, 6), (1, 7)], kept
+    assert res["buffer"]["per_task"] == {"colors": 2, "animals": 2}

@@ -542,6 +542,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         )
     if cfg.replay.balance != "none" and not policy.per_task_quota:
         raise SureclError(f"replay.balance: {cfg.replay.balance!r} needs a per-task quota policy (surprise, random), not {cfg.replay.policy}")
+    if cfg.replay.balance == "label" and cfg.data.kind == "text":
+        raise SureclError("replay.balance: 'label' needs labelled tasks; a text stream (data.kind=text) has none")
     if cfg.replay.aging and cfg.replay.policy != "none" and not policy.uses_scores:
         raise SureclError(f"replay.aging: policy {cfg.replay.policy} keeps no scores to age; use policy=surprise")
     registry.method_class(cfg.method).validate_config(cfg)  # combinations the method cannot run

@@ -167,14 +167,17 @@ class QuotaPolicy(ReplayPolicy):
         self._pending: list[float] | None = None
 
     def before_task(self, ctx, stage: Stage) -> None:
-        self.at_task_start(stage.row, len(ctx.train_sets[stage.row]), self.scorer(ctx), self._labels(ctx, stage.row))
+        self.at_task_start(stage.row, len(ctx.train_sets[stage.row]), self.scorer(ctx), *self._labels(ctx, stage.row))
 
     def after_task(self, ctx, stage: Stage) -> None:
-        self.at_task_end(stage.row, len(ctx.train_sets[stage.row]), self.scorer(ctx), self._labels(ctx, stage.row))
+        self.at_task_end(stage.row, len(ctx.train_sets[stage.row]), self.scorer(ctx), *self._labels(ctx, stage.row))
 
-    def _labels(self, ctx, task: int) -> list[str] | None:
-        """The answer label of each of the task's training examples, for a balanced buffer."""
-        return [e.label for e in ctx.train_sets[task]] if self.buffer.balanced else None
+    def _labels(self, ctx, task: int) -> tuple[list[str], ...]:
+        """The answer label of each of the task's training examples, for a balanced buffer (an
+        empty tuple otherwise, so a subclass's ``at_task_start(task, n_items, scorer)`` still fits)."""
+        if self.buffer.balanced != (self.config.balance == "label"):
+            raise SureclError(f"replay.balance={self.config.balance}: policy {self.name} replaced the balanced buffer; keep QuotaPolicy's")
+        return ([e.label for e in ctx.train_sets[task]],) if self.buffer.balanced else ()
 
     def priorities(self, task: int, n_items: int, scorer: Scorer) -> list[float]:
         raise NotImplementedError
