@@ -56,18 +56,17 @@ class QuotaBuffer:
         label), then rebalance quotas."""
         m = quota(self.capacity, len(self.by_task) + (task not in self.by_task))
         entries = [Entry(task, i, float(scores[i])) for i in range(len(scores))]
+        key_of: dict[tuple[int, int], str] = {}
         if self.balanced:
             if keys is None or len(keys) != len(scores):
                 raise ValueError("a balanced buffer needs one label per scored example")
             key_of = {(task, i): keys[i] for i in range(len(keys))}
-            kept = self._ranked(entries, key_of)[:m]
-            self.key_of.update({(e.task, e.index): key_of[(e.task, e.index)] for e in kept})
-        else:
-            kept = sorted(entries, key=lambda e: (-e.score, e.index))[:m]
-        self.by_task[task] = kept
+        self.by_task[task] = self._ranked(entries, key_of)[:m]
+        self.key_of.update(key_of)  # rebalance keeps only the kept entries' labels
         self.rebalance()
 
     def _ranked(self, entries: list[Entry], key_of: dict[tuple[int, int], str]) -> list[Entry]:
+        """``entries`` in keeping order: by score, or for a balanced buffer in rounds over labels."""
         if not self.balanced:
             return sorted(entries, key=lambda e: (-e.score, e.index))
         by_key: dict[str, list[Entry]] = {}
