@@ -14,7 +14,7 @@ import pytest
 
 from surecl.cli import main
 from surecl.errors import SureclError
-from surecl.report import PLAN_FILE, Study, paper_report, parse_claim, write_sweep_plan
+from surecl.report import PLAN_FILE, Study, host_key, paper_report, parse_claim, write_sweep_plan
 from surecl.stats import betainc, paired, t_cdf, t_ppf, verdict
 
 SMALL = ["data.tasks=[colors,animals]", "data.n_train=16", "data.n_test=8", "train.epochs=1"]
@@ -345,6 +345,42 @@ def test_custom_claims_and_errors(runs):
                        ("nope>seq_lora", "no row 'nope'"), ("seq_lora>seq_lora", "itself")]:
         with pytest.raises(SureclError, match=words):
             parse_claim(bad, rows)
+
+
+def test_claims_count_pairs_on_one_host(tmp_path):
+    """A pair whose two runs recorded different hosts is two independent runs, not one trajectory:
+    the claims table says how many pairs share a host, and which runs recorded none."""
+    machine_a = {"cpu": "Xeon", "cpu_flags": ["avx2", "avx512f", "avx512_bf16", "amx_bf16"], "threads": 1, "torch": "2.13.0"}
+    machine_b = {"cpu": "EPYC", "cpu_flags": ["avx2"], "threads": 2, "torch": "2.13.0"}
+    root = tmp_path / "r"
+    # seed 0: both on A; seed 1: seq_lora on B; seed 2: seq_lora recorded no host
+    for seed, seq_host in [(0, machine_a), (1, machine_b), (2, None)]:
+        for row, fp, host, dtype in [("slow_surprise", 70.0 + seed, machine_a, "bfloat16"), ("seq_lora", 60.0, seq_host, "float32")]:
+            d = put(root, row, "1", seed, fp, 90.0, fast=(65.0, 88.0) if row == "slow_surprise" else None)
+            res = json.loads((d / "results.json").read_text())
+            if host is not None:
+                res["host"], res["base_dtype"] = host, dtype if host is machine_b else "bfloat16"
+            (d / "results.json").write_text(json.dumps(res))
+    rep = paper_report([root], claims="none", custom_claims=["slow_surprise>seq_lora", "slow_surprise>slow_surprise (fast)"])
+    table = next(t for t in rep.tables if t.name == "claims")
+    by = {r["claim"]: r for r in csv.DictReader(io.StringIO(table.csv))}
+    cross = by["slow_surprise > seq_lora"]
+    assert (cross["n"], cross["same_host"], cross["other_host"], cross["host_unrecorded"]) == ("3", "1", "1", "1")
+    own = by["slow_surprise > slow_surprise (fast)"]  # a dual run's two adapters: one trajectory
+    assert (own["same_host"], own["other_host"], own["host_unrecorded"]) == ("3", "0", "0")
+    cells = table_rows(rep.markdown(), "Claims (FP, paired)")
+    assert cells["slow_surprise > seq_lora"][-1] == "1/3 (1 unrecorded)"
+    assert cells["slow_surprise > slow_surprise (fast)"][-1] == "3/3"
+
+
+def test_host_key_keeps_what_changes_the_numbers():
+    a = {"host": {"cpu": "Xeon", "cpu_flags": ["avx2", "avx512f", "avx512_bf16"], "threads": 2, "torch": "2.13.0"}, "base_dtype": "bfloat16"}
+    same_kernels = {"host": {**a["host"], "cpu_flags": ["avx512_bf16", "avx2"], "threads": 1}, "base_dtype": "bfloat16"}
+    assert host_key(a) == host_key(same_kernels)  # thread count and unrelated flags do not name another host
+    assert host_key(a) != host_key({**a, "base_dtype": "float32"})
+    assert host_key(a) != host_key({"host": {**a["host"], "cpu_flags": ["avx2"]}, "base_dtype": "bfloat16"})
+    assert host_key(a) != host_key({"host": {**a["host"], "gpu": "NVIDIA H100"}, "base_dtype": "bfloat16"})
+    assert host_key({"base_dtype": "bfloat16"}) is None
 
 
 def test_n1_claim_not_shown(tmp_path):

@@ -291,6 +291,24 @@ class Record:
     path: Path
     tasks: list[str] = field(default_factory=list)
     matrix: list[list[float | None]] | None = None
+    host: str | None = None  # host_key: where the run ran, None for runs that did not record it
+
+
+# The kernel flags whose presence changes which matmul kernels (and so which rounding) a CPU run uses.
+_NUMERIC_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def host_key(results: dict) -> str | None:
+    """Where a run ran, as far as its numbers depend on it: the processor, the kernel flags that
+    pick the bf16 kernels, the GPU and the base model's dtype. Two runs of one config and seed with
+    equal keys follow one trajectory; with different keys they are independent runs at the same
+    seed. None for a run that did not record its host."""
+    host = results.get("host")
+    if not isinstance(host, dict) or not host.get("cpu"):
+        return None
+    flags = sorted(f for f in host.get("cpu_flags") or [] if f in _NUMERIC_FLAGS)
+    gpu = host.get("gpu")
+    return " ".join(str(x) for x in (host["cpu"], f"[{','.join(flags)}]", f"GPU {gpu}" if gpu else "", results.get("base_dtype") or "") if x)
 
 
 @dataclass
@@ -430,7 +448,7 @@ class Study:
                 if key in records:
                     raise SureclError(f"report: two runs of row {name!r}, order {order}, seed {seed}: {records[key].path} and {f.parent}; report them separately")
                 records[key] = Record(name, order, seed, {m: src.get(m) for m in METRICS}, f.parent,
-                                      list(r.get("tasks") or []), src.get("accuracy_matrix"))
+                                      list(r.get("tasks") or []), src.get("accuracy_matrix"), host_key(r))
         # expected runs: the plans, then every combination seen among runs no plan covers
         expected: dict[Key, str] = {}
         plan_dirs = []
@@ -839,11 +857,16 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
     side = "above" if up else "below"
     caption = (f"{_LABEL[metric]} ({_unit(metric, st.kind)}). \"A > B\" claims A is better: paired differences A − B over the "
                f"(order, seed) runs both rows have, {pct} two-sided Student-t interval mean ± t·sd/√n. **shown**: the whole "
-               f"interval lies {side} 0; **contradicted**: it lies on the other side; **not shown**: it contains 0 or n < 2.")
-    header = ["claim", "benchmark", "n pairs", "mean diff (A − B)", "sd", f"{pct} CI", "verdict"]
-    body, csv_rows = [], [["claim", "a", "b", "benchmark", "n", "mean_diff", "sd", "ci_lo", "ci_hi", "t", "verdict", "why"]]
+               f"interval lies {side} 0; **contradicted**: it lies on the other side; **not shown**: it contains 0 or n < 2. "
+               "**one host**: the pairs whose two runs recorded the same host (processor, its bf16 kernel flags, GPU, base "
+               "dtype), i.e. one trajectory seen twice where the rows share their training; a pair across hosts is two "
+               "independent runs at one seed (bf16 and fp32 kernels round differently), and a run from before hosts were "
+               "recorded counts as unrecorded.")
+    header = ["claim", "benchmark", "n pairs", "mean diff (A − B)", "sd", f"{pct} CI", "verdict", "one host"]
+    body, csv_rows = [], [["claim", "a", "b", "benchmark", "n", "mean_diff", "sd", "ci_lo", "ci_hi", "t", "verdict", "why",
+                           "same_host", "other_host", "host_unrecorded"]]
     if not claims:
-        body.append(["(none: no default claim has both rows in the runs; use --claim 'A>B')", "", "", "", "", "", ""])
+        body.append(["(none: no default claim has both rows in the runs; use --claim 'A>B')", "", "", "", "", "", "", ""])
     for a, b in claims:
         pairs = {}
         for (row, order, seed) in st.records:
@@ -851,24 +874,31 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
                 continue
             va, vb = st.value((a, order, seed), metric), st.value((b, order, seed), metric)
             if va is not None and vb is not None:
-                pairs[(order, seed)] = va - vb
+                ha, hb = st.records[(a, order, seed)].host, st.records[(b, order, seed)].host
+                pairs[(order, seed)] = (va - vb, "unrecorded" if ha is None or hb is None else "same" if ha == hb else "other")
         groups: dict[str, list[float]] = defaultdict(list)
-        for (order, _), diff in sorted(pairs.items(), key=lambda kv: (order_key(kv[0][0]), str(kv[0][1]))):
+        hosts: dict[str, list[str]] = defaultdict(list)
+        for (order, _), (diff, where) in sorted(pairs.items(), key=lambda kv: (order_key(kv[0][0]), str(kv[0][1]))):
             groups[st.bench_of.get(order, "other")].append(diff)
+            hosts[st.bench_of.get(order, "other")].append(where)
         names = [g for g in [*st.benchmarks, "other"] if g in groups]
         if len(names) != 1:
             names.append("all")
         other = ", ".join(o for o in st.orders if o not in st.bench_of)
         for g in names:
             diffs = [v for vals in groups.values() for v in vals] if g == "all" else groups[g]
+            where = [h for hs in hosts.values() for h in hs] if g == "all" else hosts[g]
+            same, other_host, unrec = (where.count(k) for k in ("same", "other", "unrecorded"))
+            one_host = f"{same}/{len(where)}" + (f" ({unrec} unrecorded)" if unrec else "")
             label = f"other (orders {other})" if g == "other" else g
             res = paired(diffs, level)
             word, why = verdict(res, up)
             f = lambda v, dd=d: "-" if v is None else f"{v:+.{dd}f}"  # noqa: E731
             ci = "-" if res.lo is None else f"[{res.lo:+.{d}f}, {res.hi:+.{d}f}]"
             shown = f"**{word}**" if word != "not shown" else f"not shown ({why})"
-            body.append([f"{a} > {b}", label, str(res.n), f(res.mean), "-" if res.sd is None else f"{res.sd:.{d}f}", ci, shown])
-            csv_rows.append([f"{a} > {b}", a, b, g, res.n, *("" if v is None else round(v, 6) for v in (res.mean, res.sd, res.lo, res.hi, res.t)), word, why])
+            body.append([f"{a} > {b}", label, str(res.n), f(res.mean), "-" if res.sd is None else f"{res.sd:.{d}f}", ci, shown, one_host])
+            csv_rows.append([f"{a} > {b}", a, b, g, res.n, *("" if v is None else round(v, 6) for v in (res.mean, res.sd, res.lo, res.hi, res.t)), word, why,
+                             same, other_host, unrec])
     return Table("claims", f"Claims ({_LABEL[metric]}, paired)", caption + "\n\n" + _md(header, body), _csv(csv_rows))
 
 
