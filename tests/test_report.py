@@ -366,11 +366,18 @@ def test_claims_count_pairs_on_one_host(tmp_path):
     by = {r["claim"]: r for r in csv.DictReader(io.StringIO(table.csv))}
     cross = by["slow_surprise > seq_lora"]
     assert (cross["n"], cross["same_host"], cross["other_host"], cross["host_unrecorded"]) == ("3", "1", "1", "1")
-    own = by["slow_surprise > slow_surprise (fast)"]  # a dual run's two adapters: one trajectory
-    assert (own["same_host"], own["other_host"], own["host_unrecorded"]) == ("3", "0", "0")
     cells = table_rows(rep.markdown(), "Claims (FP, paired)")
     assert cells["slow_surprise > seq_lora"][-1] == "1/3 (1 unrecorded)"
     assert cells["slow_surprise > slow_surprise (fast)"][-1] == "3/3"
+    own = by["slow_surprise > slow_surprise (fast)"]  # a dual run's two adapters: one trajectory
+    assert (own["same_host"], own["other_host"], own["host_unrecorded"]) == ("3", "0", "0")
+    for seed in range(3):  # even where the run recorded no host
+        f = root / rel("slow_surprise", "1", seed) / "results.json"
+        f.write_text(json.dumps({k: v for k, v in json.loads(f.read_text()).items() if k != "host"}))
+    rep = paper_report([root], claims="none", custom_claims=["slow_surprise>slow_surprise (fast)", "slow_surprise>seq_lora"])
+    by = {r["claim"]: r for r in csv.DictReader(io.StringIO(next(t for t in rep.tables if t.name == "claims").csv))}
+    assert by["slow_surprise > slow_surprise (fast)"]["same_host"] == "3"
+    assert (by["slow_surprise > seq_lora"]["same_host"], by["slow_surprise > seq_lora"]["host_unrecorded"]) == ("0", "3")
 
 
 def test_host_key_keeps_what_changes_the_numbers():

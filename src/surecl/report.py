@@ -859,7 +859,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
                f"(order, seed) runs both rows have, {pct} two-sided Student-t interval mean ± t·sd/√n. **shown**: the whole "
                f"interval lies {side} 0; **contradicted**: it lies on the other side; **not shown**: it contains 0 or n < 2. "
                "**one host**: the pairs whose two runs recorded the same host (processor, its bf16 kernel flags, GPU, base "
-               "dtype), i.e. one trajectory seen twice where the rows share their training; a pair across hosts is two "
+               "dtype), or the two adapters of one dual run, i.e. one trajectory seen twice where the rows share their training; a pair across hosts is two "
                "independent runs at one seed (bf16 and fp32 kernels round differently), and a run from before hosts were "
                "recorded counts as unrecorded.")
     header = ["claim", "benchmark", "n pairs", "mean diff (A − B)", "sd", f"{pct} CI", "verdict", "one host"]
@@ -874,8 +874,10 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
                 continue
             va, vb = st.value((a, order, seed), metric), st.value((b, order, seed), metric)
             if va is not None and vb is not None:
-                ha, hb = st.records[(a, order, seed)].host, st.records[(b, order, seed)].host
-                pairs[(order, seed)] = (va - vb, "unrecorded" if ha is None or hb is None else "same" if ha == hb else "other")
+                ra, rb = st.records[(a, order, seed)], st.records[(b, order, seed)]
+                where = ("same" if ra.path == rb.path or (ra.host is not None and ra.host == rb.host)  # one run: its two adapters
+                         else "unrecorded" if ra.host is None or rb.host is None else "other")
+                pairs[(order, seed)] = (va - vb, where)
         groups: dict[str, list[float]] = defaultdict(list)
         hosts: dict[str, list[str]] = defaultdict(list)
         for (order, _), (diff, where) in sorted(pairs.items(), key=lambda kv: (order_key(kv[0][0]), str(kv[0][1]))):
