@@ -11,8 +11,10 @@ import math
 import shutil
 
 import pytest
+import torch
 
 from surecl.cli import main
+from surecl.config import build_config
 from surecl.errors import SureclError
 from surecl.report import PLAN_FILE, Study, host_key, paper_report, parse_claim, write_sweep_plan
 from surecl.stats import betainc, paired, t_cdf, t_ppf, verdict
@@ -388,6 +390,30 @@ def test_host_key_keeps_what_changes_the_numbers():
     assert host_key(a) != host_key({"host": {**a["host"], "cpu_flags": ["avx2"]}, "base_dtype": "bfloat16"})
     assert host_key(a) != host_key({"host": {**a["host"], "gpu": "NVIDIA H100"}, "base_dtype": "bfloat16"})
     assert host_key({"base_dtype": "bfloat16"}) is None
+
+
+def test_a_run_resumed_on_another_machine_names_both(tmp_path, tiny_cache, monkeypatch):
+    """results.json ``hosts`` lists every machine a run ran on, so its host key is not the last
+    machine's alone; the same machine again adds nothing."""
+    import surecl.trainer as trainer
+
+    small = ["train.epochs=1", "data.n_train=16", "data.n_test=8", "data.tasks=[colors,animals]"]
+    real = trainer.host_info
+    monkeypatch.setattr(trainer, "host_info", lambda dev: {**real(dev), "cpu": "Machine X", "cpu_flags": ["avx512_bf16"]})
+    out = tmp_path / "run"
+    first = trainer.run(build_config("tiny,surprise", small), out, progress=False, cache_dir=tiny_cache)
+    assert [h["cpu"] for h in first["hosts"]] == ["Machine X"]
+    (out / "results.json").unlink()  # run again in the folder: it resumes from the last checkpoint
+    monkeypatch.setattr(trainer, "host_info", real)
+    again = trainer.run(build_config("tiny,surprise", small), out, progress=False, cache_dir=tiny_cache)
+    assert again["accuracy_matrix"] == first["accuracy_matrix"]
+    assert [h["cpu"] for h in again["hosts"]] == ["Machine X", real(torch.device("cpu"))["cpu"]]
+    assert again["host"] == again["hosts"][-1]
+    assert host_key(again).startswith("Machine X [avx512_bf16] then ") and host_key(again) != host_key(first)
+    assert "earlier parts ran on Machine X" in (out / "report.md").read_text()
+    (out / "results.json").unlink()
+    third = trainer.run(build_config("tiny,surprise", small), out, progress=False, cache_dir=tiny_cache)
+    assert len(third["hosts"]) == 2
 
 
 def test_n1_claim_not_shown(tmp_path):

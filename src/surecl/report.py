@@ -90,7 +90,9 @@ def _host_lines(results: dict) -> list[str]:
         return []
     flags = f" ({', '.join(host['cpu_flags'])})" if host.get("cpu_flags") else ""
     gpu = f", GPU {host['gpu']}" if host.get("gpu") else ""
-    return [f"host: {host['cpu']}{flags}{gpu}, {host['threads']} thread(s), torch {host['torch']}, base {results.get('base_dtype')}", ""]
+    earlier = [h.get("cpu", "?") for h in (results.get("hosts") or [])[:-1]]
+    before = f" (resumed; earlier parts ran on {', '.join(earlier)})" if earlier else ""
+    return [f"host: {host['cpu']}{flags}{gpu}, {host['threads']} thread(s), torch {host['torch']}, base {results.get('base_dtype')}{before}", ""]
 
 
 def _buffer_label_lines(labels: dict[str, dict[str, int]] | None) -> list[str]:
@@ -302,13 +304,19 @@ def host_key(results: dict) -> str | None:
     """Where a run ran, as far as its numbers depend on it: the processor, the kernel flags that
     pick the bf16 kernels, the GPU and the base model's dtype. Two runs of one config and seed with
     equal keys follow one trajectory; with different keys they are independent runs at the same
-    seed. None for a run that did not record its host."""
-    host = results.get("host")
-    if not isinstance(host, dict) or not host.get("cpu"):
+    seed. A run resumed on other machines (``hosts``) names them all, in order. None for a run
+    that did not record its host."""
+    hosts = results.get("hosts") or [results.get("host")]
+    if not all(isinstance(h, dict) and h.get("cpu") for h in hosts):
         return None
-    flags = sorted(f for f in host.get("cpu_flags") or [] if f in _NUMERIC_FLAGS)
-    gpu = host.get("gpu")
-    return " ".join(str(x) for x in (host["cpu"], f"[{','.join(flags)}]", f"GPU {gpu}" if gpu else "", results.get("base_dtype") or "") if x)
+    keys: list[str] = []
+    for host in hosts:
+        flags = sorted(f for f in host.get("cpu_flags") or [] if f in _NUMERIC_FLAGS)
+        gpu = host.get("gpu")
+        key = " ".join(str(x) for x in (host["cpu"], f"[{','.join(flags)}]", f"GPU {gpu}" if gpu else "") if x)
+        if not keys or keys[-1] != key:
+            keys.append(key)
+    return " then ".join(keys) + (f" {results['base_dtype']}" if results.get("base_dtype") else "")
 
 
 @dataclass

@@ -75,6 +75,9 @@ class RunState:
     """Every task evaluated before any training (``eval.before``)."""
     accuracy_fast: list[list[float | None]] | None = None
     """A dual run's matrix under its fast adapter (``eval.fast``), beside the slow one's."""
+    hosts: list[dict] = field(default_factory=list)
+    """Where the run ran (:func:`surecl.model.host_info`), in order: a resumed run adds the
+    machine it resumes on where that differs from the last, so results name every one."""
 
 
 class InputSets:
@@ -371,6 +374,9 @@ class ContinualRun:
                 self.log(f"resumed from {restored} at stage {self.state.next_stage}/{len(self.stages)}")
         if self.accelerator.is_main_process:  # after the checkpoint check: another run's config stays
             checkpoint.write_config(self.out_dir, self.cfg)
+        here = host_info(self.device)
+        if not self.state.hosts or self.state.hosts[-1] != here:
+            self.state.hosts.append(here)
         self._wall = time.perf_counter()
         with self.steplog.opened(self.out_dir / "log.jsonl", self.accelerator.is_main_process):
             if self.cfg.eval.before and self.state.initial is None:
@@ -592,7 +598,8 @@ class ContinualRun:
             "model_path": self.model_path,
             "base_dtype": self.base_dtype,
             "device": str(self.device),
-            "host": host_info(self.device),
+            "host": self.state.hosts[-1] if self.state.hosts else host_info(self.device),
+            "hosts": self.state.hosts,
         }
 
     def _buffer_counts(self) -> dict[str, int]:
