@@ -127,6 +127,26 @@ def test_quota_buffer_state_dict_round_trip():
     assert _by_task(other) == {0: set(TASK0_RANKED[:3]), 1: {0, 1, 2}, 2: {2, 0, 1}}
 
 
+@pytest.mark.parametrize("balanced", [False, True])
+def test_quota_buffer_round_trip_keeps_the_order_after_aging(balanced):
+    """Aging rewrites replayed entries' scores in place between re-rankings; a restored buffer
+    must keep the order replay draws index, or a resumed run replays other examples."""
+    keys = ["a", "b"] * 5 if balanced else None
+    buf = QuotaBuffer(8, balanced=balanced)
+    buf.add_task(0, [float(i) for i in range(10)], keys)
+    buf.add_task(1, [float(10 - i) for i in range(10)], keys)
+    for e in buf.entries[:3]:  # replayed and re-scored lower: no longer the order a ranking gives
+        e.score = -100.0 - e.index
+    other = QuotaBuffer(0)
+    other.load_state_dict(json.loads(json.dumps(buf.state_dict())))
+    assert other.entries == buf.entries
+    assert sample(other.entries, 3, random.Random(7)) == sample(buf.entries, 3, random.Random(7))
+    # the next task re-ranks both the same way (aged entries go first)
+    buf.add_task(2, [1.0] * 10, keys)
+    other.add_task(2, [1.0] * 10, keys)
+    assert other.entries == buf.entries
+
+
 def test_quota_buffer_round_trip_keeps_tasks_without_entries():
     buf = QuotaBuffer(4)
     buf.add_task(0, [])  # a task that contributed nothing still counts for the quota

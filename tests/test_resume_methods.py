@@ -15,6 +15,8 @@ What each case restores besides the adapters and AdamW state:
 * ``olora_replay``: O-LoRA's store of earlier tasks' LoRAs (filled when the next task starts,
   after the first kill's rerun) with a reservoir buffer beside it, and the L2 term on.
 * ``nlora``: the same store under N-LoRA's L1 penalty.
+* ``surprise_aging``: the buffer's order after replayed entries were re-scored in place (a
+  restored buffer that re-ranked them would replay other examples after the resume).
 * ``cpt``: the before-training row (killed while writing its checkpoint) and a text stream.
 * ``progressive_prompts`` (with its MLP and reservoir replay): the frozen prompts, the prompt
   and MLP being trained, their AdamW state; killed right after a new prompt was drawn (the
@@ -58,6 +60,7 @@ CASES = {
         ["stage-0000-step-000002", "stage-0001-step-000002"],
     ),
     "nlora": ("tiny,nlora", ["nlora.lambda_l1=1e-5"], ["step:1:3"], ["stage-0001-step-000002"]),
+    "surprise_aging": ("tiny,surprise_aging", [], ["step:2:3"], ["stage-0002-step-000002"]),
     "cpt": ("tiny,cpt,slow_surprise", [], ["checkpoint:stage-0000", "step:1:3"], [None, "stage-0001-step-000002"]),
     "progressive_prompts": (
         "tiny,progressive_prompts", ["prompts.mlp=true", "prompts.mlp_hidden=16", "replay.policy=reservoir"],

@@ -111,7 +111,9 @@ class QuotaBuffer:
             if self.balanced:
                 self.key_of[(e["task"], e["index"])] = e["key"]
             self.by_task[e["task"]].append(Entry(e["task"], e["index"], e["score"]))
-        self.rebalance()
+        # the saved order, not a re-ranking: with aging the scores change between re-rankings
+        # (add_task), and replay draws index this order, so a resumed run draws what it would have
+        self._flat = [e for t in sorted(self.by_task) for e in self.by_task[t]]
 
 
 class ReservoirBuffer:
