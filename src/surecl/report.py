@@ -877,27 +877,25 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         body.append(["(none: no default claim has both rows in the runs; use --claim 'A>B')", "", "", "", "", "", "", ""])
     for a, b in claims:
         pairs = {}
-        for (row, order, seed) in st.records:
-            if row != a:
+        for (row, order, seed), ra in st.records.items():
+            rb = st.records.get((b, order, seed))
+            if row != a or rb is None:
                 continue
-            va, vb = st.value((a, order, seed), metric), st.value((b, order, seed), metric)
+            va, vb = ra.values.get(metric), rb.values.get(metric)
             if va is not None and vb is not None:
-                ra, rb = st.records[(a, order, seed)], st.records[(b, order, seed)]
                 where = ("same" if ra.path == rb.path or (ra.host is not None and ra.host == rb.host)  # one run: its two adapters
                          else "unrecorded" if ra.host is None or rb.host is None else "other")
                 pairs[(order, seed)] = (va - vb, where)
-        groups: dict[str, list[float]] = defaultdict(list)
-        hosts: dict[str, list[str]] = defaultdict(list)
-        for (order, _), (diff, where) in sorted(pairs.items(), key=lambda kv: (order_key(kv[0][0]), str(kv[0][1]))):
-            groups[st.bench_of.get(order, "other")].append(diff)
-            hosts[st.bench_of.get(order, "other")].append(where)
+        groups: dict[str, list[tuple[float, str]]] = defaultdict(list)  # benchmark -> (A - B, host relation) per pair
+        for (order, _), pair in sorted(pairs.items(), key=lambda kv: (order_key(kv[0][0]), str(kv[0][1]))):
+            groups[st.bench_of.get(order, "other")].append(pair)
         names = [g for g in [*st.benchmarks, "other"] if g in groups]
         if len(names) != 1:
             names.append("all")
         other = ", ".join(o for o in st.orders if o not in st.bench_of)
         for g in names:
-            diffs = [v for vals in groups.values() for v in vals] if g == "all" else groups[g]
-            where = [h for hs in hosts.values() for h in hs] if g == "all" else hosts[g]
+            chosen = [p for ps in groups.values() for p in ps] if g == "all" else groups[g]
+            diffs, where = [p[0] for p in chosen], [p[1] for p in chosen]
             same, other_host, unrec = (where.count(k) for k in ("same", "other", "unrecorded"))
             one_host = f"{same}/{len(where)}" + (f" ({unrec} unrecorded)" if unrec else "")
             label = f"other (orders {other})" if g == "other" else g

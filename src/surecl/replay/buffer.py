@@ -85,6 +85,10 @@ class QuotaBuffer:
             entries[:] = self._ranked(entries, self.key_of)[:m]
         if self.balanced:
             self.key_of = {(e.task, e.index): self.key_of[(e.task, e.index)] for es in self.by_task.values() for e in es}
+        self._flatten()
+
+    def _flatten(self) -> None:
+        """The entries replay draws from, task by task in each task's kept order."""
         self._flat = [e for t in sorted(self.by_task) for e in self.by_task[t]]
 
     @property
@@ -113,7 +117,7 @@ class QuotaBuffer:
             self.by_task[e["task"]].append(Entry(e["task"], e["index"], e["score"]))
         # the saved order, not a re-ranking: with aging the scores change between re-rankings
         # (add_task), and replay draws index this order, so a resumed run draws what it would have
-        self._flat = [e for t in sorted(self.by_task) for e in self.by_task[t]]
+        self._flatten()
 
 
 class ReservoirBuffer:
