@@ -3,9 +3,11 @@ learned and at the end, averaged over a method's finished runs (all orders and s
 
 Usage (from the repository root):
   python bench/study_per_task.py studies/smollm2 slow_surprise slow_reservoir --fast
+  python bench/study_per_task.py studies/smollm2 seq_lora mtl --orders lnt8
 ``--fast`` reads a dual run's fast adapter (``fast`` in results.json: the non-dual method on
 the same trajectory) instead of the adapter that answered. A method is a folder under the study
-(its grid points, e.g. ``slow_surprise/dual.beta=auto``, are named the same way).
+(its grid points, e.g. ``slow_surprise/dual.beta=auto``, are named the same way). ``--orders``
+keeps only the runs of those orders (comma-separated; default: every order).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from pathlib import Path
 from statistics import fmean
 
 
-def per_task(root: Path, method: str, fast: bool) -> tuple[dict[str, list[float]], dict[str, list[float]], int]:
+def per_task(root: Path, method: str, fast: bool, orders: list[str] | None = None) -> tuple[dict[str, list[float]], dict[str, list[float]], int]:
     final: dict[str, list[float]] = defaultdict(list)
     learned: dict[str, list[float]] = defaultdict(list)
     runs = 0
     for f in sorted((root / method).glob("order-*/seed*/results.json")):
+        if orders is not None and f.parent.parent.name.removeprefix("order-") not in orders:
+            continue
         r = json.loads(f.read_text())
         src = r.get("fast") if fast else r
         if not src:
@@ -41,8 +45,10 @@ def main() -> int:
     ap.add_argument("study", type=Path)
     ap.add_argument("methods", nargs="+")
     ap.add_argument("--fast", action="store_true", help="the fast adapter of dual runs")
+    ap.add_argument("--orders", help="comma-separated orders to keep (default: every order)")
     args = ap.parse_args()
-    results = {m: per_task(args.study, m, args.fast) for m in args.methods}
+    orders = args.orders.split(",") if args.orders else None
+    results = {m: per_task(args.study, m, args.fast, orders) for m in args.methods}
     tasks = sorted({t for final, _, _ in results.values() for t in final})
     print("| method | runs | " + " | ".join(f"{t}: learned / end" for t in tasks) + " |")
     print("|---" * (len(tasks) + 2) + "|")
