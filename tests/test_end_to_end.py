@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 from plain_eval import greedy_row
+from tiny_runs import LEARNED  # tests that need a task learned (>= 90 %)
 
 from surecl.config import build_config, load_yaml, preset_names
 from surecl.data.loading import load_stream
@@ -21,10 +22,6 @@ def cache_dir(tmp_path_factory):
 
 METHOD_PRESETS = [p for p in preset_names() if load_yaml(p)[0].get("kind") == "method"]
 FAST = ["train.epochs=1", "data.n_train=16", "data.n_test=8", "data.tasks=[colors,animals]"]
-# Tests that need a task learned (>= 90 %) train 12 epochs: at the tiny preset's 8 a seed's first
-# task lands at 75-100 % depending on the CPU's kernels (seed 0: 100 on one AVX512-BF16 machine,
-# 75-87.5 on an AMD EPYC with the same flags); at 12 every seed 0-4 reached 100 on both tasks.
-LEARNED = "train.epochs=12"
 
 
 @pytest.mark.parametrize("preset", METHOD_PRESETS)

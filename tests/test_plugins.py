@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from tiny_runs import LEARNED  # a task learned on every CPU
 
 import surecl
 from surecl import registry
@@ -242,7 +243,7 @@ def frozen():
 
 
 def test_registered_method_and_policy_run_end_to_end(frozen, tmp_path, tiny_cache, capsys):
-    base = ["data.tasks=[colors,animals]", "data.n_test=16", "train.epochs=12"]  # learned on every CPU (8: 81 % on some)
+    base = ["data.tasks=[colors,animals]", "data.n_test=16", LEARNED]
     seq = surecl.run(build_config("tiny,seq_lora", base), tmp_path / "seq", progress=False, cache_dir=tiny_cache)
     res = surecl.run(build_config("tiny,seq_lora", base + ["method=frozen"]), tmp_path / "frozen", progress=False, cache_dir=tiny_cache)
     a, s = res["accuracy_matrix"], seq["accuracy_matrix"]
