@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 from plain_eval import greedy_row
-from tiny_runs import LEARNED  # tests that need a task learned (>= 90 %)
+from tiny_runs import LEARNED  # enough epochs for a task learned (>= 90 %)
 
 from surecl.config import build_config, load_yaml, preset_names
 from surecl.data.loading import load_stream

@@ -598,7 +598,7 @@ class ContinualRun:
             "model_path": self.model_path,
             "base_dtype": self.base_dtype,
             "device": str(self.device),
-            "host": self.state.hosts[-1] if self.state.hosts else host_info(self.device),
+            "host": self.state.hosts[-1],  # _run added this machine before any results
             "hosts": self.state.hosts,
         }
 
