@@ -340,7 +340,7 @@ def test_surprise_vs_reservoir_uses_fast_rows_and_forgetting_direction(tmp_path)
 def test_custom_claims_and_errors(runs):
     rep = paper_report([runs], claims="none", custom_claims=["seq_lora > slow_surprise", "slow_surprise (fast)<slow_surprise"])
     assert rep.claims == [("seq_lora", "slow_surprise"), ("slow_surprise", "slow_surprise (fast)")]
-    by = {(r["claim"], r["benchmark"]): r["verdict"] for r in csv.DictReader(io.StringIO(rep.tables[-2].csv))}
+    by = {(r["claim"], r["benchmark"]): r["verdict"] for r in csv.DictReader(io.StringIO(next(t for t in rep.tables if t.name == "claims").csv))}
     assert by[("seq_lora > slow_surprise", "all")] == "contradicted"
     rows = Study.load([runs]).rows
     for bad, words in [("seq_lora", "must look like"), ("a>b>c", "must look like"), (">seq_lora", "name a row"),
@@ -432,7 +432,7 @@ def test_cli_paper_layout_writes_files(runs, tmp_path, capsys):
     argv = ["report", str(runs), "--layout", "paper", "--out-dir", str(out), "--claim", "slow_surprise (fast)>seq_lora", "--md", str(tmp_path / "all.md")]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    for name in ("report.md", "main.md", "main.csv", "forgetting.md", "forgetting.csv", "claims.md", "claims.csv", "missing.md", "missing.csv"):
+    for name in ("report.md", "main.md", "main.csv", "forgetting.md", "forgetting.csv", "claims.md", "claims.csv", "missing.md", "missing.csv", "timing.md", "timing.csv"):
         assert (out / name).is_file(), name
     assert "| seq_lora | 42.0 ± 2.8 |" in (out / "main.md").read_text()
     assert "slow_surprise (fast) > seq_lora" in (out / "claims.md").read_text()
@@ -493,7 +493,7 @@ def test_perplexity_runs(tmp_path):
     md = rep.markdown()
     assert "perplexity, lower is better" in md
     assert table_rows(md, "Main table")["seq_lora"] == ["20.50 ± 0.71"]
-    by = {r["benchmark"]: r for r in csv.DictReader(io.StringIO(rep.tables[-2].csv))}
+    by = {r["benchmark"]: r for r in csv.DictReader(io.StringIO(next(t for t in rep.tables if t.name == "claims").csv))}
     assert by["default" if "default" in by else "other"]["verdict"] == "shown"  # 4 points lower, sd 0
 
 
@@ -547,3 +547,34 @@ def test_footer_names_at_most_limit_empty_cells():
 
     text = _footer([], [f"row{i} s1" for i in range(35)], limit=30)
     assert "row29 s1; … and 5 more." in text and "row30 s1" not in text
+
+
+def test_timing_table_totals_per_benchmark_and_host(tmp_path):
+    """The study's time per (benchmark, host): a dual run counts once, a run without timing is
+    counted but not timed, and thread-hours use the run's own thread count."""
+    root = tmp_path / "runs"
+    machine_a = {"cpu": "Xeon", "cpu_flags": ["avx512_bf16"], "threads": 2, "torch": "2.13.0"}
+    machine_b = {"cpu": "EPYC", "cpu_flags": ["avx2"], "threads": 1, "torch": "2.13.0"}
+    spec = [("seq_lora", "1", 0, machine_a, 600.0), ("slow_surprise", "1", 0, machine_a, 1000.0),
+            ("seq_lora", "2", 0, machine_b, 1800.0), ("slow_surprise", "2", 0, machine_b, 3600.0),
+            ("seq_lora", "4", 0, machine_b, 7200.0), ("slow_surprise", "4", 0, machine_b, None)]
+    for row, order, seed, host, secs in spec:
+        d = put(root, row, order, seed, 60.0, 70.0, fast=(55.0, 65.0) if row == "slow_surprise" else None)
+        res = json.loads((d / "results.json").read_text())
+        res["host"], res["base_dtype"] = host, "float32"
+        if secs is not None:
+            res["timing"] = {"train": secs / 2, "score": 0.0, "eval": secs / 2, "total": secs}
+        (d / "results.json").write_text(json.dumps(res))
+    rep = paper_report([root])
+    table = next(t for t in rep.tables if t.name == "timing")
+    rows = list(csv.DictReader(io.StringIO(table.csv)))
+    by = {(r["benchmark"], r["host"].split()[0]): r for r in rows}
+    sa, sb = by[("Standard CL", "Xeon")], by[("Standard CL", "EPYC")]
+    assert (sa["runs"], sa["timed"], float(sa["median_s"]), float(sa["total_s"]), float(sa["thread_s"])) == ("2", "2", 800.0, 1600.0, 3200.0)
+    assert (sb["runs"], float(sb["min_s"]), float(sb["max_s"]), float(sb["thread_s"])) == ("2", 1800.0, 3600.0, 5400.0)
+    lnt = by[("LNT", "EPYC")]
+    assert (lnt["runs"], lnt["timed"], float(lnt["total_s"])) == ("2", "1", 7200.0)  # the untimed run is counted, not timed
+    total = by[("all", "all")]
+    assert (total["runs"], total["timed"], float(total["total_s"])) == ("6", "5", 14200.0)
+    md = rep.markdown()
+    assert "## Wall time" in md and "3.94" in table_rows(md, "Wall time")["all"][5]  # 14200 s = 3.94 h

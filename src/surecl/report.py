@@ -11,7 +11,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import fmean, pstdev, stdev
+from statistics import fmean, median, pstdev, stdev
 
 from surecl.checkpoint import write_text
 from surecl.errors import SureclError
@@ -294,6 +294,8 @@ class Record:
     tasks: list[str] = field(default_factory=list)
     matrix: list[list[float | None]] | None = None
     host: str | None = None  # host_key: where the run ran, None for runs that did not record it
+    seconds: float | None = None  # results.json timing.total: the run's own train + score + eval time
+    threads: int | None = None  # torch threads of the run's last recorded host
 
 
 # The kernel flags whose presence changes which matmul kernels (and so which rounding) a CPU run uses.
@@ -317,6 +319,17 @@ def host_key(results: dict) -> str | None:
         if not keys or keys[-1] != key:
             keys.append(key)
     return " then ".join(keys) + (f" {results['base_dtype']}" if results.get("base_dtype") else "")
+
+
+def _run_seconds(results: dict) -> float | None:
+    t = (results.get("timing") or {}).get("total") if isinstance(results.get("timing"), dict) else None
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 else None
+
+
+def _run_threads(results: dict) -> int | None:
+    host = results.get("host")
+    n = host.get("threads") if isinstance(host, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
 @dataclass
@@ -456,7 +469,8 @@ class Study:
                 if key in records:
                     raise SureclError(f"report: two runs of row {name!r}, order {order}, seed {seed}: {records[key].path} and {f.parent}; report them separately")
                 records[key] = Record(name, order, seed, {m: src.get(m) for m in METRICS}, f.parent,
-                                      list(r.get("tasks") or []), src.get("accuracy_matrix"), host_key(r))
+                                      list(r.get("tasks") or []), src.get("accuracy_matrix"), host_key(r),
+                                      _run_seconds(r), _run_threads(r))
         # expected runs: the plans, then every combination seen among runs no plan covers
         expected: dict[Key, str] = {}
         plan_dirs = []
@@ -623,7 +637,7 @@ def _footer(missing: list[Missing], empty: list[str], limit: int = 30) -> str:
 
 @dataclass
 class Table:
-    name: str  # file stem: main, forgetting, ablation_<key>, claims, missing
+    name: str  # file stem: main, forgetting, ablation_<key>, claims, timing, missing
     title: str
     markdown: str  # caption + table + footer
     csv: str
@@ -910,6 +924,42 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
     return Table("claims", f"Claims ({_LABEL[metric]}, paired)", caption + "\n\n" + _md(header, body), _csv(csv_rows))
 
 
+def timing_table(st: Study) -> Table:
+    """Where the study's time went: per benchmark and host, the runs, the median and range of a
+    run's wall time and the total (results.json ``timing.total``). A dual run's fast row is the
+    same run and is not counted twice."""
+    runs = [rec for (row, _, _), rec in st.records.items() if not row.endswith(FAST)]
+    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for rec in runs:
+        groups[(st.bench_of.get(rec.order, f"order {rec.order}"), rec.host or "(not recorded)")].append(rec)
+    bench_rank = {b: i for i, b in enumerate(st.benchmarks)}
+    header = ["benchmark", "host", "runs", "timed", "median s", "min-max s", "total h", "thread-h"]
+    body, csv_rows = [], [["benchmark", "host", "runs", "timed", "median_s", "min_s", "max_s", "total_s", "thread_s"]]
+
+    def line(bench: str, host: str, recs: list[Record]) -> None:
+        secs = sorted(r.seconds for r in recs if r.seconds is not None)
+        thread_s = sum(r.seconds * r.threads for r in recs if r.seconds is not None and r.threads is not None)
+        untimed_threads = any(r.seconds is not None and r.threads is None for r in recs)
+        med = median(secs) if secs else None
+        f = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+        body.append([bench, host, str(len(recs)), str(len(secs)), f(med), f"{f(secs[0])}-{f(secs[-1])}" if secs else "-",
+                     f"{sum(secs) / 3600:.2f}" if secs else "-",
+                     ("-" if untimed_threads or not secs else f"{thread_s / 3600:.2f}")])
+        lo, hi = (round(secs[0], 3), round(secs[-1], 3)) if secs else ("", "")
+        csv_rows.append([bench, host, len(recs), len(secs), "" if med is None else round(med, 3), lo, hi,
+                         round(sum(secs), 3), "" if untimed_threads or not secs else round(thread_s, 3)])
+
+    for (bench, host), recs in sorted(groups.items(), key=lambda kv: (bench_rank.get(kv[0][0], len(bench_rank)), kv[0][0], kv[0][1])):
+        line(bench, host, recs)
+    if len(groups) > 1:
+        line("all", "all", runs)
+    caption = ("Time per run: results.json `timing.total`, the wall seconds of the run after its model is loaded "
+               "(training, surprise scoring, evaluation, checkpoints; a resumed run counts what its checkpoints kept). "
+               "thread-h = seconds x the run's torch threads (- where a run did not record them). Runs that shared a "
+               "machine's cores with another worker took longer than they would alone.")
+    return Table("timing", "Wall time", caption + "\n\n" + _md(header, body), _csv(csv_rows))
+
+
 def missing_table(st: Study, metric: str, rows: list[str]) -> Table:
     miss = st.missing_runs(metric, rows)
     csv_rows = [["row", "order", "seed", "path", "why"]] + [[m.row, m.order, m.seed, m.path, m.why] for m in miss]
@@ -942,7 +992,7 @@ def paper_report(paths: list[Path], metric: str = "fp", fast: bool = True, claim
     rep.claims = pairs
     rows = rep.shown_rows
     rep.tables = [main_table(st, metric, rows), forgetting_table(st, rows), *ablation_tables(st, metric, rows),
-                  claims_table(st, metric, pairs), missing_table(st, metric, rows)]
+                  claims_table(st, metric, pairs), missing_table(st, metric, rows), timing_table(st)]
     rep.heatmaps = heatmap_panels(st, [r for r in rows if not parse_row(r)[1]])
     return rep
 
