@@ -11,7 +11,7 @@ and the labels no run kept at all (a random pick misses different labels in diff
 rule that misses the same ones never rehearses them).
 
 Usage (from the repository root):
-  python bench/buffer_labels.py studies/smollm2 slow_surprise slow_reservoir random
+  python bench/buffer_labels.py studies/smollm2 slow_surprise slow_reservoir random [--seeds 0,1]
 A method is a folder under the study (a grid point is named the same way, e.g.
 ``surprise/train.epochs=2``).
 """
@@ -48,14 +48,16 @@ def random_tv(k: int, m: int, draws: int = 2000) -> float:
     return total / draws
 
 
-def per_task(root: Path, method: str):
+def per_task(root: Path, method: str, seeds: set[str] | None = None):
     """Per task: each run's spread, the number of labels, the examples kept, and the labels
-    every run left out."""
+    every run left out (only the runs of ``seeds`` when given)."""
     rows: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
     n_labels: dict[str, int] = {}
     kept: dict[str, int] = {}
     never: dict[str, set[str]] = {}
     for f in sorted((root / method).glob("order-*/seed*/results.json")):
+        if seeds is not None and f.parent.name.removeprefix("seed") not in seeds:
+            continue
         labels = json.loads(f.read_text()).get("buffer", {}).get("labels")
         for task, counts in (labels or {}).items():
             s = spread(counts)
@@ -72,11 +74,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("study", type=Path)
     ap.add_argument("methods", nargs="+")
+    ap.add_argument("--seeds", help="comma-separated seeds to read (default: every seed)")
     args = ap.parse_args()
+    seeds = None if args.seeds is None else {s.strip() for s in args.seeds.split(",") if s.strip()}
     print("| method | task | runs | kept | labels held | largest share | TV from uniform | a random pick's TV | kept by no run |")
     print("|---|---|---|---|---|---|---|---|---|")
     for m in args.methods:
-        rows, n_labels, kept, never = per_task(args.study, m)
+        rows, n_labels, kept, never = per_task(args.study, m, seeds)
         if not rows:
             print(f"| {m} | (no run with buffer labels) | 0 | | | | | | |")
         for task in sorted(rows):
