@@ -627,7 +627,8 @@ def _footer(missing: list[Missing], empty: list[str], limit: int = 30) -> str:
     if missing:
         names = [f"{m.row} order {m.order} seed {m.seed}" for m in missing]
         more = f"; … and {len(names) - limit} more" if len(names) > limit else ""
-        lines.append(f"{DAGGER} incomplete: computed from fewer runs than expected ({len(missing)} missing, paths under \"Missing runs\"): "
+        lines.append(f"{DAGGER} incomplete: computed from fewer runs than expected ({len(missing)} values missing: a dual run's slow and fast rows count "
+                     "apart; the runs are under \"Missing runs\"): "
                      + "; ".join(names[:limit]) + more + ".")
     if empty:  # a study's grid rows leave most cells unplanned: name a few, count the rest
         more = f"; … and {len(empty) - limit} more" if len(empty) > limit else ""
