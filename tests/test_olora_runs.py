@@ -13,6 +13,7 @@ from plain_eval import greedy_row
 from tiny_runs import LEARNED  # enough epochs for a task learned (>= 90 %)
 
 from surecl.config import build_config
+from surecl.methods.olora import orth_penalty
 from surecl.plugins.base import Plugin
 from surecl.trainer import ContinualRun, run
 
@@ -146,22 +147,23 @@ def test_olora_combines_with_replay(tmp_path, tiny_cache):
     assert r.method.filled == 2 and all(v is not None for v in res["accuracy_matrix"][-1])
 
 
-@pytest.mark.slow
-def test_olora_keeps_more_of_earlier_tasks_than_seq_lora(tmp_path, tiny_cache):
-    """Scored by label ranking among each task's own labels (``eval.mode=rank``): on the tiny
-    class-incremental stream greedy generation answers every earlier prompt with the newest
-    task's labels, for O-LoRA as for SeqLoRA (measured: 0 % kept by both, seeds 0-2). Ranked,
-    SeqLoRA keeps earlier tasks near chance (50 %) and O-LoRA, whose earlier LoRAs are kept,
-    well above it. Averaged over three seeds (measured mean retention at 12 epochs on an
-    AVX512-BF16 machine: seq_lora 55.6, olora 72.2, and 70.1 with olora.lambda_orth=0, the summed
-    per-task LoRAs alone; at 16 epochs on an AVX2-only one: seq_lora 44.4, olora 94.4)."""
-    retained: dict[str, list[float]] = {}
-    for preset in ("seq_lora", "olora"):
-        for seed in (0, 1, 2):
-            cfg = build_config(f"tiny,{preset}", [THREE, "eval.mode=rank", f"seed={seed}", LEARNED])
-            a = run(cfg, tmp_path / f"{preset}{seed}", progress=False, cache_dir=tiny_cache)["accuracy_matrix"]
-            assert a[0][0] >= 90.0, f"{preset} did not learn the first task: {a}"
-            retained.setdefault(preset, []).append(sum(a[-1][:-1]) / 2)
-    mean = {k: sum(v) / len(v) for k, v in retained.items()}
-    assert mean["seq_lora"] <= 62.5, retained  # near chance: forgotten
-    assert mean["olora"] >= mean["seq_lora"] + 10, retained
+def test_orthogonality_penalty_turns_each_new_lora_away_from_the_earlier_ones(tmp_path, tiny_cache):
+    """What O-LoRA's training does with its penalty: at the end of the stream the last task's A is
+    nearly orthogonal to the earlier tasks' (sum_layers sum_i ||A_i A_t^T||^2 at 0.16-0.20 of the
+    same run's with olora.lambda_orth=0, seeds 0-2), where without the penalty it overlaps them as
+    any trained A does. Whether that keeps more of the earlier tasks on the tiny stream depends on
+    the processor: ranked retention over seeds 0-2 was 72.2 against SeqLoRA's 55.6 on one
+    AVX512-BF16 machine, 94.4 against 44.4 on an AVX2-only one and 54.9 against 63.2 on an AMD
+    EPYC with AVX512-BF16 (``bench/tiny_outcomes.py --only rank_retention``): a tiny run is
+    chaotic, so that is a measurement, not a property a test can hold."""
+    overlap = {}
+    for lam in ("0.5", "0"):
+        for seed in (0, 1):
+            cfg = build_config("tiny,olora", [THREE, "data.n_train=32", "data.n_test=8", "train.epochs=4", f"olora.lambda_orth={lam}", f"seed={seed}"])
+            r = ContinualRun(cfg, tmp_path / f"{lam}-{seed}", progress=False, cache_dir=tiny_cache)
+            r.run()
+            n = r.method.filled * r.method.rank
+            assert n == 2 * cfg.lora.r
+            overlap.setdefault(lam, []).append(float(sum(orth_penalty(layer.past_a[:n], layer.fast_a) for layer in r.method.layers)))
+    assert all(o > 1.0 for o in overlap["0"]), overlap
+    assert all(p <= 0.35 * o for p, o in zip(overlap["0.5"], overlap["0"])), overlap

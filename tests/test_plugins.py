@@ -249,7 +249,9 @@ def test_registered_method_and_policy_run_end_to_end(frozen, tmp_path, tiny_cach
     a, s = res["accuracy_matrix"], seq["accuracy_matrix"]
     assert a[0] == s[0] and a[0][0] >= 90.0  # the first task trains as under seq_lora
     assert a[1][0] == a[0][0]  # frozen after it: the first task is kept exactly ...
-    assert s[1][0] <= 10.0 and s[1][1] >= 75.0, s  # ... where seq_lora forgets it and learns the second
+    # ... where seq_lora forgets it and learns the second (68.75-100 over seeds 0-5 on the CPUs
+    # measured, bench/tiny_outcomes.py second_task)
+    assert s[1][0] <= 10.0 and s[1][1] >= 50.0, s
     assert a[1][1] <= 10.0, a  # ... and the second task is not learned
     assert res["config"]["method"] == "frozen"
     # through the CLI, in process: the same run; list and --help show the registered names
