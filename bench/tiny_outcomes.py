@@ -12,9 +12,13 @@ Prints, per quantity, every seed's value and the mean of the tests' seeds 0-2 an
   retention/<preset>: mean accuracy on the two earlier tasks after the third (greedy), the
       quantity of tests/test_end_to_end.py::test_replay_keeps_more_of_earlier_tasks_than_seq_lora
   rank_retention/<preset>: the same scored by label ranking (tests/test_olora_runs.py)
-  second_task/seq_lora: seq_lora on [colors, animals] with 16 test examples: the first task after
-      the second, and the second (tests/test_plugins.py's registered-method test)
+  second_task/seq_lora: seq_lora on [colors, animals] with 16 test examples: the first task right
+      after it, the first task after the second, and the second (tests/test_plugins.py's
+      registered-method test)
   mtl: the final row of MTL over three tasks (tests/test_method_outcomes.py)
+  orth_overlap/<lambda>: O-LoRA's last A against the earlier tasks' at the end of a small run,
+      with the orthogonality penalty (0.5) and without (0), and their ratio
+      (tests/test_olora_runs.py's penalty test)
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from tiny_runs import LEARNED  # noqa: E402
+from tiny_runs import LEARNED, orth_overlap  # noqa: E402
 
 from surecl import run  # noqa: E402
 from surecl.config import build_config  # noqa: E402
@@ -34,7 +38,7 @@ from surecl.config import build_config  # noqa: E402
 THREE = "data.tasks=[colors,animals,numbers]"
 
 
-def _row(preset: str, overrides: list[str], out: Path, cache: Path) -> list[list[float]]:
+def _matrix(preset: str, overrides: list[str], out: Path, cache: Path) -> list[list[float]]:
     return run(build_config(f"tiny,{preset}", overrides), out, progress=False, cache_dir=cache)["accuracy_matrix"]
 
 
@@ -57,17 +61,22 @@ def main() -> None:
             extra = [f"seed={seed}", *args.overrides]
             for preset in ("seq_lora", "surprise", "reservoir"):
                 if wanted(f"retention/{preset}"):
-                    a = _row(preset, [THREE, LEARNED, *extra], Path(tmp) / f"g-{preset}-{seed}", cache)
+                    a = _matrix(preset, [THREE, LEARNED, *extra], Path(tmp) / f"g-{preset}-{seed}", cache)
                     results.setdefault(f"retention/{preset}", []).append(sum(a[-1][:-1]) / 2)
             for preset in ("seq_lora", "olora"):
                 if wanted(f"rank_retention/{preset}"):
-                    a = _row(preset, [THREE, "eval.mode=rank", LEARNED, *extra], Path(tmp) / f"r-{preset}-{seed}", cache)
+                    a = _matrix(preset, [THREE, "eval.mode=rank", LEARNED, *extra], Path(tmp) / f"r-{preset}-{seed}", cache)
                     results.setdefault(f"rank_retention/{preset}", []).append(sum(a[-1][:-1]) / 2)
             if wanted("second_task"):
-                a = _row("seq_lora", ["data.tasks=[colors,animals]", "data.n_test=16", LEARNED, *extra], Path(tmp) / f"s-{seed}", cache)
+                a = _matrix("seq_lora", ["data.tasks=[colors,animals]", "data.n_test=16", LEARNED, *extra], Path(tmp) / f"s-{seed}", cache)
                 results.setdefault("second_task/seq_lora", []).append((a[0][0], a[1][0], a[1][1]))
+            if wanted("orth_overlap"):
+                for lam in ("0.5", "0"):
+                    value = orth_overlap(Path(tmp) / f"o-{lam}-{seed}", cache, [f"olora.lambda_orth={lam}", *extra])
+                    results.setdefault(f"orth_overlap/{lam}", []).append(value)
+                results.setdefault("orth_overlap/ratio", []).append(results["orth_overlap/0.5"][-1] / results["orth_overlap/0"][-1])
             if wanted("mtl"):
-                a = _row("mtl", [THREE, *extra], Path(tmp) / f"m-{seed}", cache)
+                a = _matrix("mtl", [THREE, *extra], Path(tmp) / f"m-{seed}", cache)
                 results.setdefault("mtl", []).append(tuple(a[-1]))
             print(f"seed {seed} done", flush=True)
     for name, values in results.items():
@@ -75,8 +84,8 @@ def main() -> None:
             print(f"{name}: {[tuple(round(v, 1) for v in row) for row in values]}")
             continue
         first = values[:3]
-        print(f"{name}: {[round(v, 1) for v in values]}; mean seeds 0-2 {sum(first) / len(first):.1f}, "
-              f"all {sum(values) / len(values):.1f}, max {max(values):.1f}, min {min(values):.1f}")
+        print(f"{name}: {[round(v, 2) for v in values]}; mean seeds 0-2 {sum(first) / len(first):.2f}, "
+              f"all {sum(values) / len(values):.2f}, max {max(values):.2f}, min {min(values):.2f}")
 
 
 if __name__ == "__main__":

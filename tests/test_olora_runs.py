@@ -1,7 +1,7 @@
 """O-LoRA and N-LoRA in real tiny runs: the first task trains exactly as SeqLoRA, earlier
 tasks' LoRAs do not move while a later task trains, every forward of the evaluation uses all
-of them, the saved adapter reproduces the evaluation with plain PEFT, replay combines, and on
-the class-incremental tiny stream O-LoRA keeps more of the earlier tasks than SeqLoRA."""
+of them, the saved adapter reproduces the evaluation with plain PEFT, replay combines, and the
+orthogonality penalty turns each new task's A away from the earlier tasks' as it trains."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import json
 import pytest
 import torch
 from plain_eval import greedy_row
-from tiny_runs import LEARNED  # enough epochs for a task learned (>= 90 %)
+from tiny_runs import LEARNED, orth_overlap  # LEARNED: enough epochs for a task learned (>= 90 %)
 
 from surecl.config import build_config
-from surecl.methods.olora import orth_penalty
 from surecl.plugins.base import Plugin
 from surecl.trainer import ContinualRun, run
 
@@ -149,21 +148,17 @@ def test_olora_combines_with_replay(tmp_path, tiny_cache):
 
 def test_orthogonality_penalty_turns_each_new_lora_away_from_the_earlier_ones(tmp_path, tiny_cache):
     """What O-LoRA's training does with its penalty: at the end of the stream the last task's A is
-    nearly orthogonal to the earlier tasks' (sum_layers sum_i ||A_i A_t^T||^2 at 0.16-0.20 of the
-    same run's with olora.lambda_orth=0, seeds 0-2), where without the penalty it overlaps them as
-    any trained A does. Whether that keeps more of the earlier tasks on the tiny stream depends on
-    the processor: ranked retention over seeds 0-2 was 72.2 against SeqLoRA's 55.6 on one
-    AVX512-BF16 machine, 94.4 against 44.4 on an AVX2-only one and 54.9 against 63.2 on an AMD
-    EPYC with AVX512-BF16 (``bench/tiny_outcomes.py --only rank_retention``): a tiny run is
-    chaotic, so that is a measurement, not a property a test can hold."""
+    nearly orthogonal to the earlier tasks' (sum_layers ||A_past A_t^T||^2 at 0.16-0.20 of the
+    same run's with olora.lambda_orth=0, where it is 11.9-12.4; seeds 0-2 at these settings on an
+    AMD EPYC with AVX512-BF16, ``bench/tiny_outcomes.py --only orth_overlap``). Whether that keeps
+    more of the earlier tasks on the tiny stream depends on the processor: ranked retention over
+    seeds 0-2 was 72.2 against SeqLoRA's 55.6 at 12 epochs on one AVX512-BF16 machine, 94.4
+    against 44.4 at 16 epochs on an AVX2-only one and 54.9 against 63.2 at 16 epochs on the AMD
+    EPYC with AVX512-BF16 (``--only rank_retention``): a tiny run is chaotic, so that is a
+    measurement, not a property a test can hold."""
     overlap = {}
     for lam in ("0.5", "0"):
         for seed in (0, 1):
-            cfg = build_config("tiny,olora", [THREE, "data.n_train=32", "data.n_test=8", "train.epochs=4", f"olora.lambda_orth={lam}", f"seed={seed}"])
-            r = ContinualRun(cfg, tmp_path / f"{lam}-{seed}", progress=False, cache_dir=tiny_cache)
-            r.run()
-            n = r.method.filled * r.method.rank
-            assert n == 2 * cfg.lora.r
-            overlap.setdefault(lam, []).append(float(sum(orth_penalty(layer.past_a[:n], layer.fast_a) for layer in r.method.layers)))
-    assert all(o > 1.0 for o in overlap["0"]), overlap
+            overlap.setdefault(lam, []).append(orth_overlap(tmp_path / f"{lam}-{seed}", tiny_cache, [f"olora.lambda_orth={lam}", f"seed={seed}"]))
+    assert all(o > 5.0 for o in overlap["0"]), overlap
     assert all(p <= 0.35 * o for p, o in zip(overlap["0.5"], overlap["0"])), overlap
