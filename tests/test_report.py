@@ -9,6 +9,7 @@ import io
 import json
 import math
 import shutil
+from statistics import stdev
 
 import pytest
 import torch
@@ -27,7 +28,9 @@ SLOW = {("1", 0): 60.0, ("1", 1): 64.0, ("2", 0): 70.0, ("2", 1): 72.0, ("4", 0)
 FASTV = {("1", 0): 55.0, ("1", 1): 57.0, ("2", 0): 66.0, ("2", 1): 66.0, ("4", 0): 45.0, ("4", 1): 47.0}
 
 
-def results(row, order, seed, fp, ap, fast=None, kind="accuracy"):
+def results(row, order, seed, fp, ap, fast=None, kind="accuracy", draw=None):
+    """``draw``: config data.draw ("shared" or "order"); None leaves the key out, as results.json
+    files from before it existed do (read as "shared")."""
     method = row.split()[0].removesuffix(" (fast)")
     res = {
         "tasks": ["a", "b"], "metric": kind, "accuracy_matrix": [[ap, None], [fp, ap]],
@@ -35,6 +38,8 @@ def results(row, order, seed, fp, ap, fast=None, kind="accuracy"):
         "config": {"preset": row, "method": "sequential", "seed": seed, "data": {"order": order}, "dual": {"enabled": fast is not None},
                    "replay": {"policy": "surprise" if "surprise" in method else "none"}},
     }
+    if draw is not None:
+        res["config"]["data"]["draw"] = draw
     if fast is not None:
         fast_fp, fast_ap = fast
         res["fast"] = {"accuracy_matrix": [[fast_ap, None], [fast_fp, fast_ap]], "fp": fast_fp, "ap": fast_ap,
@@ -46,21 +51,31 @@ def rel(row, order, seed):
     return "/".join([*row.split(), f"order{order}", f"seed{seed}"])
 
 
-def put(root, row, order, seed, fp, ap, fast=None, kind="accuracy"):
+def put(root, row, order, seed, fp, ap, fast=None, kind="accuracy", draw=None):
     d = root / rel(row, order, seed)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "results.json").write_text(json.dumps(results(row, order, seed, fp, ap, fast, kind)))
+    (d / "results.json").write_text(json.dumps(results(row, order, seed, fp, ap, fast, kind, draw)))
     return d
+
+
+def make_runs(root, draw=None):
+    for (order, seed), fp in SEQ.items():
+        put(root, "seq_lora", order, seed, fp, 80.0, draw=draw)
+    for (order, seed), fp in SLOW.items():
+        put(root, "slow_surprise", order, seed, fp, 90.0, fast=(FASTV[(order, seed)], 85.0), draw=draw)
+    return root
 
 
 @pytest.fixture
 def runs(tmp_path):
-    root = tmp_path / "runs"
-    for (order, seed), fp in SEQ.items():
-        put(root, "seq_lora", order, seed, fp, 80.0)
-    for (order, seed), fp in SLOW.items():
-        put(root, "slow_surprise", order, seed, fp, 90.0, fast=(FASTV[(order, seed)], 85.0))
-    return root
+    """Runs from before data.draw was recorded: shared samples, so the seed is the claims' unit."""
+    return make_runs(tmp_path / "runs")
+
+
+@pytest.fixture
+def runs_order(tmp_path):
+    """The same numbers drawn per (order, seed) (data.draw=order): every pair is a unit."""
+    return make_runs(tmp_path / "runs_order", draw="order")
 
 
 def table_rows(md: str, title: str) -> dict[str, list[str]]:
@@ -293,24 +308,39 @@ def test_write_sweep_plan_merges(tmp_path):
 # --------------------------------------------------------------------------- claims
 
 
-def test_default_claims(runs):
-    rep = paper_report([runs])
+def test_default_claims(runs_order):
+    """Independent draws (data.draw=order): every (order, seed) pair is a unit."""
+    rep = paper_report([runs_order])
     assert rep.claims == [("slow_surprise", "slow_surprise (fast)"), ("slow_surprise", "seq_lora")]
-    rows = [r for r in csv.DictReader(io.StringIO(next(t for t in rep.tables if t.name == "claims").csv))]
+    claims = next(t for t in rep.tables if t.name == "claims")
+    rows = [r for r in csv.DictReader(io.StringIO(claims.csv))]
     by = {(r["claim"], r["benchmark"]): r for r in rows}
     # slow - fast on Standard CL: o1 {5, 7}, o2 {4, 6} -> mean 5.5, sd 1.291, CI 5.5 ± 3.182 * 1.291 / 2
     scl = by[("slow_surprise > slow_surprise (fast)", "Standard CL")]
-    assert (int(scl["n"]), float(scl["mean_diff"]), scl["verdict"]) == (4, 5.5, "shown")
+    assert (int(scl["n"]), float(scl["mean_diff"]), scl["verdict"], scl["unit"]) == (4, 5.5, "shown", "order_seed")
     assert float(scl["ci_lo"]) == pytest.approx(5.5 - t_ppf(0.975, 3) * math.sqrt(5 / 3) / 2)
-    # LNT: {5, 7}, n = 2: t_{0.975,1} = 12.706 -> [-6.7, 18.7] contains 0
+    t = 5.5 / (math.sqrt(5 / 3) / 2)
+    assert float(scl["t_stat"]) == pytest.approx(t, abs=1e-5)
+    assert float(scl["t_p"]) == pytest.approx(2 * (1 - t_cdf(t, 3)), abs=1e-6)
+    # Holm over the two Standard CL claims: slow > seq_lora differs by 20 at every pair (p 0), so
+    # slow > fast is the larger p-value and keeps it (x 1)
+    assert (scl["holm_family"], float(scl["holm_p"])) == ("2", pytest.approx(float(scl["t_p"]), abs=1e-6))
+    assert (scl["sign_wins"], scl["sign_losses"], float(scl["sign_p"])) == ("4", "0", 0.125)  # 2 / 2^4
+    # LNT: {5, 7}, n = 2: t = 6 on 1 df, p = 0.1051 -> not shown
     lnt = by[("slow_surprise > slow_surprise (fast)", "LNT")]
-    assert (lnt["n"], lnt["verdict"], lnt["why"]) == ("2", "not shown", "the interval contains 0")
+    assert (lnt["n"], lnt["verdict"]) == ("2", "not shown")
+    assert float(lnt["t_p"]) == pytest.approx(1 - 2 * math.atan(6) / math.pi, abs=1e-6)  # Cauchy tail
+    assert lnt["why"].startswith("Holm p 0.105 >= 0.05")
     assert by[("slow_surprise > slow_surprise (fast)", "all")]["n"] == "6"
     assert by[("slow_surprise > seq_lora", "all")]["verdict"] == "shown"
     md = rep.markdown()
-    assert "higher is better" in md.split("## Claims")[1]
-    assert "**shown**" in md and "not shown (the interval contains 0)" in md
-
+    section = md.split("## Claims")[1]
+    assert "higher is better" in section and "unit: (order, seed) (independent draws, data.draw=order)" in section
+    assert "Verdicts use Holm-adjusted p-values at 0.05" in section
+    assert "**shown**" in md and "not shown (Holm p 0.105 >= 0.05)" in md
+    cells = table_rows(md, "Claims (FP, paired)")
+    assert cells["claim"] == ["benchmark", "n units", "mean diff (A − B)", "95 % t-interval", "t p (raw)", "Holm p",
+                              "sign test (W/L, p)", "verdict", "hosts"]
 
 
 def test_dual_grid_rows_get_a_slow_over_fast_claim(runs):
@@ -369,8 +399,10 @@ def test_claims_count_pairs_on_one_host(tmp_path):
     cross = by["slow_surprise > seq_lora"]
     assert (cross["n"], cross["same_host"], cross["other_host"], cross["host_unrecorded"]) == ("3", "1", "1", "1")
     cells = table_rows(rep.markdown(), "Claims (FP, paired)")
-    assert cells["slow_surprise > seq_lora"][-1] == "1/3 (1 unrecorded)"
-    assert cells["slow_surprise > slow_surprise (fast)"][-1] == "3/3"
+    # fewer than 3 same-host units: all units, the cross-host ones counted
+    assert cells["slow_surprise > seq_lora"][-1] == "cross-host pairs: 1, unrecorded: 1"
+    assert (cross["host_basis"], cross["n_all"]) == ("all", "3")
+    assert cells["slow_surprise > slow_surprise (fast)"][-1] == "same-host units only: 3 of 3"
     own = by["slow_surprise > slow_surprise (fast)"]  # a dual run's two adapters: one trajectory
     assert (own["same_host"], own["other_host"], own["host_unrecorded"]) == ("3", "0", "0")
     for seed in range(3):  # even where the run recorded no host
@@ -421,7 +453,7 @@ def test_n1_claim_not_shown(tmp_path):
     put(root, "slow_surprise", "1", 0, 70.0, 90.0, fast=(60.0, 85.0))
     rep = paper_report([root])
     md = rep.markdown()
-    assert "not shown (n=1: an interval needs at least two pairs)" in md
+    assert "not shown (n=1: a t-test needs at least two units)" in md
 
 
 # --------------------------------------------------------------------------- CLI
@@ -441,7 +473,8 @@ def test_cli_paper_layout_writes_files(runs, tmp_path, capsys):
     assert not list(out.glob("ablation_*"))
     # the default layout is unchanged
     assert main(["report", str(runs)]) == 0
-    assert "| seq_lora | 42.0 ± 2.0 | 51.0 ± 1.0 | 32.5 ± 2.5 | 41.8 |" in capsys.readouterr().out
+    # the orders layout: the same sample std as the paper layout's main table
+    assert "| seq_lora | 42.0 ± 2.8 | 51.0 ± 1.4 | 32.5 ± 3.5 | 41.8 |" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("extra, words", [
@@ -578,3 +611,160 @@ def test_timing_table_totals_per_benchmark_and_host(tmp_path):
     assert (total["runs"], total["timed"], float(total["total_s"])) == ("6", "5", 14200.0)
     md = rep.markdown()
     assert "## Wall time" in md and "3.94" in table_rows(md, "Wall time")["all"][5]  # 14200 s = 3.94 h
+
+
+# --------------------------------------------------------------------------- units, Holm, hosts, one std
+
+
+def claims_csv(rep) -> dict[tuple[str, str], dict]:
+    table = next(t for t in rep.tables if t.name == "claims")
+    return {(r["claim"], r["benchmark"]): r for r in csv.DictReader(io.StringIO(table.csv))}
+
+
+@pytest.mark.parametrize("draw", [None, "shared"])
+def test_shared_samples_make_the_seed_the_unit(tmp_path, draw):
+    """With shared samples (data.draw=shared, or results.json from before the key) the orders of a
+    seed train and test on the same examples: a seed's differences are averaged into one unit."""
+    rep = paper_report([make_runs(tmp_path / "r", draw)])
+    by = claims_csv(rep)
+    scl = by[("slow_surprise > slow_surprise (fast)", "Standard CL")]
+    # seed 0: orders 1, 2 differ by 5 and 4 -> 4.5; seed 1: 7 and 6 -> 6.5; n = 2 seeds, not 4 pairs
+    assert (scl["unit"], scl["n"], scl["n_all"], float(scl["mean_diff"])) == ("seed", "2", "2", 5.5)
+    assert float(scl["sd"]) == pytest.approx(math.sqrt(2))
+    assert float(scl["ci_lo"]) == pytest.approx(5.5 - t_ppf(0.975, 1) * math.sqrt(2) / math.sqrt(2))
+    assert scl["verdict"] == "not shown"  # 4 pairs said "shown"; 2 independent seeds do not
+    # "all": seed 0 averages orders 1, 2, 4 (5, 4, 5), seed 1 (7, 6, 7)
+    both = by[("slow_surprise > slow_surprise (fast)", "all")]
+    assert both["n"] == "2" and float(both["mean_diff"]) == pytest.approx((14 / 3 + 20 / 3) / 2)
+    assert all(r["unit"] == "seed" and int(r["n"]) <= 2 for r in by.values())
+    md = rep.markdown().split("## Claims")[1]
+    assert "unit: seed (samples shared across orders, data.draw=shared)" in md
+    assert table_rows(rep.markdown(), "Claims (FP, paired)")["slow_surprise > slow_surprise (fast)"][1] == "2"
+
+
+def test_order_draws_make_each_pair_a_unit(runs_order):
+    rep = paper_report([runs_order])
+    by = claims_csv(rep)
+    assert {(k[1], r["unit"], r["n"]) for k, r in by.items() if k[0] == "slow_surprise > seq_lora"} == {
+        ("Standard CL", "order_seed", "4"), ("LNT", "order_seed", "2"), ("all", "order_seed", "6")}
+    assert "unit: (order, seed) (independent draws, data.draw=order)" in rep.markdown()
+
+
+def test_mixed_draws_use_the_seed_as_unit(tmp_path):
+    root = make_runs(tmp_path / "r", draw="order")
+    for seed in (0, 1):  # seq_lora's order-1 runs drew shared samples
+        put(root, "seq_lora", "1", seed, SEQ[("1", seed)], 80.0, draw="shared")
+    by = claims_csv(paper_report([root]))
+    mixed = by[("slow_surprise > seq_lora", "Standard CL")]
+    assert (mixed["unit"], mixed["n"]) == ("seed", "2")
+    assert by[("slow_surprise > seq_lora", "LNT")]["unit"] == "order_seed"  # order 4: every run drew per order
+    assert by[("slow_surprise > slow_surprise (fast)", "Standard CL")]["n"] == "4"
+
+
+def test_holm_adjusts_over_the_claims_of_one_benchmark_group(tmp_path):
+    """Two claims each with raw p 0.035: alone each is shown; together Holm makes both 0.070, so
+    neither is, though each unadjusted interval lies above 0."""
+    root = tmp_path / "r"
+    for seed, gain in enumerate((2.0, 3.0, 4.0)):
+        put(root, "seq_lora", "1", seed, 50.0, 80.0, draw="order")
+        put(root, "ewc", "1", seed, 50.0 + gain, 80.0, draw="order")
+        put(root, "reservoir", "1", seed, 50.0 + gain, 80.0, draw="order")
+    raw = 2 * (1 - t_cdf(3 / (1 / math.sqrt(3)), 2))  # diffs 2, 3, 4: t = 3 / (1 / sqrt 3) on 2 df
+    alone = claims_csv(paper_report([root], claims="none", custom_claims=["ewc>seq_lora"]))
+    one = alone[("ewc > seq_lora", "Standard CL")]
+    assert (float(one["t_p"]), float(one["holm_p"]), one["holm_family"], one["verdict"]) == (
+        pytest.approx(raw, abs=1e-6), pytest.approx(raw, abs=1e-6), "1", "shown")
+    rep = paper_report([root], claims="none", custom_claims=["ewc>seq_lora", "reservoir>seq_lora"])
+    by = claims_csv(rep)
+    for claim in ("ewc > seq_lora", "reservoir > seq_lora"):
+        row = by[(claim, "Standard CL")]
+        assert float(row["t_p"]) == pytest.approx(raw, abs=1e-6) and raw < 0.05
+        assert float(row["holm_p"]) == pytest.approx(2 * raw, abs=1e-6) and row["holm_family"] == "2"
+        assert float(row["ci_lo"]) > 0  # the unadjusted interval excludes 0 ...
+        assert row["verdict"] == "not shown"  # ... the adjusted p decides
+        assert (row["sign_wins"], row["sign_losses"], float(row["sign_p"])) == ("3", "0", 0.25)
+    cells = table_rows(rep.markdown(), "Claims (FP, paired)")["ewc > seq_lora"]
+    assert cells[4:8] == [f"{raw:.3f}", f"{2 * raw:.3f}", "3/0, p 0.250", "not shown (Holm p 0.0702 >= 0.05)"]
+    # a contradicted claim: the mean favours B at Holm p < 0.05
+    rev = claims_csv(paper_report([root], claims="none", custom_claims=["seq_lora>ewc"]))
+    assert rev[("seq_lora > ewc", "Standard CL")]["verdict"] == "contradicted"
+
+
+def test_holm_families_are_the_benchmark_groups(runs_order):
+    from surecl.stats import holm
+
+    by = claims_csv(paper_report([runs_order]))
+    for group in ("Standard CL", "LNT", "all"):
+        rows = [r for (_, g), r in by.items() if g == group]
+        assert len(rows) == 2
+        assert [float(r["holm_p"]) for r in rows] == pytest.approx(holm([float(r["t_p"]) for r in rows]), abs=1e-6)
+
+
+HOST_A = {"cpu": "Xeon", "cpu_flags": ["avx2", "avx512_bf16"], "threads": 1, "torch": "2.13.0"}
+HOST_B = {"cpu": "EPYC", "cpu_flags": ["avx2"], "threads": 1, "torch": "2.13.0"}
+
+
+def set_hosts(path, *hosts):
+    """Record the machines a fixture run ran on (several: a run resumed on another machine)."""
+    f = path / "results.json"
+    res = json.loads(f.read_text())
+    res["host"], res["hosts"], res["base_dtype"] = hosts[-1], list(hosts), "float32"
+    f.write_text(json.dumps(res))
+
+
+def test_a_pair_across_two_recorded_hosts_is_flagged(tmp_path):
+    root = tmp_path / "r"
+    for seed in range(2):
+        set_hosts(put(root, "seq_lora", "1", seed, 50.0, 80.0, draw="order"), HOST_A)
+        set_hosts(put(root, "ewc", "1", seed, 53.0 + seed, 80.0, draw="order"), HOST_B if seed == 1 else HOST_A)
+    rep = paper_report([root], claims="none", custom_claims=["ewc>seq_lora"])
+    row = claims_csv(rep)[("ewc > seq_lora", "Standard CL")]
+    assert (row["same_host"], row["other_host"], row["host_unrecorded"], row["host_basis"], row["n"]) == ("1", "1", "0", "all", "2")
+    assert table_rows(rep.markdown(), "Claims (FP, paired)")["ewc > seq_lora"][-1] == "cross-host pairs: 1"
+
+
+def test_a_run_that_moved_between_hosts_makes_its_pair_cross_host(tmp_path):
+    """Two runs resumed the same way (A then B) share a host key, yet parts of each ran on another
+    machine: the pair is mixed, not one trajectory."""
+    root = tmp_path / "r"
+    set_hosts(put(root, "seq_lora", "1", 0, 50.0, 80.0, draw="order"), HOST_A, HOST_B)
+    set_hosts(put(root, "ewc", "1", 0, 53.0, 80.0, draw="order"), HOST_A, HOST_B)
+    row = claims_csv(paper_report([root], claims="none", custom_claims=["ewc>seq_lora"]))[("ewc > seq_lora", "Standard CL")]
+    assert (row["same_host"], row["other_host"]) == ("0", "1")
+
+
+def test_enough_same_host_units_compute_the_claim_on_them_only(tmp_path):
+    root = tmp_path / "r"
+    gains = {0: 3.0, 1: 4.0, 2: 5.0, 3: -20.0}  # seed 3 ran its two rows on different machines
+    for seed, gain in gains.items():
+        set_hosts(put(root, "seq_lora", "1", seed, 50.0, 80.0, draw="order"), HOST_A)
+        set_hosts(put(root, "ewc", "1", seed, 50.0 + gain, 80.0, draw="order"), HOST_B if seed == 3 else HOST_A)
+    rep = paper_report([root], claims="none", custom_claims=["ewc>seq_lora"])
+    row = claims_csv(rep)[("ewc > seq_lora", "Standard CL")]
+    assert (row["host_basis"], row["n"], row["n_all"], float(row["mean_diff"])) == ("same_host_only", "3", "4", 4.0)
+    assert (row["same_host"], row["other_host"]) == ("3", "1")
+    assert table_rows(rep.markdown(), "Claims (FP, paired)")["ewc > seq_lora"][-1] == "same-host units only: 3 of 4"
+
+
+def test_both_layouts_print_the_same_std(runs, capsys):
+    """The orders layout and the paper layout's main table: one convention, the sample std."""
+    from surecl.report import aggregate, find_runs, table_csv, table_markdown
+
+    put(runs, "seq_lora", "1", 2, 47.0, 80.0)  # a third seed on one order: 40, 44, 47
+    orders, rows = aggregate(find_runs([runs]))
+    default_md = table_markdown(orders, rows)
+    paper_md = paper_report([runs]).markdown()
+    paper = table_rows(paper_md, "Main table")
+    assert "sample std over seeds" in default_md and "sample std over seeds" in paper_md.split("## Forgetting")[0]
+    for line in default_md.splitlines():
+        if line.startswith("| seq_lora") or line.startswith("| slow_surprise"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            shown = [c.removesuffix(" †").split(" (n=")[0] for c in paper[cells[0]][: len(orders)]]
+            assert cells[1:1 + len(orders)] == shown, cells[0]
+    assert paper["seq_lora"][0].startswith(f"43.7 ± {stdev([40.0, 44.0, 47.0]):.1f}")  # 3.5, not pstdev's 2.9
+    assert "| seq_lora | 43.7 ± 3.5 | 51.0 ± 1.4 | 32.5 ± 3.5 |" in default_md
+    default_csv = {r["method"]: r for r in csv.DictReader(io.StringIO(table_csv(orders, rows)))}
+    main_csv = {r["row"]: r for r in csv.DictReader(io.StringIO(paper_report([runs]).tables[0].csv))}
+    for row in ("seq_lora", "slow_surprise"):
+        for o in orders:
+            assert float(default_csv[row][f"order_{o}_std"]) == pytest.approx(float(main_csv[row][f"order_{o}_std"]), abs=1e-4)

@@ -1,7 +1,9 @@
 """Reports a researcher can paste into a paper: per-run markdown and heatmap, and the
-multi-run table (one column per task order, their mean, +- std over seeds, one row per method),
-and the paper layout: main table with benchmark averages, forgetting table, ablation tables and
-plots, paired claims with Student-t intervals, and the runs a sweep planned but did not finish."""
+multi-run table (one column per task order, their mean, +- sample std over seeds, one row per
+method), and the paper layout: main table with benchmark averages, forgetting table, ablation
+tables and plots, paired claims over independent units (Student-t intervals, t and sign tests,
+Holm-adjusted verdicts, same-host units where enough exist), and the runs a sweep planned but did
+not finish. Every ± in every table and CSV of both layouts is the sample std (n − 1)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import fmean, median, pstdev, stdev
+from statistics import fmean, median, stdev
 
 from surecl.checkpoint import write_text
 from surecl.errors import SureclError
@@ -176,9 +178,14 @@ def find_runs(paths: list[Path]) -> list[dict]:
     return [r for _, r in _read_results(paths)]
 
 
-def aggregate(runs: list[dict], metric: str = "fp") -> tuple[list[str], list[tuple[str, dict[str, tuple[float, float, int]], tuple[float, float]]]]:
-    """Rows of (method, {order: (mean, std, n_seeds)}, (mean over orders, std of it))."""
-    table: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+def aggregate(runs: list[dict], metric: str = "fp") -> tuple[list[str], list[tuple[str, dict[str, tuple[float, float | None, int]], tuple[float, float | None]]]]:
+    """Rows of (method, {order: (mean, sample std, n_runs)}, (mean of the order means, its std)).
+
+    Every ± is the sample std (``statistics.stdev``, n − 1), as in the paper layout; None with
+    one value. The average's std runs over seeds: each seed's average over the orders, for the
+    seeds present in every order of the method (the paper layout's convention); None with fewer
+    than two such seeds."""
+    table: dict[str, dict[str, list[tuple[object, float]]]] = defaultdict(lambda: defaultdict(list))
     kinds = {r.get("metric", "accuracy") for r in runs}
     if len(kinds) > 1:
         raise SureclError("report: the runs mix accuracy and perplexity streams; report them separately")
@@ -186,33 +193,47 @@ def aggregate(runs: list[dict], metric: str = "fp") -> tuple[list[str], list[tup
         if r.get(metric) is None:
             continue
         cfg = r["config"]
-        table[cfg.get("preset") or cfg["method"]][str(cfg["data"]["order"])].append(r[metric])
+        table[cfg.get("preset") or cfg["method"]][str(cfg["data"]["order"])].append((_seed(cfg.get("seed")), r[metric]))
     orders = sorted({o for cells in table.values() for o in cells}, key=lambda o: (not o.isdigit(), o.zfill(3)))
     rows = []
     for method, cells in table.items():
-        stats = {o: (fmean(v), pstdev(v), len(v)) for o, v in cells.items()}
+        stats = {}
+        for o, pairs in cells.items():
+            v = [x for _, x in pairs]
+            stats[o] = (fmean(v), stdev(v) if len(v) > 1 else None, len(v))
         means = [stats[o][0] for o in orders if o in stats]
-        rows.append((method, stats, (fmean(means), pstdev(means) if len(means) > 1 else 0.0)))
+        per_order = [{s: fmean(x for s2, x in cells[o] if s2 == s) for s, _ in cells[o]} for o in orders if o in cells]
+        common = set.intersection(*(set(d) for d in per_order))
+        per_seed = [fmean(d[s] for d in per_order) for s in common]
+        rows.append((method, stats, (fmean(means), stdev(per_seed) if len(per_seed) > 1 else None)))
     return orders, rows
+
+
+STD_WORDS = "sample std over seeds (n − 1 denominator; no ± with one seed)"
 
 
 def table_markdown(orders: list[str], rows, metric: str = "fp", unit: str = "accuracy") -> str:
     head = "| method | " + " | ".join(f"Order-{o}" if o.isdigit() else o for o in orders) + " | avg |"
     shown = "perplexity, lower is better" if unit == "perplexity" else "%"
     d = 2 if unit == "perplexity" else 1
-    lines = [f"{metric.upper()} ({shown}), mean ± std over seeds", "", head, "|---" * (len(orders) + 2) + "|"]
+    lines = [f"{metric.upper()} ({shown}), mean ± {STD_WORDS}; avg = mean of the order means", "", head,
+             "|---" * (len(orders) + 2) + "|"]
     for method, stats, (avg, _) in rows:
-        cells = [f"{stats[o][0]:.{d}f} ± {stats[o][1]:.{d}f}" if o in stats else "-" for o in orders]
+        cells = [("-" if o not in stats else f"{stats[o][0]:.{d}f}" + ("" if stats[o][1] is None else f" ± {stats[o][1]:.{d}f}"))
+                 for o in orders]
         lines.append(f"| {method} | " + " | ".join(cells) + f" | {avg:.{d}f} |")
     return "\n".join(lines) + "\n"
 
 
 def table_csv(orders: list[str], rows) -> str:
+    """The ``orders`` layout as CSV: per order mean, sample std (empty with one seed) and n; the
+    average and its sample std over seeds (see :func:`aggregate`)."""
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["method"] + [f"order_{o}_{s}" for o in orders for s in ("mean", "std", "n")] + ["avg"])
-    for method, stats, (avg, _) in rows:
-        w.writerow([method] + [x for o in orders for x in (stats[o] if o in stats else ("", "", 0))] + [round(avg, 4)])
+    w.writerow(["method"] + [f"order_{o}_{s}" for o in orders for s in ("mean", "std", "n")] + ["avg", "avg_std"])
+    for method, stats, (avg, avg_std) in rows:
+        cells = [("" if x is None else x) for o in orders for x in (stats[o] if o in stats else ("", "", 0))]
+        w.writerow([method] + cells + [round(avg, 4), "" if avg_std is None else round(avg_std, 4)])
     return buf.getvalue()
 
 
@@ -296,18 +317,16 @@ class Record:
     host: str | None = None  # host_key: where the run ran, None for runs that did not record it
     seconds: float | None = None  # results.json timing.total: the run's own train + score + eval time
     threads: int | None = None  # torch threads of the run's last recorded host
+    draw: str = "shared"  # config data.draw: "shared" (a seed's samples shared across orders) or "order"
+    host_moved: bool = False  # the run recorded several different hosts (resumed on another machine)
 
 
 # The kernel flags whose presence changes which matmul kernels (and so which rounding) a CPU run uses.
 _NUMERIC_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def host_key(results: dict) -> str | None:
-    """Where a run ran, as far as its numbers depend on it: the processor, the kernel flags that
-    pick the bf16 kernels, the GPU and the base model's dtype. Two runs of one config and seed with
-    equal keys follow one trajectory; with different keys they are independent runs at the same
-    seed. A run resumed on other machines (``hosts``) names them all, in order. None for a run
-    that did not record its host."""
+def _host_keys(results: dict) -> list[str] | None:
+    """The distinct successive machines of a run (see :func:`host_key`); None if unrecorded."""
     hosts = results.get("hosts") or [results.get("host")]
     if not all(isinstance(h, dict) and h.get("cpu") for h in hosts):
         return None
@@ -318,7 +337,33 @@ def host_key(results: dict) -> str | None:
         key = " ".join(str(x) for x in (host["cpu"], f"[{','.join(flags)}]", f"GPU {gpu}" if gpu else "") if x)
         if not keys or keys[-1] != key:
             keys.append(key)
+    return keys
+
+
+def host_key(results: dict) -> str | None:
+    """Where a run ran, as far as its numbers depend on it: the processor, the kernel flags that
+    pick the bf16 kernels, the GPU and the base model's dtype. Two runs of one config and seed with
+    equal keys follow one trajectory; with different keys they are independent runs at the same
+    seed. A run resumed on other machines (``hosts``) names them all, in order. None for a run
+    that did not record its host."""
+    keys = _host_keys(results)
+    if keys is None:
+        return None
     return " then ".join(keys) + (f" {results['base_dtype']}" if results.get("base_dtype") else "")
+
+
+def host_moved(results: dict) -> bool:
+    """Whether a run recorded several different hosts (parts of it ran on different machines)."""
+    keys = _host_keys(results)
+    return keys is not None and len(set(keys)) > 1
+
+
+def data_draw(results: dict) -> str:
+    """The run's ``data.draw``: "order" (every (order, seed) run an independent draw) or "shared"
+    (a task's sample depends on seed and task only); results.json files from before the key
+    existed drew shared samples."""
+    data = (results.get("config") or {}).get("data") or {}
+    return "order" if data.get("draw") == "order" else "shared"
 
 
 def _run_seconds(results: dict) -> float | None:
@@ -470,7 +515,7 @@ class Study:
                     raise SureclError(f"report: two runs of row {name!r}, order {order}, seed {seed}: {records[key].path} and {f.parent}; report them separately")
                 records[key] = Record(name, order, seed, {m: src.get(m) for m in METRICS}, f.parent,
                                       list(r.get("tasks") or []), src.get("accuracy_matrix"), host_key(r),
-                                      _run_seconds(r), _run_threads(r))
+                                      _run_seconds(r), _run_threads(r), data_draw(r), host_moved(r))
         # expected runs: the plans, then every combination seen among runs no plan covers
         expected: dict[Key, str] = {}
         plan_dirs = []
@@ -726,9 +771,9 @@ def main_table(st: Study, metric: str, rows: list[str]) -> Table:
     show_n = len(ns) > 1
     body = [[row] + [fmt_cell(c, d, show_n) for c in cells] for row, cells in grid.items()]
     seeds = f"n = {ns.pop()} seed(s) per cell" if len(ns) == 1 else "n = seeds per cell, shown where they differ"
-    caption = f"{_LABEL[metric]} ({_unit(metric, st.kind)}): mean ± sample std over seeds ({seeds})."
+    caption = f"{_LABEL[metric]} ({_unit(metric, st.kind)}): mean ± {STD_WORDS} ({seeds})."
     if len(cols) > len(st.orders):
-        caption += (" Averages over orders are means of the per-order means; their ± is the std over seeds of each seed's "
+        caption += (" Averages over orders are means of the per-order means; their ± is the sample std over seeds of each seed's "
                     "average (the seeds present in every order averaged).")
     if len(st.benchmarks) > 1:
         caption += " All avg = mean of the benchmark averages."
@@ -755,7 +800,8 @@ def forgetting_table(st: Study, rows: list[str]) -> Table:
         empty += [f"{row} {g}" for (g, _), c in zip(groups, cells[::3]) if c.mean is None and not c.incomplete]
     unit = "perplexity" if st.kind == "perplexity" else "accuracy %"
     caption = (f"AP, FP and forgetting = {how} ({unit}; forgetting: lower is better) per benchmark: mean over its orders "
-               "(each order's mean over seeds).")
+               "(each order's mean over seeds). The CSV's std is the sample std (n − 1) over seeds of each seed's average "
+               "over the orders, as in the main table.")
     missing = sorted({(m.row, m.order, str(m.seed)): m for met in metrics for m in st.missing(met, rows)}.values(),
                      key=lambda m: (row_sort_key(m.row), order_key(m.order), str(m.seed)))
     foot = _footer(missing, empty)
@@ -819,7 +865,7 @@ def _ablation_png(key: str, values: list[str], cols: list[str], cells: dict, met
         ax.set_xticks(xs, values)
     ax.set_xlabel(key)
     ax.set_ylabel(f"{_LABEL[metric]} ({'perplexity' if kind == 'perplexity' else '%'})")
-    ax.set_title(f"{_LABEL[metric]} vs {key} (mean ± std over orders and seeds)", fontsize=9)
+    ax.set_title(f"{_LABEL[metric]} vs {key} (mean ± sample std over orders and seeds)", fontsize=9)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:  # an axis whose runs are all missing plots nothing
         ax.legend(fontsize=8)
@@ -871,57 +917,162 @@ def parse_claim(text: str, rows: list[str]) -> tuple[str, str]:
     return a, b
 
 
+MIN_SAME_HOST = 3
+"""Fewest same-host units for a claim to be computed on same-host units only."""
+
+_UNIT_WORDS = {"order": "(order, seed) (independent draws, data.draw=order)",
+               "seed": "seed (samples shared across orders, data.draw=shared)",
+               "mixed": "seed (data.draw differs between the runs; shared samples make the seed the unit)"}
+
+
+@dataclass
+class _Pair:
+    order: str
+    seed: int | str
+    diff: float  # A - B
+    where: str  # "same" | "other" | "unrecorded": the hosts of the pair's two runs
+    draw: str  # "order" when both runs drew per (order, seed), else "shared"
+
+
+def claim_units(pairs: list[_Pair]) -> tuple[str, list[tuple[str, float, str]]]:
+    """The independent units of one claim: (unit kind, [(label, A - B, host relation)]).
+
+    With every pair's runs drawn per (order, seed) (``data.draw=order``) each pair is a unit
+    ("order"); otherwise a seed's runs share their samples across orders, so the pairs of one seed
+    are averaged into one unit ("seed", or "mixed" where the draws differ). A seed unit is
+    cross-host ("other") when any of its pairs is, unrecorded when any is (and none is cross-host),
+    else same-host."""
+    draws = {p.draw for p in pairs}
+    if draws == {"order"}:
+        return "order", [(f"{p.order}/{p.seed}", p.diff, p.where) for p in pairs]
+    by_seed: dict[int | str, list[_Pair]] = defaultdict(list)
+    for p in pairs:
+        by_seed[p.seed].append(p)
+    units = []
+    for seed in sorted(by_seed, key=lambda s: (isinstance(s, str), s if isinstance(s, int) else 0, str(s))):
+        ps = by_seed[seed]
+        wheres = {p.where for p in ps}
+        where = "other" if "other" in wheres else "unrecorded" if "unrecorded" in wheres else "same"
+        units.append((str(seed), fmean(p.diff for p in ps), where))
+    return ("seed" if draws == {"shared"} else "mixed"), units
+
+
+def _fmt_p(p: float | None) -> str:
+    if p is None:
+        return "-"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: float = 0.95) -> Table:
-    from surecl.stats import paired, verdict
+    """Paired claims "A > B" per benchmark group: the independent units (see :func:`claim_units`),
+    same-host units only where at least :data:`MIN_SAME_HOST` exist, the Student-t interval, the
+    paired t-test's raw p-value, its Holm adjustment over the claims of the same benchmark group,
+    the exact sign test, and the verdict from the Holm-adjusted p-value at 1 − ``level``."""
+    from surecl.stats import holm, p_verdict, paired, sign_test
 
     d = _digits(st.kind) + 1
     up = higher_is_better(metric, st.kind)
+    alpha = round(1.0 - level, 10)
     pct = f"{level * 100:g} %"
-    side = "above" if up else "below"
-    caption = (f"{_LABEL[metric]} ({_unit(metric, st.kind)}). \"A > B\" claims A is better: paired differences A − B over the "
-               f"(order, seed) runs both rows have, {pct} two-sided Student-t interval mean ± t·sd/√n. **shown**: the whole "
-               f"interval lies {side} 0; **contradicted**: it lies on the other side; **not shown**: it contains 0 or n < 2. "
-               "**one host**: the pairs whose two runs recorded the same host (processor, its bf16 kernel flags, GPU, base "
-               "dtype), or the two adapters of one dual run, i.e. one trajectory seen twice where the rows share their training; a pair across hosts is two "
-               "independent runs at one seed (bf16 and fp32 kernels round differently), and a run from before hosts were "
-               "recorded counts as unrecorded.")
-    header = ["claim", "benchmark", "n pairs", "mean diff (A − B)", "sd", f"{pct} CI", "verdict", "one host"]
-    body, csv_rows = [], [["claim", "a", "b", "benchmark", "n", "mean_diff", "sd", "ci_lo", "ci_hi", "t", "verdict", "why",
-                           "same_host", "other_host", "host_unrecorded"]]
-    if not claims:
-        body.append(["(none: no default claim has both rows in the runs; use --claim 'A>B')", "", "", "", "", "", "", ""])
+
+    # one entry per (claim, benchmark group); Holm needs every p-value of a group first
+    entries: list[dict] = []
     for a, b in claims:
-        pairs = {}
+        pairs: dict[tuple[str, int | str], _Pair] = {}
         for (row, order, seed), ra in st.records.items():
             rb = st.records.get((b, order, seed))
             if row != a or rb is None:
                 continue
             va, vb = ra.values.get(metric), rb.values.get(metric)
-            if va is not None and vb is not None:
-                where = ("same" if ra.path == rb.path or (ra.host is not None and ra.host == rb.host)  # one run: its two adapters
-                         else "unrecorded" if ra.host is None or rb.host is None else "other")
-                pairs[(order, seed)] = (va - vb, where)
-        groups: dict[str, list[tuple[float, str]]] = defaultdict(list)  # benchmark -> (A - B, host relation) per pair
+            if va is None or vb is None:
+                continue
+            if ra.path == rb.path:  # one run: its two adapters, one trajectory
+                where = "same"
+            elif ra.host is None or rb.host is None:
+                where = "unrecorded"
+            elif ra.host_moved or rb.host_moved or ra.host != rb.host:
+                where = "other"
+            else:
+                where = "same"
+            draw = "order" if ra.draw == rb.draw == "order" else "shared"
+            pairs[(order, seed)] = _Pair(order, seed, va - vb, where, draw)
+        groups: dict[str, list[_Pair]] = defaultdict(list)
         for (order, _), pair in sorted(pairs.items(), key=lambda kv: (order_key(kv[0][0]), str(kv[0][1]))):
             groups[st.bench_of.get(order, "other")].append(pair)
         names = [g for g in [*st.benchmarks, "other"] if g in groups]
         if len(names) != 1:
             names.append("all")
-        other = ", ".join(o for o in st.orders if o not in st.bench_of)
         for g in names:
             chosen = [p for ps in groups.values() for p in ps] if g == "all" else groups[g]
-            diffs, where = [p[0] for p in chosen], [p[1] for p in chosen]
-            same, other_host, unrec = (where.count(k) for k in ("same", "other", "unrecorded"))
-            one_host = f"{same}/{len(where)}" + (f" ({unrec} unrecorded)" if unrec else "")
-            label = f"other (orders {other})" if g == "other" else g
+            kind, units = claim_units(chosen)
+            same, cross, unrec = (sum(1 for u in units if u[2] == k) for k in ("same", "other", "unrecorded"))
+            same_only = same >= MIN_SAME_HOST
+            used = [u for u in units if u[2] == "same"] if same_only else units
+            diffs = [u[1] for u in used]
             res = paired(diffs, level)
-            word, why = verdict(res, up)
-            f = lambda v, dd=d: "-" if v is None else f"{v:+.{dd}f}"  # noqa: E731
-            ci = "-" if res.lo is None else f"[{res.lo:+.{d}f}, {res.hi:+.{d}f}]"
-            shown = f"**{word}**" if word != "not shown" else f"not shown ({why})"
-            body.append([f"{a} > {b}", label, str(res.n), f(res.mean), "-" if res.sd is None else f"{res.sd:.{d}f}", ci, shown, one_host])
-            csv_rows.append([f"{a} > {b}", a, b, g, res.n, *("" if v is None else round(v, 6) for v in (res.mean, res.sd, res.lo, res.hi, res.t)), word, why,
-                             same, other_host, unrec])
+            entries.append({"a": a, "b": b, "group": g, "kind": kind, "n_all": len(units), "same": same, "cross": cross,
+                            "unrec": unrec, "same_only": same_only, "res": res, "sign": sign_test(diffs)})
+    for g in {e["group"] for e in entries}:
+        family = [e for e in entries if e["group"] == g]
+        for e, adj in zip(family, holm([e["res"].p for e in family])):
+            e["holm"], e["family"] = adj, sum(1 for x in family if x["res"].p is not None)
+
+    kinds = sorted({e["kind"] for e in entries}, key=["seed", "mixed", "order"].index)
+    show_kind = len(kinds) > 1
+    if not kinds:
+        unit_words = "unit: seed where samples are shared across orders (data.draw=shared), (order, seed) where every run is an independent draw (data.draw=order)"
+    elif show_kind:
+        unit_words = "unit per row (the n units column): " + "; ".join(_UNIT_WORDS[k] for k in kinds)
+    else:
+        unit_words = "unit: " + _UNIT_WORDS[kinds[0]]
+    side = "above" if up else "below"
+    caption = (
+        f"{_LABEL[metric]} ({_unit(metric, st.kind)}). \"A > B\" claims A is better. **{unit_words}.** Paired differences "
+        "A − B over the runs both rows have; with shared samples the orders of a seed train and test on the same "
+        "examples, so a seed's differences are averaged over its orders (those of the row's benchmark group) into one unit; "
+        "with independent draws each (order, seed) pair is a unit. "
+        f"{pct} two-sided Student-t interval mean ± t·sd/√n (unadjusted); t p: two-sided paired t-test (raw); "
+        f"**Holm p**: Holm's step-down adjustment over the claims of the same benchmark group in this table (the rows "
+        f"with the same benchmark; claims with n < 2 are not tested and not counted); sign test: units where A is better "
+        "/ worse (ties dropped) and its exact two-sided binomial p-value. **Verdicts use Holm-adjusted p-values at "
+        f"{alpha:g}**: **shown**: Holm p < {alpha:g} and the mean favours A (its interval lies {side} 0 or not: the "
+        f"interval is not adjusted); **contradicted**: Holm p < {alpha:g} and the mean favours B; **not shown**: otherwise. "
+        "**hosts**: a unit is cross-host when the two runs of any of its pairs recorded different hosts (processor, its "
+        "bf16 kernel flags, GPU, base dtype) or a run moved between hosts; the two adapters of one dual run are one "
+        "trajectory, same-host; a run from before hosts were recorded is unrecorded. A claim with at least "
+        f"{MIN_SAME_HOST} same-host units is computed on those only (\"same-host units only: k of n\"); otherwise on all "
+        "units, with the cross-host ones counted. Bf16 and fp32 kernels round differently, so runs on two hosts at one "
+        "seed are independent runs.")
+    header = ["claim", "benchmark", "n units", "mean diff (A − B)", f"{pct} t-interval", "t p (raw)", "Holm p",
+              "sign test (W/L, p)", "verdict", "hosts"]
+    body = []
+    csv_rows = [["claim", "a", "b", "benchmark", "unit", "n", "n_all", "mean_diff", "sd", "ci_lo", "ci_hi", "t_crit", "t_stat",
+                 "t_p", "holm_p", "holm_family", "sign_wins", "sign_losses", "sign_ties", "sign_p", "verdict", "why",
+                 "host_basis", "same_host", "other_host", "host_unrecorded"]]
+    if not claims:
+        body.append(["(none: no default claim has both rows in the runs; use --claim 'A>B')"] + [""] * (len(header) - 1))
+    other_orders = ", ".join(o for o in st.orders if o not in st.bench_of)
+    f = lambda v: "-" if v is None else f"{v:+.{d}f}"  # noqa: E731
+    for e in entries:
+        res, sign, g = e["res"], e["sign"], e["group"]
+        word, why = p_verdict(res.mean, e["holm"], up, alpha)
+        if res.n < 2:
+            why = f"n={res.n}: a t-test needs at least two units"
+        ci = "-" if res.lo is None else f"[{res.lo:+.{d}f}, {res.hi:+.{d}f}]"
+        shown = f"**{word}**" if word != "not shown" else f"not shown ({why})"
+        ties = f" ({sign.ties} tie{'s' if sign.ties > 1 else ''})" if sign.ties else ""
+        sign_cell = f"{sign.wins}/{sign.losses}{ties}, p {_fmt_p(sign.p)}" if res.n else "-"
+        unrec = f", unrecorded: {e['unrec']}" if e["unrec"] else ""
+        hosts = (f"same-host units only: {res.n} of {e['n_all']}" if e["same_only"]
+                 else f"cross-host pairs: {e['cross']}{unrec}")
+        n_cell = str(res.n) + (f" ({'(order, seed)' if e['kind'] == 'order' else 'seeds'})" if show_kind else "")
+        label = f"other (orders {other_orders})" if g == "other" else g
+        body.append([f"{e['a']} > {e['b']}", label, n_cell, f(res.mean), ci, _fmt_p(res.p), _fmt_p(e["holm"]), sign_cell, shown, hosts])
+        num = lambda v: "" if v is None else round(v, 6)  # noqa: E731
+        csv_rows.append([f"{e['a']} > {e['b']}", e["a"], e["b"], g, "order_seed" if e["kind"] == "order" else "seed", res.n, e["n_all"],
+                         *(num(v) for v in (res.mean, res.sd, res.lo, res.hi, res.t, res.t_stat, res.p, e["holm"])), e["family"],
+                         sign.wins, sign.losses, sign.ties, num(sign.p), word, why, "same_host_only" if e["same_only"] else "all",
+                         e["same"], e["cross"], e["unrec"]])
     return Table("claims", f"Claims ({_LABEL[metric]}, paired)", caption + "\n\n" + _md(header, body), _csv(csv_rows))
 
 

@@ -4,10 +4,16 @@
   fraction (modified Lentz), accurate to about 1e-14.
 * :func:`t_cdf`, :func:`t_ppf`: Student's t distribution function and its quantile (by bisection
   on the distribution function, to 1e-12).
-* :func:`paired`: mean, sample std (ddof=1), n and the two-sided Student-t interval
-  mean ± t_{(1+level)/2, n-1} · sd / sqrt(n) of paired differences.
-* :func:`verdict`: "shown" when the interval lies on the better side of 0, "contradicted" when it
-  lies on the other side, "not shown" otherwise (and always with fewer than two pairs).
+* :func:`paired`: mean, sample std (ddof=1), n, the two-sided Student-t interval
+  mean ± t_{(1+level)/2, n-1} · sd / sqrt(n) of paired differences, the t statistic
+  mean / (sd / sqrt(n)) and its two-sided p-value (:func:`t_test_p`).
+* :func:`sign_test`: the exact two-sided sign test (binomial with p = 1/2, ties dropped).
+* :func:`holm`: Holm's step-down adjustment of a family of p-values (monotone, capped at 1).
+* :func:`p_verdict`: the claims' verdict from an adjusted p-value: "shown" when p < alpha and
+  the mean favours A, "contradicted" when p < alpha and it favours B, "not shown" otherwise.
+* :func:`verdict`: the interval's verdict: "shown" when the interval lies on the better side of
+  0, "contradicted" when it lies on the other side, "not shown" otherwise (and always with fewer
+  than two pairs).
 """
 
 from __future__ import annotations
@@ -110,6 +116,8 @@ class Paired:
     hi: float | None
     t: float | None  # the t quantile used
     level: float = 0.95
+    t_stat: float | None = None  # mean / (sd / sqrt(n)); +-inf where sd = 0 and mean != 0
+    p: float | None = None  # two-sided paired t-test p-value; None with fewer than two pairs
 
 
 def paired(diffs: list[float], level: float = 0.95) -> Paired:
@@ -125,7 +133,81 @@ def paired(diffs: list[float], level: float = 0.95) -> Paired:
     sd = stdev(diffs)
     t = t_ppf(0.5 + level / 2.0, n - 1)
     half = t * sd / math.sqrt(n)
-    return Paired(n, mean, sd, mean - half, mean + half, t, level)
+    if sd > 0:
+        t_stat = mean / (sd / math.sqrt(n))
+    else:  # every difference equal: no spread; a nonzero mean is as far from 0 as it gets
+        t_stat = 0.0 if mean == 0 else math.copysign(math.inf, mean)
+    return Paired(n, mean, sd, mean - half, mean + half, t, level, t_stat, t_test_p(t_stat, n - 1))
+
+
+def t_test_p(t: float, df: float) -> float:
+    """Two-sided p-value P(|T| >= |t|) of Student's t with ``df`` degrees of freedom
+    (``t_test_p(2.0, 10)`` = 0.0734)."""
+    if df <= 0:
+        raise ValueError("t_test_p: df must be positive")
+    if math.isnan(t):
+        raise ValueError("t_test_p: t is NaN")
+    if math.isinf(t):
+        return 0.0
+    return min(1.0, betainc(df / 2.0, 0.5, df / (df + t * t)))
+
+
+@dataclass(frozen=True)
+class SignTest:
+    """Exact two-sided sign test of paired differences: A wins (> 0), losses (< 0), ties (= 0,
+    dropped) and the p-value 2 · P(X <= min(wins, losses)), X ~ Binomial(wins + losses, 1/2),
+    capped at 1 (1 when every difference is a tie)."""
+
+    wins: int
+    losses: int
+    ties: int
+    p: float
+
+
+def sign_test(diffs: list[float]) -> SignTest:
+    """The exact two-sided sign test of ``diffs`` (ties dropped)."""
+    wins = sum(1 for d in diffs if d > 0)
+    losses = sum(1 for d in diffs if d < 0)
+    n = wins + losses
+    ties = len(diffs) - n
+    if n == 0:
+        return SignTest(0, 0, ties, 1.0)
+    k = min(wins, losses)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return SignTest(wins, losses, ties, min(1.0, 2.0 * tail))
+
+
+def holm(pvalues: list[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of one family of p-values, in the input order: with the m
+    p-values sorted p_(1) <= ... <= p_(m), p_adj_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)).
+    ``None`` entries (claims that could not be tested) stay None and do not count in m.
+    ``holm([0.01, 0.04, 0.03])`` = [0.03, 0.06, 0.06]."""
+    idx = sorted((i for i, p in enumerate(pvalues) if p is not None), key=lambda i: pvalues[i])
+    m = len(idx)
+    out: list[float | None] = [None] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(idx):
+        p = pvalues[i]
+        assert p is not None
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"holm: p-value {p} is not in [0, 1]")
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
+
+
+def p_verdict(mean: float | None, p_adj: float | None, higher_is_better: bool = True, alpha: float = 0.05) -> tuple[str, str]:
+    """("shown" | "contradicted" | "not shown", why) for "A is better than B" from the mean of
+    A - B and its (adjusted) p-value."""
+    if mean is None or p_adj is None:
+        return "not shown", "n<2: a t-test needs at least two units"
+    if p_adj >= alpha:
+        return "not shown", f"Holm p {p_adj:.3g} >= {alpha:g}"
+    if mean == 0:
+        return "not shown", "mean difference 0"
+    favours_a = (mean > 0) == higher_is_better
+    return ("shown", f"Holm p {p_adj:.3g} < {alpha:g}, mean favours A") if favours_a else \
+        ("contradicted", f"Holm p {p_adj:.3g} < {alpha:g}, mean favours B")
 
 
 def verdict(res: Paired, higher_is_better: bool = True) -> tuple[str, str]:
