@@ -43,11 +43,11 @@ def test_report_aggregates_orders_and_seeds():
     orders, rows = aggregate(runs)
     assert orders == ["1", "2"]
     by = {m: (stats, avg) for m, stats, avg in rows}
-    assert by["surprise"][0]["1"] == (72.0, 2.0, 2)  # mean, population std, seeds
+    assert by["surprise"][0]["1"] == (72.0, pytest.approx(8 ** 0.5), 2)  # mean, sample std (n - 1), seeds
     assert by["surprise"][1][0] == pytest.approx((72.0 + 80.0) / 2)
     md = table_markdown(orders, rows)
-    assert "| surprise | 72.0 ± 2.0 | 80.0 ± 0.0 | 76.0 |" in md
-    assert "| seq_lora | 40.0 ± 0.0 | - | 40.0 |" in md
+    assert "| surprise | 72.0 ± 2.8 | 80.0 | 76.0 |" in md  # one seed: no ±
+    assert "| seq_lora | 40.0 | - | 40.0 |" in md
 
 
 def test_report_errors(tmp_path, capsys):

@@ -90,7 +90,7 @@ def test_overrides_are_typed():
             "train.lr=1e-4",
         ],
     )
-    assert cfg.replay.buffer_size == 300 and isinstance(cfg.replay.buffer_size, float)
+    assert cfg.replay.buffer_size == 300 and isinstance(cfg.replay.buffer_size, int)  # a count stays a count
     assert cfg.dual.beta == 0.99 and isinstance(cfg.dual.beta, float)
     assert cfg.replay.every == 3 and isinstance(cfg.replay.every, int)
     assert cfg.replay.aging is True
@@ -116,6 +116,15 @@ def test_overrides_come_after_presets():
         (["dual.beta=0"], "dual.beta"),
         (["replay.buffer_size=-1"], "replay.buffer_size"),
         (["replay.buffer_size=2.5"], "replay.buffer_size"),
+        (["replay.buffer_size=1.0"], "replay.buffer_size"),  # once silently one example
+        (["replay.buffer_size=300.0"], "replay.buffer_size"),
+        (["replay.buffer_fraction=1.5"], "replay.buffer_fraction"),
+        (["replay.ratio=2"], "replay.ratio"),
+        (["replay.ratio=1:0"], "replay.ratio"),
+        (["replay.loss=mean"], "replay.loss"),
+        (["dual.unit=token"], "dual.unit"),
+        (["olora.per_task=[MNLI:0.5]"], "olora.per_task"),
+        (["train.epochs_per_task=[MNLI:1.5]"], "train.epochs_per_task"),
         (["replay.every=0"], "replay.every"),
         (["replay.policy=fancy"], "replay.policy"),
         (["replay.score_time=after", "replay.insert_time=before"], "replay.insert_time"),
@@ -175,3 +184,20 @@ def test_same_config_ignores_dual_options_a_run_does_not_read():
     auto = build_config("tiny,slow_surprise", ["dual.beta=auto"])
     assert not same_config(auto.to_dict(), build_config("tiny,slow_surprise", ["dual.beta=auto", "dual.window_tasks=2"]))
     assert not same_config(auto.to_dict(), dual)
+
+
+def test_buffer_fraction_and_counts_are_never_confused():
+    """``replay.buffer_fraction=1.0`` keeps every example; a count is written without a point;
+    a config saved with the count as ``300.0`` (before the check) still reads as the count."""
+    from surecl.config import config_from_dict
+
+    cfg = build_config("tiny,surprise", ["replay.buffer_fraction=1.0"])
+    assert buffer_capacity(cfg.replay, 384) == 384
+    cfg = build_config("tiny,surprise", ["replay.buffer_size=1"])
+    assert buffer_capacity(cfg.replay, 384) == 1
+    assert "buffer_size: 1\n" in cfg.to_yaml()
+    saved = build_config("tiny,surprise").to_dict()
+    saved["replay"]["buffer_size"] = 300.0
+    assert buffer_capacity(config_from_dict(saved).replay, 10_000) == 300
+    with pytest.raises(SureclError, match="buffer_fraction"):
+        build_config("tiny,surprise", ["replay.buffer_size=1.0"])

@@ -26,7 +26,9 @@ FAST = ["train.epochs=1", "data.n_train=16", "data.n_test=8", "data.tasks=[color
 
 @pytest.mark.parametrize("preset", METHOD_PRESETS)
 def test_every_preset_runs_on_tiny(preset, tmp_path, cache_dir):
-    cfg = build_config(f"tiny,{preset}", FAST)
+    # N-LoRA's official (r x r) penalty needs square target modules (q_proj, v_proj are on tiny)
+    square = ["lora.target_modules=[q_proj,v_proj]"] if load_yaml(preset)[0].get("nlora", {}).get("l1_of") == "ab" else []
+    cfg = build_config(f"tiny,{preset}", FAST + square)
     results = run(cfg, tmp_path / "run", progress=False, cache_dir=cache_dir)
     a = results["accuracy_matrix"]
     assert results["tasks"] == ["colors", "animals"]

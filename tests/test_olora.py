@@ -190,7 +190,9 @@ def test_orthogonality_penalty_uses_only_the_filled_blocks_and_trains_only_fast(
         for layer in method.layers:
             layer.fast_a.copy_(layer.past_a[: LORA.r])
     total = method.loss(ctx, loss)
-    expected = 2.0 * sum((layer.fast_a @ layer.fast_a.T).pow(2).sum() for layer in method.layers)
+    # the default is the reference's code (cmnfriend/O-LoRA src/uie_trainer_lora.py L96):
+    # orthogonal_loss += torch.abs(torch.mm(lora_A, loranew_A.T)).sum()
+    expected = 2.0 * sum(torch.abs(torch.mm(layer.past_a[: LORA.r], layer.fast_a.T)).sum() for layer in method.layers)
     assert total.item() == pytest.approx(1.0 + expected.item(), rel=1e-5)
     total.backward()
     assert all(layer.fast_a.grad is not None and layer.fast_a.grad.abs().sum() > 0 for layer in method.layers)
@@ -264,3 +266,38 @@ def test_invalid_options_are_one_line_errors_naming_the_key(override, words):
     with pytest.raises(SureclError) as err:
         build_config("tiny,olora", [override])
     assert all(w in str(err.value) for w in words) and "\n" not in str(err.value)
+
+
+def test_default_penalty_is_the_reference_code_on_fixed_tensors(fresh_tiny):
+    """O-LoRA's default penalty equals its reference's formula (``src/uie_trainer_lora.py``
+    L91-109): lamda_1 * sum |A_prev A_new^T| + lamda_2 * sum_params torch.norm(param, p=2)."""
+    ctx = stand_in(fresh_tiny, n_tasks=2, overrides=["olora.lambda_orth=0.5", "olora.lambda_l2=0.1"])
+    method = OLoRA(OLoRA.config_from(ctx.cfg))
+    method.setup(ctx)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in ctx.adapters.fast_params:
+            p.copy_(torch.randn(p.shape, generator=g))
+    method.before_task(ctx, Stage((1,), 1, (0, 1)))
+    with torch.no_grad():
+        for p in ctx.adapters.fast_params:
+            p.copy_(torch.randn(p.shape, generator=g))
+    orth = sum(torch.abs(torch.mm(layer.past_a[: LORA.r], layer.fast_a.T)).sum() for layer in method.layers)
+    l2 = sum(torch.norm(p, p=2) for layer in method.layers for p in (layer.fast_a, layer.fast_b))
+    total = method.loss(ctx, torch.tensor(0.0))
+    assert total.item() == pytest.approx((0.5 * orth + 0.1 * l2).item(), rel=1e-5)
+    squared = sum((layer.past_a[: LORA.r] @ layer.fast_a.T).pow(2).sum() for layer in method.layers)
+    assert abs(total.item() - (0.5 * squared + 0.1 * l2).item()) > 1e-3  # not the paper's squared form
+
+
+def test_per_task_strengths_follow_the_stage_task(fresh_tiny):
+    """``olora.per_task`` gives the task being trained its own lambdas (long.sh sets them per task)."""
+    import types
+
+    ctx = stand_in(fresh_tiny, n_tasks=2, overrides=["olora.lambda_orth=0.5", "olora.per_task=[t1:3:0.2]"])
+    method = OLoRA(OLoRA.config_from(ctx.cfg))
+    ctx.tasks = [types.SimpleNamespace(name="t0"), types.SimpleNamespace(name="t1")]
+    ctx.stage = Stage((1,), 1, (0, 1))
+    assert method.strengths(ctx) == (3.0, 0.2)
+    ctx.stage = Stage((0,), 0, (0,))
+    assert method.strengths(ctx) == (0.5, 0.0)

@@ -23,13 +23,20 @@ from surecl.replay.policies import quota_warning
 from surecl.replay.surprise import score_examples
 from surecl.trainer import run
 
-# key -> (paper-t5, paper-llama): the appendix ("Hyperparameters follow O-LoRA unless noted")
-# and O-LoRA's scripts (input 512 tokens, generation up to 50, constant lr, one process per task).
+# key -> (paper-t5, paper-llama): the appendix ("Hyperparameters follow O-LoRA unless noted"),
+# O-LoRA's scripts (input 512 tokens, generation up to 50, constant lr, one process per task)
+# and the paper's reference code, HHazard2002/continual-learning (docs/faithfulness.md):
+# scripts/train.sh trains google-t5/t5-large at batch 1 x 64 accumulation steps;
+# methods/dual_learner.py updates the slow model in training_step (once per micro-batch of
+# one example) and replays every second micro-batch with (outputs.loss + replay_outputs.loss) / 2;
+# the T5 tokenizer ends the source with </s>.
 APPENDIX = {
     "train.lr": (1e-3, 1e-4),
     "train.batch_size": (64, 64),
-    "replay.batch_size": (32, 32),
-    "replay.every": (2, 2),
+    "replay.ratio": ("1:2", "1:2"),
+    "replay.loss": ("pair", "pair"),
+    "dual.unit": ("example", "example"),
+    "model.encoder_eos": (True, False),
     "train.epochs": (1, 1),
     "lora.r": (8, 8),
     "lora.alpha": (32, 32),
@@ -39,7 +46,7 @@ APPENDIX = {
     "dual.bias_correction": (False, False),
     "replay.buffer_size": (0.02, 0.02),
     "model.max_length": (512, 512),
-    "model.name": ("google/t5-large-lm-adapt", "meta-llama/Llama-3.1-8B"),
+    "model.name": ("google-t5/t5-large", "meta-llama/Llama-3.1-8B"),
     "train.scheduler": ("constant", "constant"),
     "train.warmup_steps": (0, 0),
     "train.fresh_optimizer": (True, True),
@@ -258,8 +265,12 @@ def test_dry_run_prints_the_protocol_of_a_paper_preset(t5_dir, tmp_path, capsys)
     assert not (tmp_path / "never").exists()  # nothing written, nothing trained
     assert "T5ForConditionalGeneration, encoder-decoder" in out
     assert "LoRA on q x6, v x6" in out  # 2 encoder self-attention + 2 decoder self- and 2 cross-attention
-    assert "window 1/(1-beta) = 200 steps against 2 steps per task" in out
+    # the reference's unit: 64 updates per step of 64, 0.995^64 = 0.726 per step, a window of 3.7 steps
+    assert "applied once per new example (dual.unit=example, the reference code's)" in out
+    assert "effective beta per optimizer step 0.995^64 = 0.7256" in out
+    assert "window 1/(1-beta per step) = 3.6 steps = 1.82 tasks of 2 steps" in out
     assert "plain recursion" in out
+    assert "replay ratio 1:2 (replayed:new, about 32 per step of 64); loss: each pair's mean (the reference's)" in out
     # the tiny stream at the LNT sizes: 96 examples per task (fewer than 1000) -> 2 steps of 64
     assert "| 1 | colors | 96 | 24 | 2 | 1 | floor(7/1) = 7 |" in out
     assert "S = 7 (0.02 of 384)" in out

@@ -19,13 +19,16 @@ def test_packaged_plans_reproduce_the_papers_tables():
     runs = expand(lnt)
     assert len(runs) == 8 * 3 * 3 and {r.order for r in runs} == {"4", "5", "6"} and {r.seed for r in runs} == {0, 1, 2}
     ratio = expand(load_plan("ablation-ratio"))
-    assert {r.row for r in ratio if r.method == "slow_surprise_sa"} == {f"slow_surprise_sa replay.every={k}" for k in (1, 2, 4, 8)}
+    assert {r.row for r in ratio if r.method == "slow_surprise_sa"} == {f"slow_surprise_sa replay.ratio=1:{k}" for k in (2, 4, 8, 16)}
     cfg = build_config(f"{load_plan('ablation-ratio').config},slow_surprise_sa", ratio[0].overrides)
-    assert cfg.replay.buffer_size == 300 and cfg.data.n_train == 1000 and cfg.replay.batch_size == 32
+    assert cfg.replay.buffer_size == 300 and cfg.data.n_train == 1000 and cfg.replay.ratio == "1:2" and cfg.replay.loss == "pair"
+    assert cfg.data.draw == "order"  # every packaged study draws its data independently per (order, seed)
     beta = expand(load_plan("ablation-beta"))
     assert {r.row.split(" ")[1] for r in beta} == {f"dual.beta={b}" for b in ("0.985", "0.99", "0.995", "0.999")}
     cfg = build_config("paper-t5,lnt,slow_surprise", beta[0].overrides)
-    assert cfg.replay.every == 1 and not cfg.dual.bias_correction
+    assert cfg.replay.ratio == "1:2" and cfg.dual.unit == "example" and not cfg.dual.bias_correction
+    for name in ("paper-standard", "paper-lnt", "ablation-buffer", "ablation-beta"):
+        assert "data.draw=order" in expand(load_plan(name))[0].overrides
 
 
 def test_plan_with_named_orders_and_groups(tmp_path):

@@ -87,6 +87,8 @@ class DualLoRA(Plugin):
             raise SureclError(f"lora.target_modules: {str(exc).splitlines()[0]}") from None
         self._lora_dtype_fp32()
         self.steps = 0
+        self.updates = 0
+        """EMA updates applied so far (= optimizer steps with ``dual.unit=step``)."""
         self.fast_trainable = True
         """Whether the fast adapter requires grad; a method that trains something else (its
         ``parameters``) sets it False in ``setup``, so the frozen adapter costs no gradients."""
@@ -189,18 +191,21 @@ class DualLoRA(Plugin):
             self.model.train(was_training)
 
     @torch.no_grad()
-    def ema_step(self) -> None:
-        """slow <- beta * slow + (1 - beta) * fast (optionally bias-corrected), after each step."""
+    def ema_step(self, n: int = 1) -> None:
+        """After an optimizer step: ``n`` EMA updates toward the fast weights, as one exact update
+        slow <- beta^n * slow + (1 - beta^n) * fast (optionally bias-corrected). ``n`` is 1 with
+        ``dual.unit=step`` and the step's new examples with ``dual.unit=example``."""
         self.steps += 1
-        if not self.dual.enabled:
+        self.updates += n
+        if not self.dual.enabled or n <= 0:
             return
-        beta = self.beta
+        beta = self.beta if n == 1 else self.beta**n
         if self._raw is None:
             torch._foreach_lerp_(self.slow_params, self.fast_params, 1.0 - beta)
         else:
             torch._foreach_lerp_(self._raw, self.fast_params, 1.0 - beta)
             torch._foreach_copy_(self.slow_params, self._raw)
-            torch._foreach_div_(self.slow_params, 1.0 - beta**self.steps)
+            torch._foreach_div_(self.slow_params, 1.0 - self.beta**self.updates)
 
     def _adapter_modules(self) -> Iterator[torch.nn.Module]:
         """The PEFT layers (each wraps one base module and holds its adapters' weights)."""
@@ -230,7 +235,7 @@ class DualLoRA(Plugin):
     # ------------------------------------------------------------------ plugin hooks
 
     def after_step(self, ctx, record) -> None:
-        self.ema_step()
+        self.ema_step(len(record.current) if self.dual.unit == "example" else 1)
 
     def eval_context(self, ctx, task: int) -> contextlib.AbstractContextManager:
         """The adapter the run asks for (``ctx.eval_view``), by default the evaluation adapter."""
@@ -260,11 +265,12 @@ class DualLoRA(Plugin):
         if self.dual.enabled:
             tensors.update(self.adapter_state(SLOW))
         tensors.update(self.extra_state())
-        return {"ema_steps": self.steps}, {k: v.cpu() for k, v in tensors.items()}
+        return {"ema_steps": self.steps, "ema_updates": self.updates}, {k: v.cpu() for k, v in tensors.items()}
 
     def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
         self.load_adapter_state(tensors)
         self.steps = meta["ema_steps"]
+        self.updates = meta.get("ema_updates", self.steps)  # checkpoints before dual.unit: one update per step
 
     # ------------------------------------------------------------------ adapters
 
@@ -335,17 +341,24 @@ class DualLoRA(Plugin):
     @torch.no_grad()
     def sync_slow_to_fast(self) -> None:
         """Restart the slow adapter (and EMA clock) from the current fast one."""
-        self.steps = 0
+        self.steps = self.updates = 0
         if self.dual.enabled:
             torch._foreach_copy_(self.slow_params, self.fast_params)
             if self._raw is not None:
                 torch._foreach_zero_(self._raw)
 
 
-def resolve_beta(dual: DualConfig, steps_first_task: int) -> float:
-    """The EMA rate a run uses: ``dual.beta``, or with ``dual.beta=auto`` the rate whose window
-    1/(1-beta) is ``dual.window_tasks`` tasks of ``steps_first_task`` steps (at least one
-    step: beta 0, the slow adapter then follows the fast one)."""
+def resolve_beta(dual: DualConfig, units_first_task: int) -> float:
+    """The EMA rate a run uses (per update): ``dual.beta``, or with ``dual.beta=auto`` the rate
+    whose window 1/(1-beta) is ``dual.window_tasks`` tasks of ``units_first_task`` updates
+    (the first task's optimizer steps, or its new examples with ``dual.unit=example``; at
+    least one update: beta 0, the slow adapter then follows the fast one)."""
     if dual.beta != "auto":
         return float(dual.beta)
-    return 1.0 - 1.0 / max(1.0, dual.window_tasks * steps_first_task)
+    return 1.0 - 1.0 / max(1.0, dual.window_tasks * units_first_task)
+
+
+def beta_per_step(beta: float, dual: DualConfig, batch_size: int) -> float:
+    """The slow adapter's effective rate per optimizer step of ``batch_size`` new examples:
+    beta itself with ``dual.unit=step``, beta^batch with ``dual.unit=example``."""
+    return beta**batch_size if dual.unit == "example" else beta

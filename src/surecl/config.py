@@ -44,6 +44,11 @@ class ModelConfig:
     trust_remote_code: bool = False
     max_length: int = 128
     """Prompt tokens kept per example (the sentence is truncated, the answer never)."""
+    encoder_eos: bool = False
+    """Encoder-decoder models: end the encoder input (the prompt) with the end-of-sequence
+    token, as the T5 tokenizer does by default and the reference code of the paper and of
+    O-LoRA do (``tokenizer(source)``). The ``paper-t5`` preset sets it; off by default so
+    earlier T5 runs keep their inputs. Not read for causal models."""
     share_prefix: bool = True
     """Run the prompt prefix that a batch's rows share (a task's instruction and options) once
     per batch and let the rows attend to its KV cache, in scoring, training and evaluation of
@@ -120,6 +125,17 @@ class DataConfig:
     test_sampling: str = "balanced"
     """How ``n_test`` rows are drawn: ``balanced`` or ``random`` (the paper's; class priors
     differ on QQP, MNLI, BoolQ, so the two give different accuracies there)."""
+    task_prefix: bool = False
+    """Begin every prompt with ``Task:<group>\nDataset:<task>\n`` (the benchmark's task type,
+    e.g. TC, SC, NLI, and the task's name), as O-LoRA's scripts do (``--add_task_name True
+    --add_dataset_name True``, ``src/uie_collator.py``), which its baselines' numbers were made
+    with. Off by default (the paper's text gives the prompt without it)."""
+    draw: str = "shared"
+    """Which examples a seed draws: ``shared`` (a task's sample depends on the seed and the
+    task only, so the orders of one seed train and test on the same rows: across orders the
+    independent unit of a comparison is the seed) or ``order`` (the sample also depends on
+    the stream's task order, so every (order, seed) run is an independent draw; the packaged
+    study plans set it). ``surecl report`` reads it to choose the unit of its intervals."""
     allow_missing: bool = False
     """Run the available tasks of an order when the folder lacks some, instead of failing."""
     invalid_labels: str = "error"
@@ -152,7 +168,13 @@ class ReplayConfig:
     a policy added with ``surecl.register_policy``. SuRe's options below are read by its plugin
     (``surecl.plugins.sure.SureConfig``)."""
     buffer_size: float = 0.02
-    """S: below 1 a fraction of all training examples of the stream, else an absolute count."""
+    """S: below 1 a fraction of all training examples of the stream (0.02 = 2 %), else a whole
+    count of examples (300). A number with a decimal point at or above 1 (``1.0``, ``2.5``)
+    stops with an error: it could mean either; write a count without the point, or the
+    fraction as ``replay.buffer_fraction``."""
+    buffer_fraction: float = 0.0
+    """S as a fraction of all training examples of the stream, in (0, 1] (1 = every example
+    kept); replaces ``buffer_size`` when above 0."""
     score_time: str = "before"
     """When surprise is computed for a task: ``before`` or ``after`` training on it."""
     insert_time: str = "before"
@@ -172,13 +194,34 @@ class ReplayConfig:
     model predicts only its decoder side, so for ``sequence`` its decoder scores the whole
     sequence (prompt tokens then answer tokens) as its target from an empty encoder input
     (the end-of-sequence token alone): -1/T sum_t log p(z_t | z_<t), the model used as a
-    language model over the example; ``label`` scores the answer given the prompt."""
+    language model over the example; ``label`` scores the answer given the prompt.
+    ``input``: the paper's reference code's score (``get_ll`` in ``HHazard2002/continual-learning``
+    ``methods/buffer.py``: ``model(input_ids=x, labels=x)``, first label masked, mean): on a
+    causal model x is prompt + answer, so it equals ``sequence``; on an encoder-decoder x is
+    the encoder input (the prompt), and the score is the decoder's NLL of reconstructing the
+    prompt given the prompt. ``paper-t5`` keeps ``sequence`` (Eq. 1's surprise of the example;
+    docs/faithfulness.md says why); ``replay.scope=input`` reproduces the reference's."""
     aging: bool = False
     """Re-score replayed items with the loss of the step that replays them."""
     every: int = 2
-    """Replay every k-th optimizer step (paper: 2)."""
+    """Replay every k-th optimizer step (not read when ``ratio`` is set)."""
     batch_size: int = 4
-    """Replayed examples joined to the current batch on a replay step."""
+    """Replayed examples joined to the current batch on a replay step (not read when ``ratio`` is set)."""
+    ratio: str = ""
+    """The replay ratio ``a:b``: a replayed examples per b new ones, counted over the task's
+    stream of new examples (after N new examples of a task, floor(N a / b) have been replayed),
+    so every step of B new examples replays about B a / b of them: ``1:2`` is the paper's
+    ratio (its reference replays one buffer example every second micro-batch of one example:
+    ``replay_frequency`` 2, ``buffer_sample_size`` 1), ``1:4`` ... ``1:16`` its ablation's.
+    Empty (default): ``batch_size`` examples every ``every``-th step."""
+    loss: str = "joint"
+    """How replayed examples enter the step's loss: ``joint`` (default): the token mean over the
+    whole mixed batch, so an example weighs by its answer tokens; ``pair`` (the reference's):
+    each example's own token-mean loss, each replayed example paired with a new one (in
+    turn), a pair's loss the mean of its members', and the step's loss the mean over the new
+    examples of their (pair) losses: ``(outputs.loss + replay_outputs.loss) / 2`` per
+    micro-batch, averaged over the accumulated micro-batches, as the reference's
+    ``training_step`` and the ``Trainer``'s accumulation do."""
 
 
 @dataclass
@@ -203,6 +246,18 @@ class DualConfig:
     window_tasks: float = 0.5
     """With ``beta: auto``: the EMA window in tasks (0.5: half a task). Not read when ``beta``
     is a number."""
+    unit: str = "step"
+    """What one EMA update (one factor ``beta``) stands for: ``step`` (one update per optimizer
+    step: the paper's text, "after each step") or ``example`` (one update per new training
+    example, as the paper's reference code does it: ``HHazard2002/continual-learning`` updates
+    the slow model in ``training_step``, which the transformers ``Trainer`` calls once per
+    micro-batch of one example, 64 times per optimizer step of ``scripts/train.sh``; all
+    64 move toward the same fast weights, so surecl applies them as one exact update
+    ``slow <- beta^n slow + (1 - beta^n) fast`` after a step of n new examples; replayed
+    examples do not count, as they ride along inside a new example's micro-batch there). The
+    per-step rate is then beta^batch (0.995^64 = 0.73, a window of about 4 optimizer steps).
+    With ``beta: auto`` the window is counted in the same unit (``window_tasks`` tasks of the
+    first task's examples). The ``paper-*`` presets set ``example``; docs/faithfulness.md."""
 
 
 @dataclass
@@ -234,6 +289,9 @@ class TrainConfig:
     less padding, but each batch holds examples of similar length, which in a stream of
     several tasks means mostly one task per batch: MTL lost 4 FP points to it against uniform
     batches (README, bench/mtl_check.py)."""
+    epochs_per_task: list[str] = field(default_factory=list)
+    """Per-task epochs, ``"<task>:<epochs>"`` each (e.g. ``MNLI:2``, as O-LoRA's ``long.sh``
+    trains MNLI); a task not named trains ``epochs``."""
     grad_clip: float = 1.0
     max_steps_per_task: int = 0
     """Cap on optimizer steps per task (0 = no cap)."""
@@ -318,10 +376,12 @@ class OLoRAConfig:
     LoRAs frozen and summed into every forward, and the loss of task t gets
     ``lambda_orth * sum_layers sum_{i<t} orth(A_i, A_t) + lambda_l2 * l2(theta_t)``.
 
-    The defaults are its scripts' (``scripts/order_1.sh`` .. ``order_3.sh`` of
-    ``cmnfriend/O-LoRA`` pass ``--lamda_1 0.5 --lamda_2 0`` for every task of every order).
-    The penalty forms default to the paper's formulas; ``orth_norm=l1`` and ``l2_norm=fro``
-    give the reference code's (``src/uie_trainer_lora.py``, ``training_step``)."""
+    The defaults are its code's, as its scripts pair them: ``scripts/order_1.sh`` ..
+    ``order_3.sh`` of ``cmnfriend/O-LoRA`` pass ``--lamda_1 0.5 --lamda_2 0`` for every task,
+    and ``src/uie_trainer_lora.py`` (``training_step``, lines 91-109) weighs with them the L1
+    form ``torch.abs(torch.mm(A_i, A_t.T)).sum()`` and the unsquared ``torch.norm(param, p=2)``.
+    The paper's formulas (squared Frobenius norms) are ``orth_norm=fro2`` and ``l2_norm=fro2``;
+    with them lambda 0.5 weighs far less (the squares of the small entries of A_i A_t^T)."""
 
     lambda_orth: float = 0.5
     """lambda_1: weight of the orthogonality penalty between the current task's LoRA A and
@@ -329,14 +389,18 @@ class OLoRAConfig:
     lambda_l2: float = 0.0
     """lambda_2: weight of the L2 penalty on the current task's LoRA A and B (0 in O-LoRA's
     scripts, so the term is off by default)."""
-    orth_norm: str = "fro2"
-    """``fro2``: the paper's ``||A_i^T A_t||_F^2`` (squared Frobenius norm of the overlap of
-    the two subspaces); ``l1``: the code's ``torch.abs(torch.mm(A_i, A_t.T)).sum()`` (the sum of
-    the overlap's absolute entries)."""
-    l2_norm: str = "fro2"
-    """``fro2``: the paper's ``||theta_t||_2^2`` (sum of squares of the current LoRA's
-    entries); ``fro``: the code's ``torch.norm(param, p=2)`` summed over the LoRA tensors (a
-    norm per tensor, not squared)."""
+    orth_norm: str = "l1"
+    """``l1`` (default): the code's ``torch.abs(torch.mm(A_i, A_t.T)).sum()`` (the sum of the
+    overlap's absolute entries); ``fro2``: the paper's ``||A_i^T A_t||_F^2`` (squared Frobenius norm of the overlap of
+    the two subspaces)."""
+    per_task: list[str] = field(default_factory=list)
+    """Per-task strengths, ``"<task>:<lambda_orth>:<lambda_l2>"`` each (e.g. ``MNLI:0.5:0``);
+    a task not named takes ``lambda_orth`` / ``lambda_l2``. O-LoRA's 15-task script
+    (``scripts/long.sh``) sets them per task; the ``olora_long`` preset carries its values."""
+    l2_norm: str = "fro"
+    """``fro`` (default): the code's ``torch.norm(param, p=2)`` summed over the LoRA tensors
+    (a norm per tensor, not squared); ``fro2``: the paper's ``||theta_t||_2^2`` (sum of
+    squares of the current LoRA's entries)."""
 
 
 @dataclass
@@ -361,6 +425,8 @@ class NLoRAConfig:
     whose tasks were still learned within 5 points of SeqLoRA's (RESULTS.md, "The rival
     baselines"); under AdamW an L1 gradient does not fade near zero, so measure on a new
     setting before a long run."""
+    per_task: list[str] = field(default_factory=list)
+    """Per-task strengths, ``"<task>:<lambda_l1>"`` each; a task not named takes ``lambda_l1``."""
     l1_of: str = "delta"
     """``delta``: the paper's ``||B_t A_t||_1``, the sum of the absolute entries of the task's
     ``(out, in)`` update (without the LoRA scaling); ``ab``: the code's ``||A_t B_t||_1`` with
@@ -452,13 +518,16 @@ CHOICES: dict[str, tuple[str, ...] | None] = {
     "replay.score_time": ("before", "after"),
     "replay.insert_time": ("before", "after"),
     "replay.reduction": ("mean", "sum"),
-    "replay.scope": ("sequence", "label"),
+    "replay.scope": ("sequence", "label", "input"),
     "replay.balance": ("none", "label"),
+    "replay.loss": ("joint", "pair"),
+    "dual.unit": ("step", "example"),
     "train.scheduler": ("constant", "constant_with_warmup", "linear", "cosine"),
     "eval.mode": ("generate", "rank", "perplexity"),
     "data.kind": ("classify", "text"),
     "data.invalid_labels": ("error", "drop"),
     "data.train_sampling": ("balanced", "random"),
+    "data.draw": ("shared", "order"),
     "data.test_sampling": ("balanced", "random"),
     "train.batching": ("bucketed", "uniform"),
     "eval.matrix": ("full", "fp_ap"),
@@ -467,6 +536,43 @@ CHOICES: dict[str, tuple[str, ...] | None] = {
     "olora.l2_norm": ("fro2", "fro"),
     "nlora.l1_of": ("delta", "ab"),
 }
+
+
+def per_task_values(entries: list[str], key: str, n: int) -> dict[str, tuple[float, ...]]:
+    """``"<task>:<v1>[:<v2>...]"`` entries (``n`` numbers each, finite, >= 0) as {task: values}."""
+    out: dict[str, tuple[float, ...]] = {}
+    for entry in entries:
+        name, _, rest = str(entry).partition(":")
+        parts = rest.split(":") if rest else []
+        try:
+            values = tuple(float(v) for v in parts)
+        except ValueError:
+            values = ()
+        if not name.strip() or len(values) != n or not all(math.isfinite(v) and v >= 0 for v in values):
+            shape = ":".join(["<task>"] + [f"<v{i + 1}>"[:4] if n > 1 else "<value>" for i in range(n)])
+            raise SureclError(f"{key}: {str(entry)[:60]!r} must be {shape} with {n} number(s) >= 0")
+        if name.strip() in out:
+            raise SureclError(f"{key}: task {name.strip()!r} named twice")
+        out[name.strip()] = values
+    return out
+
+
+RAW_STRING_KEYS = ("replay.ratio",)
+"""Keys whose command-line value is taken as written, not parsed as YAML."""
+
+
+def replay_ratio(text: str) -> tuple[int, int]:
+    """``replay.ratio`` ``"a:b"`` as (a, b): a replayed examples per b new ones (integers, a >= 1, b >= 1)."""
+    if isinstance(text, int) or (isinstance(text, str) and text.strip().isdigit()):
+        raise SureclError(f"replay.ratio: got the number {str(text)[:20]}; an unquoted a:b in YAML is read as a base-60 number: quote it (ratio: \"1:2\")")
+    parts = str(text).split(":")
+    try:
+        a, b = (int(p.strip()) for p in parts)
+    except ValueError:
+        a = b = 0
+    if len(parts) != 2 or a < 1 or b < 1 or a > 1000 or b > 1000:
+        raise SureclError(f"replay.ratio: {str(text)[:40]!r} must be 'a:b' with whole numbers 1..1000 (replayed:new, e.g. 1:2; empty = replay.batch_size every replay.every steps)")
+    return a, b
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -484,6 +590,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     checks = [
         ("replay.buffer_size", cfg.replay.buffer_size >= 0 and math.isfinite(cfg.replay.buffer_size), "must be >= 0"),
         ("replay.every", cfg.replay.every >= 1, "must be >= 1"),
+        ("replay.buffer_fraction", 0 <= cfg.replay.buffer_fraction <= 1, "must be in [0, 1] (0 = use replay.buffer_size)"),
         ("replay.batch_size", cfg.replay.batch_size >= 1, "must be >= 1"),
         ("dual.beta", _beta_ok(cfg.dual.beta), "must be a number in (0, 1) or auto"),
         ("dual.window_tasks", cfg.dual.window_tasks >= 0 and math.isfinite(cfg.dual.window_tasks), "must be >= 0"),
@@ -519,6 +626,13 @@ def validate(cfg: RunConfig) -> RunConfig:
     for key, ok, why in checks:
         if not ok:
             raise SureclError(f"{key}: {get_key(cfg, key)!r} {why}")
+    if cfg.replay.ratio:
+        replay_ratio(cfg.replay.ratio)  # raises on a malformed ratio
+    per_task_values(cfg.olora.per_task, "olora.per_task", 2)
+    per_task_values(cfg.nlora.per_task, "nlora.per_task", 1)
+    for name, (epochs,) in per_task_values(cfg.train.epochs_per_task, "train.epochs_per_task", 1).items():
+        if epochs < 1 or epochs != int(epochs) or epochs > 1000:
+            raise SureclError(f"train.epochs_per_task: {name}:{epochs:g} must be a whole number of epochs from 1 to 1000")
     if cfg.replay.buffer_size > 0 and cfg.replay.buffer_size >= 1 and cfg.replay.buffer_size != int(cfg.replay.buffer_size):
         raise SureclError(f"replay.buffer_size: {cfg.replay.buffer_size!r} must be a fraction below 1 or a whole count")
     for i, entry in enumerate(cfg.data.hf):
@@ -672,8 +786,27 @@ def _apply_mapping(obj: Any, mapping: dict[str, Any], prefix: str, source: str) 
             _apply_mapping(getattr(obj, name), value, key + ".", source)
         elif _entry_type(typ) is not None:
             setattr(obj, name, _coerce_entries(value, _entry_type(typ), key, source))
+        elif key == "replay.buffer_size":
+            setattr(obj, name, _buffer_size(value, source))
         else:
             setattr(obj, name, _coerce(value, typ, key))
+
+
+def _buffer_size(value: Any, source: str) -> float | int:
+    """``replay.buffer_size``: a whole count stays an int (so a saved config writes it without a
+    decimal point); a number with a decimal point at or above 1 is refused where a user wrote
+    it (``1.0`` once silently meant one example). Configs saved before this check wrote counts
+    as ``300.0``, which a saved config still reads as the count."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    number = _coerce(value, float, "replay.buffer_size")
+    written_float = isinstance(value, float) or (isinstance(value, str) and "." in value)
+    if number >= 1 and written_float and source != "saved config":
+        raise SureclError(
+            f"replay.buffer_size: {str(value)[:20]} is ambiguous (a count or a fraction?); write a count without a decimal "
+            f"point (e.g. {int(number) if number.is_integer() else 300}) or a fraction as replay.buffer_fraction (e.g. 1.0 = every example)"
+        )
+    return int(number) if number >= 1 and number.is_integer() else number
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
@@ -689,6 +822,8 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
             value = raw
         if value is None:
             value = raw
+        if dotted in RAW_STRING_KEYS:  # YAML 1.1 reads an unquoted 1:2 as the base-60 number 62
+            value = raw.strip().strip("'\"")
         nested: dict[str, Any] = {}
         cursor = nested
         parts = dotted.split(".")
@@ -735,7 +870,7 @@ def load_yaml(path_or_preset: str) -> tuple[dict[str, Any], str]:
     return data, text_source
 
 
-META_KEYS = ("description", "kind", "orders")
+META_KEYS = ("description", "kind", "orders", "essential")
 DEFAULT_PRESET = "slow_surprise"
 
 
@@ -750,11 +885,26 @@ def build_config(config: str | None = None, overrides: list[str] | None = None) 
     loaded = [(name, *load_yaml(name)) for name in names]
     if not any(data.get("kind", "method") == "method" for _, data, _ in loaded):
         loaded.insert(0, (DEFAULT_PRESET, *load_yaml(DEFAULT_PRESET)))
+    guarded: dict[str, tuple[str, Any]] = {}  # key -> (method preset, its value) that later presets may not change
+    conflicts: dict[str, str] = {}
     for name, data, source in loaded:
         body = {k: v for k, v in data.items() if k not in META_KEYS}
         _apply_mapping(cfg, body, "", source)
+        for key, (owner, value) in guarded.items():
+            if get_key(cfg, key) != value and key not in conflicts:
+                conflicts[key] = (
+                    f"--config: {name} sets {key}={get_key(cfg, key)!r} over {owner}'s essential {key}={value!r}; "
+                    f"put {owner} after {name}, or set {key} on the command line"
+                )
         if data.get("kind", "method") == "method" and "preset" not in body:  # a saved config.yaml keeps its own
             cfg.preset = Path(name).stem
+        for key in data.get("essential", []) or []:
+            guarded[key] = (Path(name).stem, get_key(cfg, key))
+            conflicts.pop(key, None)
+    overridden = {item.split("=", 1)[0].strip() for item in overrides or []}
+    for key, message in conflicts.items():
+        if key not in overridden:  # an explicit override decides
+            raise SureclError(message)
     apply_overrides(cfg, overrides or [])
     return validate(cfg)
 

@@ -18,11 +18,62 @@ import yaml
 from surecl.config import RunConfig
 
 
-def planned_steps(n_examples: int, cfg: RunConfig) -> int:
-    """Optimizer steps a stage over ``n_examples`` takes (epochs x batches, capped)."""
-    steps = math.ceil(n_examples / cfg.train.batch_size) * cfg.train.epochs
+def stage_epochs(cfg: RunConfig, names: list[str] | None = None) -> int:
+    """Epochs of a stage over the tasks ``names``: ``train.epochs``, or the most that
+    ``train.epochs_per_task`` gives one of them."""
+    from surecl.config import per_task_values
+
+    table = per_task_values(cfg.train.epochs_per_task, "train.epochs_per_task", 1)
+    own = [int(table[n][0]) for n in names or [] if n in table]
+    return max(own) if own else cfg.train.epochs
+
+
+def planned_steps(n_examples: int, cfg: RunConfig, names: list[str] | None = None) -> int:
+    """Optimizer steps a stage over ``n_examples`` (of the tasks ``names``) takes (epochs x batches, capped)."""
+    steps = math.ceil(n_examples / cfg.train.batch_size) * stage_epochs(cfg, names)
     cap = cfg.train.max_steps_per_task
     return min(steps, cap) if cap else steps
+
+
+def planned_examples(n_examples: int, cfg: RunConfig, names: list[str] | None = None) -> int:
+    """New examples a stage over ``n_examples`` trains on (every epoch's batches, capped at
+    ``train.max_steps_per_task`` steps)."""
+    b = cfg.train.batch_size
+    per_epoch = [b] * (n_examples // b) + ([n_examples % b] if n_examples % b else [])
+    sizes = per_epoch * stage_epochs(cfg, names)
+    cap = cfg.train.max_steps_per_task
+    return sum(sizes[:cap] if cap else sizes)
+
+
+def ema_units(n_examples: int, cfg: RunConfig, names: list[str] | None = None) -> int:
+    """EMA updates a stage over ``n_examples`` makes: its optimizer steps, or its new examples
+    with ``dual.unit=example``."""
+    return planned_examples(n_examples, cfg, names) if cfg.dual.unit == "example" else planned_steps(n_examples, cfg, names)
+
+
+def replay_count(step: int, batch_sizes: list[int], cfg: RunConfig) -> int:
+    """Examples replayed at ``step`` of a stage whose steps take ``batch_sizes`` new examples
+    each: with ``replay.ratio`` a:b, floor(N' a / b) - floor(N a / b) for the new examples N
+    before the step and N' after it (so a stage replays floor(total a / b) in all, spread
+    evenly); else ``replay.batch_size`` every ``replay.every``-th step."""
+    if not cfg.replay.ratio:
+        return cfg.replay.batch_size if step % cfg.replay.every == 0 else 0
+    from surecl.config import replay_ratio
+
+    a, b = replay_ratio(cfg.replay.ratio)
+    before = sum(batch_sizes[:step])
+    after = before + batch_sizes[step]
+    return after * a // b - before * a // b
+
+
+def replayed_in(batch_size: int, cfg: RunConfig) -> float:
+    """Replayed examples per step of ``batch_size`` new examples, on average."""
+    if not cfg.replay.ratio:
+        return cfg.replay.batch_size / cfg.replay.every
+    from surecl.config import replay_ratio
+
+    a, b = replay_ratio(cfg.replay.ratio)
+    return batch_size * a / b
 
 
 def _model_line(cfg: RunConfig) -> str:
@@ -77,19 +128,30 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         f"method {cfg.method}, replay {policy}" + (f" (score {cfg.replay.score_time}, insert {cfg.replay.insert_time}, {cfg.replay.reduction} over {cfg.replay.scope})" if issubclass(policy_cls, SurprisePolicy) else "")
         + (", each task's share spread evenly over its labels" if quota and cfg.replay.balance == "label" else ""),
         f"optimizer: AdamW lr {cfg.train.lr:g} ({cfg.train.scheduler}, warmup {cfg.train.warmup_steps}), batch {cfg.train.batch_size} ({cfg.train.batching}), "
-        f"{cfg.train.epochs} epoch(s), {'fresh' if cfg.train.fresh_optimizer else 'carried-over'} optimizer state per task",
+        f"{cfg.train.epochs} epoch(s){' (per task: ' + ', '.join(cfg.train.epochs_per_task) + ')' if cfg.train.epochs_per_task else ''}, {'fresh' if cfg.train.fresh_optimizer else 'carried-over'} optimizer state per task",
     ]
     if policy != "none":
         size = f"{cfg.replay.buffer_size:g} of {total}" if cfg.replay.buffer_size < 1 else "absolute"
-        lines.append(f"buffer: S = {capacity} ({size}); {cfg.replay.batch_size} replayed examples every {cfg.replay.every} step(s)")
+        if cfg.replay.ratio:
+            how = f"replay ratio {cfg.replay.ratio} (replayed:new, about {replayed_in(cfg.train.batch_size, cfg):g} per step of {cfg.train.batch_size})"
+        else:
+            how = f"{cfg.replay.batch_size} replayed examples every {cfg.replay.every} step(s)"
+        weighting = "each pair's mean (the reference's)" if cfg.replay.loss == "pair" else "token mean over the joint batch"
+        lines.append(f"buffer: S = {capacity} ({size}); {how}; loss: {weighting}")
     lines += ["", "| stage | tasks | train | test | steps | replay steps | buffer quota per task after it |", "|---|---|---|---|---|---|---|"]
     steps_all = []
     for k, stage in enumerate(stages):
         n = sum(n_train[t] for t in stage.tasks)
-        steps = planned_steps(n, cfg)
+        steps = planned_steps(n, cfg, [tasks[t].name for t in stage.tasks])
         steps_all.append(steps)
         has_buffer = policy != "none" and (k > 0 or policy_cls.online or cfg.replay.insert_time == "before")
-        replay_steps = math.ceil(steps / cfg.replay.every) if has_buffer else 0
+        if not has_buffer:
+            replay_steps = 0
+        elif cfg.replay.ratio:
+            sizes = [cfg.train.batch_size] * steps
+            replay_steps = sum(1 for k in range(steps) if replay_count(k, sizes, cfg) > 0)
+        else:
+            replay_steps = math.ceil(steps / cfg.replay.every)
         d = k + 1
         q = f"floor({capacity}/{d}) = {capacity // d}" if quota else ("-" if policy == "none" else "online")
         names = "+".join(tasks[t].name for t in stage.tasks)
@@ -99,20 +161,30 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     if warning:
         lines.append(f"warning: {warning}")
     if cfg.dual.enabled:
-        from surecl.adapters import resolve_beta
+        from surecl.adapters import beta_per_step, resolve_beta
 
-        beta = resolve_beta(cfg.dual, steps_all[0])
-        window = 1.0 / (1.0 - beta)
+        beta = resolve_beta(cfg.dual, ema_units(sum(n_train[t] for t in stages[0].tasks), cfg, [tasks[t].name for t in stages[0].tasks]))
+        step_beta = beta_per_step(beta, cfg.dual, cfg.train.batch_size)
+        window = 1.0 / (1.0 - step_beta) if step_beta < 1 else math.inf
         per_task = sum(steps_all) / len(steps_all)
         form = "bias-corrected" if cfg.dual.bias_correction else "plain recursion (the paper's)"
+        unit = (f"once per new example (dual.unit=example, the reference code's): {cfg.train.batch_size} updates per step of "
+                f"{cfg.train.batch_size}, effective beta per optimizer step {beta:.4g}^{cfg.train.batch_size} = {step_beta:.4g}"
+                if cfg.dual.unit == "example" else "once per optimizer step (dual.unit=step)")
         lines.append(
-            f"dual learner: slow = EMA of fast, beta {beta:.4g}{f' (auto: a window of {cfg.dual.window_tasks:g} tasks)' if cfg.dual.beta == 'auto' else ''}, {form}; window 1/(1-beta) = {window:.0f} steps "
-            f"against {per_task:.0f} steps per task ({per_task / window:.2f} windows per task)"
+            f"dual learner: slow = EMA of fast, beta {beta:.4g}{f' (auto: a window of {cfg.dual.window_tasks:g} tasks)' if cfg.dual.beta == 'auto' else ''} "
+            f"applied {unit}, {form}; window 1/(1-beta per step) = {window:.1f} steps = {window / per_task:.2f} tasks "
+            f"of {per_task:.0f} steps ({per_task / window:.2f} windows per task)"
         )
+        if window > sum(steps_all):
+            lines.append(
+                f"  warning: the EMA window ({window:.0f} steps) is longer than the whole stream ({sum(steps_all)} steps): "
+                "the slow adapter cannot catch up with the fast one within this run"
+            )
         if not cfg.dual.bias_correction and window > steps_all[0]:
             lines.append(
-                f"  note: after the first task the slow adapter still holds {beta ** steps_all[0]:.0%} of its initial weights "
-                f"(beta^{steps_all[0]})"
+                f"  note: after the first task the slow adapter still holds {step_beta ** steps_all[0]:.0%} of its initial weights "
+                f"(beta per step ^ {steps_all[0]})"
             )
     lines += ["", "resolved config:", yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip()]
     return "\n".join(lines)

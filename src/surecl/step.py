@@ -43,6 +43,8 @@ class StepConfig:
     fresh_optimizer: bool = False
     grad_clip: float = 1.0
     micro_batch_tokens: int = 1024
+    replay_loss: str = "joint"
+    """``replay.loss``: ``joint`` (token mean over the mixed batch) or ``pair`` (:func:`pair_weights`)."""
 
 
 class TrainStep(Plugin):
@@ -51,7 +53,8 @@ class TrainStep(Plugin):
 
     @classmethod
     def config_from(cls, cfg) -> StepConfig:
-        return StepConfig(**{f: getattr(cfg.train, f) for f in StepConfig.__dataclass_fields__})
+        fields = [f for f in StepConfig.__dataclass_fields__ if f != "replay_loss"]
+        return StepConfig(**{f: getattr(cfg.train, f) for f in fields}, replay_loss=cfg.replay.loss)
 
     def __init__(self, config: StepConfig, params: list) -> None:
         super().__init__(config)
@@ -126,12 +129,19 @@ class TrainStep(Plugin):
             tasks = [t for t, _ in current] + [e.task for e in replayed]
             tasks = tasks[rank::world] if local else tasks[:1]
         slices = micro_batch_positions(rows, self.config.micro_batch_tokens, tasks)
+        coef = None
+        if self.config.replay_loss == "pair" and replayed:
+            coef = pair_weights(len(current), [len(e.answer) for e in items])
+            coef = coef[rank::world] if local else coef[:1]
         parts, loss_total = [], 0.0
         for k, positions in enumerate(slices):
             sync = accelerator.no_sync(ctx.model) if k < len(slices) - 1 else contextlib.nullcontext()
             with sync:
                 nll_k, count_k = token_nll(ctx.model, ctx.batch([rows[i] for i in positions], shared=True), scope="label", is_seq2seq=ctx.is_seq2seq)
-                loss = weight * nll_k.sum() / n_tokens
+                if coef is None:
+                    loss = weight * nll_k.sum() / n_tokens
+                else:
+                    loss = weight * (nll_k * torch.tensor([coef[i] for i in positions], dtype=nll_k.dtype, device=nll_k.device)).sum()
                 if k == 0:
                     loss = ctx.plugins.loss(ctx, loss)  # a penalty enters once per step
                 if not torch.isfinite(loss):
@@ -154,3 +164,20 @@ class TrainStep(Plugin):
             rows=list(range(len(items)))[rank::world] if local else [], nll=nll, tokens=count,
             loss=shown.item(), lr=self.optimizer.param_groups[0]["lr"],
         )
+
+
+def pair_weights(n_new: int, tokens: list[int]) -> list[float]:
+    """Per-row weights on the summed answer NLL of a step's rows (the ``n_new`` new examples,
+    then the replayed ones, with ``tokens`` answer tokens each) for ``replay.loss=pair``, the
+    paper's reference weighting: each row's loss is its token mean; replayed row j is paired
+    with new row j mod n_new; a group (a new row and the replayed rows paired with it) has
+    the mean of its rows' losses; the step's loss is the mean of the n_new groups' losses.
+    With one replayed row per paired new row this is the reference's
+    ``(outputs.loss + replay_outputs.loss) / 2`` per micro-batch of one, averaged over the
+    step's accumulated micro-batches."""
+    n_rep = len(tokens) - n_new
+    group = [1] * n_new
+    for j in range(n_rep):
+        group[j % n_new] += 1
+    sizes = group + [group[j % n_new] for j in range(n_rep)]
+    return [1.0 / (n_new * g * max(1, t)) for g, t in zip(sizes, tokens)]

@@ -27,6 +27,7 @@ or several processes.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import time
 import warnings
@@ -39,7 +40,7 @@ from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 from tqdm.auto import tqdm
 
 from surecl import checkpoint, metrics
-from surecl.adapters import DualLoRA, resolve_beta
+from surecl.adapters import DualLoRA, beta_per_step, resolve_beta
 from surecl.config import RunConfig
 from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, uniform_batches
 from surecl.data.loading import caller_stream, load_stream
@@ -48,7 +49,7 @@ from surecl.errors import SureclError
 from surecl.evaluate import accuracy, generate_answers, perplexity, rank_answers
 from surecl.logs import logger
 from surecl.model import default_cache_dir, host_info, load_model, prepare_model
-from surecl.plan import planned_steps
+from surecl.plan import ema_units, planned_steps, replay_count, stage_epochs
 from surecl.plugins.base import Plugin, Plugins, Stage
 from surecl.plugins.faults import FaultInjection, fault_point
 from surecl.plugins.steplog import StepLog
@@ -180,7 +181,7 @@ class ContinualRun:
             self.log(f"warning: {loaded.note}")
         if cfg.data.kind == "text" and self.is_seq2seq:
             raise SureclError(f"data.kind=text (continual pre-training) needs a causal LM; {cfg.model.name} is encoder-decoder")
-        encoder = TaskEncoder(self.tokenizer, cfg.model.max_length)
+        encoder = TaskEncoder(self.tokenizer, cfg.model.max_length, end_eos=self.is_seq2seq and cfg.model.encoder_eos, task_prefix=cfg.data.task_prefix)
         # Tokenised once per dataset; the hot loop only indexes these lists. The run reads them
         # through InputSets, which puts the method's input prefix (if any) before each prompt.
         self.method = None
@@ -221,7 +222,7 @@ class ContinualRun:
         if self.eval_fast:
             self.state.accuracy_fast = [[None] * len(self.tasks) for _ in self.tasks]
         self.stages: list[Stage] = self.method.stages(len(self.tasks))
-        self.adapters.beta = resolve_beta(cfg.dual, self.steps_in_stage(self.stages[0]))
+        self.adapters.beta = resolve_beta(cfg.dual, ema_units(sum(len(self.train_sets[t]) for t in self.stages[0].tasks), cfg, [self.tasks[t].name for t in self.stages[0].tasks]))
         self._warn_slow_window()
         warning = quota_warning(policy_name, self.policy.capacity, len(self.tasks))
         if warning:
@@ -255,12 +256,13 @@ class ContinualRun:
         self.train_step.reset()
 
     def steps_in_stage(self, stage: Stage) -> int:
-        return planned_steps(sum(len(self.train_sets[t]) for t in stage.tasks), self.cfg)
+        return planned_steps(sum(len(self.train_sets[t]) for t in stage.tasks), self.cfg, [self.tasks[t].name for t in stage.tasks])
 
     def _warn_slow_window(self) -> None:
         if not self.cfg.dual.enabled or self.cfg.dual.bias_correction:
             return
-        window = 1.0 / (1.0 - self.adapters.beta)
+        step_beta = beta_per_step(self.adapters.beta, self.cfg.dual, self.cfg.train.batch_size)
+        window = 1.0 / (1.0 - step_beta) if step_beta < 1 else math.inf
         first = self.steps_in_stage(self.stages[0])
         if window > first:
             self.log(
@@ -405,16 +407,20 @@ class ContinualRun:
         self.checkpoint()
 
     def train_stage(self, stage: Stage) -> None:
-        """The stage's steps from ``state.step`` on: the planned batch, every ``replay.every``-th
-        step with a replay batch from the buffer; one optimizer step; its record to every plugin."""
-        pool, batches, replay = self._pool(stage), self.state.batches, self.cfg.replay
+        """The stage's steps from ``state.step`` on: the planned batch with the step's replayed
+        examples from the buffer (``replay.ratio``, or ``replay.batch_size`` every
+        ``replay.every``-th step: :func:`surecl.plan.replay_count`); one optimizer step; its
+        record to every plugin."""
+        pool, batches = self._pool(stage), self.state.batches
         total = len(batches)
         self.model.train()
         bar = tqdm(total=total, initial=self.state.step, desc=f"train {self.stage_name(stage)}", disable=not self.progress or not self.accelerator.is_main_process, leave=False)
         start = time.perf_counter()
+        sizes = [len(b) for b in batches]
         for step in range(self.state.step, total):
             current = [pool[k] for k in batches[step]]
-            replayed = self.policy.sample(replay.batch_size) if step % replay.every == 0 else []
+            count = replay_count(step, sizes, self.cfg)
+            replayed = self.policy.sample(count) if count else []
             record = self.train_step(self, stage, step, total, current, replayed)
             self.state.global_step = record.global_step
             self.plugins.after_step(self, record)
@@ -438,7 +444,7 @@ class ContinualRun:
         cfg = self.cfg
         lengths = [len(self.train_sets[t][i]) for t, i in self._pool(stage)]
         batches: list[list[int]] = []
-        for _ in range(cfg.train.epochs):
+        for _ in range(stage_epochs(cfg, [self.tasks[t].name for t in stage.tasks])):
             if cfg.train.batching == "uniform":
                 batches.extend(uniform_batches(len(lengths), cfg.train.batch_size, self.rng))
             else:

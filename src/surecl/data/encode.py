@@ -23,12 +23,17 @@ from surecl.data.task import Example, Task
 from surecl.errors import SureclError
 
 
-def prompt_parts(task: Task, sentence: str) -> tuple[str, str, str]:
-    return task.instruction + "Option: " + ", ".join(task.labels) + " \n", sentence, "\nAnswer:"
+def prompt_parts(task: Task, sentence: str, task_prefix: bool = False) -> tuple[str, str, str]:
+    """(head, body, tail) of the O-LoRA prompt; ``task_prefix`` puts O-LoRA's
+    ``Task:<group>\nDataset:<name>\n`` before it (its scripts' ``--add_task_name True
+    --add_dataset_name True``, ``src/uie_collator.py``; the group is the benchmark's task type:
+    TC, SC, NLI, ...)."""
+    head = f"Task:{task.group or task.name}\nDataset:{task.name}\n" if task_prefix else ""
+    return head + task.instruction + "Option: " + ", ".join(task.labels) + " \n", sentence, "\nAnswer:"
 
 
-def build_prompt(task: Task, sentence: str) -> str:
-    return "".join(prompt_parts(task, sentence))
+def build_prompt(task: Task, sentence: str, task_prefix: bool = False) -> str:
+    return "".join(prompt_parts(task, sentence, task_prefix))
 
 
 @dataclass
@@ -46,9 +51,13 @@ class Encoded:
 class TaskEncoder:
     """Tokenises a task's examples once; truncates the sentence, never the instruction or answer."""
 
-    def __init__(self, tokenizer, max_length: int):
+    def __init__(self, tokenizer, max_length: int, end_eos: bool = False, task_prefix: bool = False):
         self.tok = tokenizer
         self.max_length = max_length
+        self.task_prefix = task_prefix
+        """Put O-LoRA's ``Task:...\nDataset:...\n`` before every prompt (``data.task_prefix``)."""
+        self.end_eos = end_eos
+        """End every prompt with the EOS token (an encoder-decoder's input, ``model.encoder_eos``)."""
         self._answers: dict[str, list[int]] = {}
 
     def _ids(self, text: str) -> list[int]:
@@ -60,9 +69,9 @@ class TaskEncoder:
         return self._answers[label]
 
     def prompt_ids(self, task: Task, sentence: str) -> list[int]:
-        head, body, tail = prompt_parts(task, sentence)
+        head, body, tail = prompt_parts(task, sentence, self.task_prefix)
         bos = [self.tok.bos_token_id] if getattr(self.tok, "add_bos_token", False) and self.tok.bos_token_id is not None else []
-        head_ids, tail_ids = bos + self._ids(head), self._ids(tail)
+        head_ids, tail_ids = bos + self._ids(head), self._ids(tail) + ([self.tok.eos_token_id] if self.end_eos else [])
         room = max(self.max_length - len(head_ids) - len(tail_ids), 1)
         return head_ids + self._ids(body)[:room] + tail_ids
 

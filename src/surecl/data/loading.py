@@ -64,4 +64,8 @@ def caller_stream(tasks: list[Task], cfg: RunConfig) -> list[Task]:
 def sampled(tasks: list[Task], cfg: RunConfig) -> list[Task]:
     """The stream subsampled as the config says (``data.n_train`` / ``n_test``, ``data.*_sampling``, seed)."""
     data = cfg.data
-    return prepare_stream(tasks, data.n_train, data.n_test, data.train_sampling == "balanced", cfg.seed, test_balanced=data.test_sampling == "balanced")
+    key = ""
+    if data.draw == "order":  # an independent draw per (order, seed): the stream's task list is the order
+        key = "order=" + ",".join(t.name for t in tasks)
+    return prepare_stream(tasks, data.n_train, data.n_test, data.train_sampling == "balanced", cfg.seed,
+                          test_balanced=data.test_sampling == "balanced", draw_key=key)

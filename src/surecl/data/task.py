@@ -111,8 +111,11 @@ def subsample(rows: list[Example], n: int, rng: random.Random, balanced: bool) -
     return out
 
 
-def prepare_stream(tasks: list[Task], n_train: int, n_test: int, balanced: bool, seed: int, test_balanced: bool | None = None) -> list[Task]:
-    """Subsample each task with a per-task seeded RNG, so a task's sample does not depend on order.
+def prepare_stream(tasks: list[Task], n_train: int, n_test: int, balanced: bool, seed: int, test_balanced: bool | None = None,
+                   draw_key: str = "") -> list[Task]:
+    """Subsample each task with a per-task seeded RNG, so a task's sample does not depend on order
+    (unless ``draw_key``, e.g. the task order, is given: it joins the RNG's seed, so runs with
+    different keys draw independent samples; ``data.draw=order``).
     ``balanced`` applies to the train split and, unless ``test_balanced`` is given, the test split."""
     test_balanced = balanced if test_balanced is None else test_balanced
     names = [t.name for t in tasks]
@@ -121,7 +124,7 @@ def prepare_stream(tasks: list[Task], n_train: int, n_test: int, balanced: bool,
         raise SureclError(f"task named twice in the stream: {', '.join(dupes)}")
     out = []
     for task in tasks:
-        rng = random.Random(f"{seed}:{task.name}")
+        rng = random.Random(f"{seed}:{draw_key}:{task.name}" if draw_key else f"{seed}:{task.name}")
         out.append(
             Task(
                 name=task.name,

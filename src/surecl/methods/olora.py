@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from surecl.config import NLoRAConfig, OLoRAConfig
+from surecl.config import NLoRAConfig, OLoRAConfig, per_task_values
 from surecl.errors import SureclError
 from surecl.methods.base import Method, Stage
 
@@ -193,6 +193,12 @@ class TaskLoRAs(Method):
                 layer.past_b[:, :n].copy_(tensors[f"{layer.name}/B"])
 
 
+def _stage_names(ctx) -> list[str]:
+    """The names of the tasks the stage being trained covers (none outside a run's stage)."""
+    stage = getattr(ctx, "stage", None)
+    return [ctx.tasks[t].name for t in stage.tasks] if stage is not None else []
+
+
 class OLoRA(TaskLoRAs):
     """O-LoRA: orthogonality between the current and every earlier task's A, plus L2 on the
     current LoRA (``olora.*``)."""
@@ -200,13 +206,23 @@ class OLoRA(TaskLoRAs):
     name = "olora"
     Config = OLoRAConfig
 
+    def strengths(self, ctx) -> tuple[float, float]:
+        """(lambda_orth, lambda_l2) of the task being trained (``olora.per_task``, else the defaults)."""
+        c = self.config
+        own = per_task_values(c.per_task, "olora.per_task", 2) if c.per_task else {}
+        for name in _stage_names(ctx):
+            if name in own:
+                return own[name]
+        return c.lambda_orth, c.lambda_l2
+
     def penalty(self, ctx) -> torch.Tensor | None:
         c, terms = self.config, []
-        if c.lambda_orth and self.filled:  # the first task has no earlier A
+        lambda_orth, lambda_l2 = self.strengths(ctx)
+        if lambda_orth and self.filled:  # the first task has no earlier A
             n = self.filled * self.rank
-            terms.append(c.lambda_orth * sum(orth_penalty(layer.past_a[:n], layer.fast_a, c.orth_norm) for layer in self.layers))
-        if c.lambda_l2:
-            terms.append(c.lambda_l2 * l2_penalty([p for layer in self.layers for p in (layer.fast_a, layer.fast_b)], c.l2_norm))
+            terms.append(lambda_orth * sum(orth_penalty(layer.past_a[:n], layer.fast_a, c.orth_norm) for layer in self.layers))
+        if lambda_l2:
+            terms.append(lambda_l2 * l2_penalty([p for layer in self.layers for p in (layer.fast_a, layer.fast_b)], c.l2_norm))
         return sum(terms) if terms else None
 
 
@@ -228,9 +244,18 @@ class NLoRA(TaskLoRAs):
                         f"{in_width} to {out_width}; use nlora.l1_of=delta or square lora.target_modules"
                     )
 
+    def strength(self, ctx) -> float:
+        """lambda_l1 of the task being trained (``nlora.per_task``, else ``nlora.lambda_l1``)."""
+        own = per_task_values(self.config.per_task, "nlora.per_task", 1) if self.config.per_task else {}
+        for name in _stage_names(ctx):
+            if name in own:
+                return own[name][0]
+        return self.config.lambda_l1
+
     def penalty(self, ctx) -> torch.Tensor | None:
-        if not self.config.lambda_l1:
+        lam = self.strength(ctx)
+        if not lam:
             return None
         if self.config.l1_of == "ab":
-            return self.config.lambda_l1 * sum((layer.fast_a @ layer.fast_b).abs().sum() for layer in self.layers)
-        return self.config.lambda_l1 * sum(l1_of_delta(layer.fast_b, layer.fast_a) for layer in self.layers)
+            return lam * sum((layer.fast_a @ layer.fast_b).abs().sum() for layer in self.layers)
+        return lam * sum(l1_of_delta(layer.fast_b, layer.fast_a) for layer in self.layers)

@@ -217,6 +217,9 @@ def buffer_capacity(cfg: ReplayConfig, total_train: int) -> int:
     """S as a count: a fraction of all training examples of the stream (< 1) or absolute."""
     if cfg.policy == "none":
         return 0
+    fraction = getattr(cfg, "buffer_fraction", 0.0)
+    if fraction > 0:  # replay.buffer_fraction: a fraction in (0, 1], 1 = every training example
+        return int(round(fraction * total_train, 9))
     if cfg.buffer_size < 1:
         # round first: 0.29 * 100 is 28.999999999999996 in binary floating point
         return int(round(cfg.buffer_size * total_train, 9))

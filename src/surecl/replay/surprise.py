@@ -7,7 +7,10 @@ the answer only. An encoder-decoder model predicts only its decoder side: for ``
 decoder scores the answer given the prompt; for ``sequence`` it scores the whole example
 (prompt tokens, then answer tokens) as its target from an empty encoder input (the answer's
 end-of-sequence token alone), i.e. the model's surprise at the full sequence, as a language
-model (:func:`as_full_sequence`). With ``share_prefix`` the prompt prefix that a
+model (:func:`as_full_sequence`). ``input`` is the paper's reference code's score: the
+model's NLL of its own input as the target (on a causal model the whole sequence, as
+``sequence``; on an encoder-decoder the decoder reconstructing the prompt,
+:func:`as_input_reconstruction`). With ``share_prefix`` the prompt prefix that a
 batch's rows share (a task's instruction and options) runs once per batch (``surecl.nll``).
 """
 
@@ -35,6 +38,10 @@ def score_examples(
     """Surprise of every item, in the items' order."""
     if is_seq2seq and scope == "sequence":
         items = [as_full_sequence(e) for e in items]
+    elif is_seq2seq and scope == "input":
+        items = [as_input_reconstruction(e) for e in items]
+    if scope == "input":
+        scope = "label" if is_seq2seq else "sequence"  # a causal model's input is prompt + answer: the whole sequence
     order = sorted(range(len(items)), key=lambda i: len(items[i]))
     scores = [0.0] * len(items)
     for start in range(0, len(order), batch_size):
@@ -58,3 +65,15 @@ def as_full_sequence(e: Encoded) -> Encoded:
     while n < len(e.prompt) and e.prompt[n] < 0:
         n += 1
     return Encoded(e.prompt[:n] + [e.answer[-1]], e.prompt[n:] + e.answer, e.label)
+
+
+def as_input_reconstruction(e: Encoded) -> Encoded:
+    """``replay.scope=input`` on an encoder-decoder: the paper's reference scoring (``get_ll`` in
+    ``HHazard2002/continual-learning``, ``methods/buffer.py``), ``model(input_ids=x, labels=x)``
+    with the first label masked, where x is the encoder input (the prompt; the answer is not
+    in it): the decoder's mean NLL of reconstructing the prompt from the encoder's copy of it.
+    The masked first label is -100, which the model's right shift also turns into the pad
+    token at the decoder's input, as there. Virtual tokens (negative ids) stay on the encoder
+    side and are not targets."""
+    real = [t for t in e.prompt if t >= 0]
+    return Encoded(list(e.prompt), [-100] + real[1:], e.label)
