@@ -65,14 +65,15 @@ def main() -> None:
                     results.setdefault(f"retention/{preset}", []).append(sum(a[-1][:-1]) / 2)
             for preset in ("seq_lora", "olora"):
                 if wanted(f"rank_retention/{preset}"):
-                    a = _matrix(preset, [THREE, "eval.mode=rank", LEARNED, *extra], Path(tmp) / f"r-{preset}-{seed}", cache)
+                    form = ["olora.orth_norm=fro2", "olora.l2_norm=fro2"]  # the penalty form these figures were measured in
+                    a = _matrix(preset, [THREE, "eval.mode=rank", LEARNED, *form, *extra], Path(tmp) / f"r-{preset}-{seed}", cache)
                     results.setdefault(f"rank_retention/{preset}", []).append(sum(a[-1][:-1]) / 2)
             if wanted("second_task"):
                 a = _matrix("seq_lora", ["data.tasks=[colors,animals]", "data.n_test=16", LEARNED, *extra], Path(tmp) / f"s-{seed}", cache)
                 results.setdefault("second_task/seq_lora", []).append((a[0][0], a[1][0], a[1][1]))
             if wanted("orth_overlap"):
                 for lam in ("0.5", "0"):
-                    value = orth_overlap(Path(tmp) / f"o-{lam}-{seed}", cache, [f"olora.lambda_orth={lam}", *extra])
+                    value = orth_overlap(Path(tmp) / f"o-{lam}-{seed}", cache, [f"olora.lambda_orth={lam}", "olora.orth_norm=fro2", "olora.l2_norm=fro2", *extra])
                     results.setdefault(f"orth_overlap/{lam}", []).append(value)
                 results.setdefault("orth_overlap/ratio", []).append(results["orth_overlap/0.5"][-1] / results["orth_overlap/0"][-1])
             if wanted("mtl"):

@@ -100,3 +100,26 @@ def test_sweep_grid_gives_one_row_per_ablation_value(tmp_path, capsys, monkeypat
     assert "| surprise replay.buffer_size=4 |" in out and "| surprise replay.buffer_size=8 |" in out
     caps = {json.loads(p.read_text())["config"]["replay"]["buffer_size"]: json.loads(p.read_text())["buffer"]["capacity"] for p in (tmp_path / "g").rglob("results.json")}
     assert caps == {4.0: 4, 8.0: 8}
+
+
+def test_sweep_goes_on_past_a_failed_run_and_names_it(tmp_path, capsys, monkeypatch):
+    """A run that stops with an error (a non-finite loss, say) is named; the next runs still run;
+    the sweep ends with exit code 2 and a line listing what to resume."""
+    import surecl.trainer as trainer
+
+    monkeypatch.setenv("SURECL_CACHE", str(tmp_path / "cache"))
+    real = trainer.run
+
+    def flaky(cfg, out, **kw):
+        if cfg.seed == 0 and cfg.replay.policy == "surprise":
+            raise SureclError("non-finite loss (nan) at task colors step 1; the last checkpoint is intact")
+        return real(cfg, out, **kw)
+
+    monkeypatch.setattr(trainer, "run", flaky)
+    argv = ["sweep", "--config", "tiny", "--methods", "surprise,seq_lora", "--seeds", "0,1", "--out", str(tmp_path / "sw"), "--quiet", *SMALL]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "surprise/orderdefault/seed0: error: non-finite loss" in err
+    assert "1 run(s) failed and were left to resume" in err
+    done = sorted(p.parent.relative_to(tmp_path / "sw").as_posix() for p in (tmp_path / "sw").rglob("results.json"))
+    assert done == ["seq_lora/orderdefault/seed0", "seq_lora/orderdefault/seed1", "surprise/orderdefault/seed1"]

@@ -101,6 +101,8 @@ def _preset_orders(config: str) -> list[str] | None:
 
 
 def cmd_sweep(args) -> int:
+    """Run every planned run not finished yet; a run that fails is named and the next one runs
+    (exit code 2 at the end when any failed)."""
     from surecl.checkpoint import lock_holder
     from surecl.config import build_config
     from surecl.report import write_sweep_plan
@@ -150,6 +152,7 @@ def cmd_sweep(args) -> int:
     # the plan first, so `surecl report` can name the runs a killed or failed sweep did not finish
     meta = {"config": plan.config, "overrides": list(args.overrides), "plan": args.plan, "order_benchmark": plan.order_benchmark}
     write_sweep_plan(root, planned, meta)
+    failed: list[str] = []
     for k, (cfg, out) in enumerate(todo, 1):
         if _finished(out, cfg):
             print(f"[{k}/{len(todo)}] {out}: finished, skipped", file=sys.stderr)
@@ -163,10 +166,21 @@ def cmd_sweep(args) -> int:
             run(cfg, out, resume=True, progress=not args.quiet)
         except RunBusy as busy:  # another worker of the same study has it
             print(f"[{k}/{len(todo)}] {out}: {busy.holder} is running there, skipped", file=sys.stderr)
+        except SureclError as exc:  # this run cannot go on (e.g. a non-finite loss): the others still can
+            print(f"[{k}/{len(todo)}] {out}: error: {exc}", file=sys.stderr)
+            failed.append(str(out))
+        except _out_of_memory() as exc:
+            print(f"[{k}/{len(todo)}] {out}: error: {_memory_line(exc)}", file=sys.stderr)
+            failed.append(str(out))
+    if failed:
+        print(f"surecl: {len(failed)} run(s) failed and were left to resume: {', '.join(failed[:10])}"
+              + (" ..." if len(failed) > 10 else ""), file=sys.stderr)
     if plan.layout == "paper":
-        return cmd_report(argparse.Namespace(dirs=[str(root)], metric=args.metric, csv=None, md=None, layout="paper",
+        code = cmd_report(argparse.Namespace(dirs=[str(root)], metric=args.metric, csv=None, md=None, layout="paper",
                                              out_dir=str(root / "report"), no_fast=False, claims="default", claim=[], order_benchmark=[]))
-    return cmd_report(argparse.Namespace(dirs=[str(root)], metric=args.metric, csv=str(root / "table.csv"), md=str(root / "table.md")))
+    else:
+        code = cmd_report(argparse.Namespace(dirs=[str(root)], metric=args.metric, csv=str(root / "table.csv"), md=str(root / "table.md")))
+    return 2 if failed else code
 
 
 def _order_benchmarks(specs: list[str]) -> dict[str, str]:
@@ -323,6 +337,27 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("surecl: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except _out_of_memory() as exc:
+        if args.debug:
+            raise
+        print(f"surecl: error: {_memory_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def _out_of_memory() -> type[BaseException]:
+    """The accelerator's out-of-memory error (a class no other exception matches without torch)."""
+    torch = sys.modules.get("torch")
+    return getattr(torch, "OutOfMemoryError", _NeverRaised) if torch is not None else _NeverRaised
+
+
+class _NeverRaised(Exception):
+    pass
+
+
+def _memory_line(exc: BaseException) -> str:
+    first = str(exc).splitlines()[0] if str(exc) else "out of memory"
+    return (f"out of accelerator memory ({first[:160]}); the last checkpoint is intact: lower eval.batch_size or "
+            "train.micro_batch_tokens, or run fewer processes on the device, and rerun the same command to resume")
 
 
 if __name__ == "__main__":
