@@ -768,3 +768,53 @@ def test_both_layouts_print_the_same_std(runs, capsys):
     for row in ("seq_lora", "slow_surprise"):
         for o in orders:
             assert float(default_csv[row][f"order_{o}_std"]) == pytest.approx(float(main_csv[row][f"order_{o}_std"]), abs=1e-4)
+
+
+# --------------------------------------------------------------------------- tasks not learned above their majority class
+
+
+def _three_task_run(root, row, seed, final, diag, majority):
+    """A 3-task run of order "4" (LNT) with its final row, its diagonal and majority rates."""
+    d = root / rel(row, "4", seed)
+    d.mkdir(parents=True, exist_ok=True)
+    a = [[diag[0], None, None], [None, diag[1], None], list(final)]
+    a[2][2] = diag[2]
+    fp = sum(a[2]) / 3
+    res = {"tasks": ["a", "b", "c"], "metric": "accuracy", "accuracy_matrix": a, "fp": fp, "ap": sum(diag) / 3,
+           "forgetting": sum(diag) / 3 - fp, "bwt": 0.0, "avg_incremental": fp, "majority": dict(zip("abc", majority)),
+           "config": {"preset": row, "method": "sequential", "seed": seed, "data": {"order": "4", "draw": "order"},
+                      "dual": {"enabled": False}, "replay": {"policy": "surprise" if "surprise" in row else "none"}}}
+    (d / "results.json").write_text(json.dumps(res))
+
+
+def test_a_task_no_row_learns_above_its_majority_class_is_left_out_of_the_claims(tmp_path):
+    root = tmp_path / "lnt"
+    # task c: majority class 50 %, no row gets above 50.5 right after learning it
+    for seed, (sq, su) in enumerate([((30, 40, 50), (60, 70, 50)), ((34, 41, 49), (62, 69, 50)), ((31, 44, 50), (66, 72, 49))]):
+        _three_task_run(root, "seq_lora", seed, sq, (80, 80, 50), (25, 50, 50))
+        _three_task_run(root, "surprise", seed, su, (82, 81, 50.5), (25, 50, 50))
+    rep = paper_report([root], claims="none", custom_claims=["surprise>seq_lora"])
+    tasks = next(t for t in rep.tables if t.name == "tasks")
+    rows = {r["task"]: r for r in csv.DictReader(io.StringIO(tasks.csv))}
+    assert rows["c"]["learned"] == "0" and rows["a"]["learned"] == rows["b"]["learned"] == "1"
+    assert float(rows["c"]["majority"]) == 50.0 and float(rows["a"]["best"]) == pytest.approx(82.0)
+    claim = claims_csv(rep)[("surprise > seq_lora", "LNT")]
+    # FP over the learned tasks a, b only: per seed ((60+70) - (30+40))/2 = 30, (62+69-34-41)/2 = 28, (66+72-31-44)/2 = 31.5
+    assert float(claim["mean_diff"]) == pytest.approx((30 + 28 + 31.5) / 3)
+    claims_md = next(t for t in rep.tables if t.name == "claims").markdown
+    assert "left out" in claims_md and "order 4: c" in claims_md
+    # the main table's FP is still over every task
+    assert rep.study.value(("surprise", "4", 0), "fp") == pytest.approx((60 + 70 + 50.5) / 3)
+
+
+def test_a_run_records_majority_rates_and_its_report_shows_them(tmp_path, tiny_cache):
+    from surecl.data.loading import load_stream
+    from surecl.trainer import run
+
+    cfg = build_config("tiny,seq_lora", ["data.tasks=[colors,animals]", "data.n_train=8", "data.n_test=6", "train.epochs=1",
+                                          "data.test_sampling=random"])
+    res = run(cfg, tmp_path / "r", progress=False, cache_dir=tiny_cache)
+    for task in load_stream(cfg, cache_dir=tiny_cache):
+        labels = [e.label for e in task.test]
+        assert res["majority"][task.name] == pytest.approx(100 * max(labels.count(x) for x in set(labels)) / len(labels))
+    assert "majority-class rate per task (%): colors" in (tmp_path / "r" / "report.md").read_text()

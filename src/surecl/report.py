@@ -136,6 +136,21 @@ def _dual_words(results: dict) -> str:
     return f"on (beta {dual['beta']})"
 
 
+def _majority_lines(results: dict) -> list[str]:
+    """Each task's majority-class rate beside its accuracy right after learning it."""
+    rates = results.get("majority")
+    if not isinstance(rates, dict) or not rates:
+        return []
+    a = results["accuracy_matrix"]
+    cells = []
+    for j, task in enumerate(results["tasks"]):
+        if rates.get(task) is None:
+            continue
+        after = a[j][j] if j < len(a) and a[j][j] is not None else (a[-1][j] if a else None)
+        cells.append(f"{task} {rates[task]:.1f} (after learning it: {_fmt(after)})")
+    return ["majority-class rate per task (%): " + ", ".join(cells), ""] if cells else []
+
+
 def write_run_report(out_dir: Path, results: dict) -> None:
     cfg = results["config"]
     name = cfg.get("preset") or cfg["method"]
@@ -157,6 +172,7 @@ def write_run_report(out_dir: Path, results: dict) -> None:
         matrix_markdown(results["tasks"], results["accuracy_matrix"], results.get("initial"), digits),
         "",
         *_fast_section(results, digits),
+        *_majority_lines(results),
         f"buffer: {results['buffer']['size']} / {results['buffer']['capacity']} {results['buffer']['per_task']}",
         "",
         *_buffer_label_lines(results["buffer"].get("labels")),
@@ -319,6 +335,7 @@ class Record:
     threads: int | None = None  # torch threads of the run's last recorded host
     draw: str = "shared"  # config data.draw: "shared" (a seed's samples shared across orders) or "order"
     host_moved: bool = False  # the run recorded several different hosts (resumed on another machine)
+    majority: dict[str, float] | None = None  # results.json majority: each task's majority-class rate (%)
 
 
 # The kernel flags whose presence changes which matmul kernels (and so which rounding) a CPU run uses.
@@ -475,6 +492,10 @@ def write_sweep_plan(root: Path, runs: list[dict], meta: dict | None = None) -> 
     return path
 
 
+LEARNED_MARGIN = 1.0
+"""Points above the majority-class rate a task's best accuracy must reach to count as learned."""
+
+
 class Study:
     """Runs of one kind (accuracy or perplexity) keyed by (row, order, seed), with the expected
     runs and the benchmark of every order."""
@@ -515,7 +536,8 @@ class Study:
                     raise SureclError(f"report: two runs of row {name!r}, order {order}, seed {seed}: {records[key].path} and {f.parent}; report them separately")
                 records[key] = Record(name, order, seed, {m: src.get(m) for m in METRICS}, f.parent,
                                       list(r.get("tasks") or []), src.get("accuracy_matrix"), host_key(r),
-                                      _run_seconds(r), _run_threads(r), data_draw(r), host_moved(r))
+                                      _run_seconds(r), _run_threads(r), data_draw(r), host_moved(r),
+                                      r.get("majority") if isinstance(r.get("majority"), dict) else None)
         # expected runs: the plans, then every combination seen among runs no plan covers
         expected: dict[Key, str] = {}
         plan_dirs = []
@@ -548,10 +570,51 @@ class Study:
                     expected.setdefault((row, o, s), "")
         return cls(records, expected, kinds.pop(), bench_of)
 
+    # ---------------------------------------------------------------- tasks learned
+    def task_rates(self, order: str) -> list[tuple[str, float, float | None, str | None]]:
+        """Per task of ``order`` (runs that recorded majority-class rates): (task, majority rate,
+        the best row's accuracy right after learning it, averaged over its seeds, that row)."""
+        recs = [r for r in self.records.values() if r.order == order and r.majority and r.matrix and r.tasks]
+        if not recs:
+            return []
+        tasks, majority = recs[0].tasks, recs[0].majority
+        out = []
+        for j, task in enumerate(tasks):
+            if task not in majority or majority[task] is None:
+                continue
+            by_row: dict[str, list[float]] = defaultdict(list)
+            for r in recs:
+                if r.tasks == tasks and j < len(r.matrix):
+                    # right after learning task j; a joint run (MTL) has only its last row
+                    v = r.matrix[j][j] if r.matrix[j][j] is not None else r.matrix[-1][j]
+                    if v is not None:
+                        by_row[r.row].append(v)
+            best = max(((fmean(v), row) for row, v in by_row.items()), default=(None, None))
+            out.append((task, majority[task], best[0], best[1]))
+        return out
+
+    def unlearned(self, order: str) -> list[str]:
+        """Tasks of ``order`` that no row learns above their majority-class rate (the best row's
+        accuracy right after learning them, mean over seeds, at most the rate + 1 point)."""
+        return [t for t, maj, best, _ in self.task_rates(order) if best is None or best <= maj + LEARNED_MARGIN]
+
     # ---------------------------------------------------------------- cells
     def value(self, key: Key, metric: str) -> float | None:
         rec = self.records.get(key)
         return None if rec is None else rec.values.get(metric)
+
+    def claim_value(self, key: Key, metric: str) -> float | None:
+        """The value a claim compares: ``metric``, except FP of an order with tasks no row learns
+        above their majority class (:meth:`unlearned`), which is FP over the learned tasks."""
+        rec = self.records.get(key)
+        if rec is None:
+            return None
+        skip = set(self.unlearned(rec.order)) if metric == "fp" else set()
+        if not skip or not rec.matrix or not rec.tasks:
+            return rec.values.get(metric)
+        last = rec.matrix[-1]
+        kept = [v for t, v in zip(rec.tasks, last) if t not in skip and v is not None]
+        return fmean(kept) if kept else None
 
     def missing(self, metric: str, rows: list[str] | None = None) -> list[Missing]:
         rows_set = set(self.rows if rows is None else rows)
@@ -983,7 +1046,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
             rb = st.records.get((b, order, seed))
             if row != a or rb is None:
                 continue
-            va, vb = ra.values.get(metric), rb.values.get(metric)
+            va, vb = st.claim_value((row, order, seed), metric), st.claim_value((b, order, seed), metric)
             if va is None or vb is None:
                 continue
             if ra.path == rb.path:  # one run: its two adapters, one trajectory
@@ -1073,7 +1136,32 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
                          *(num(v) for v in (res.mean, res.sd, res.lo, res.hi, res.t, res.t_stat, res.p, e["holm"])), e["family"],
                          sign.wins, sign.losses, sign.ties, num(sign.p), word, why, "same_host_only" if e["same_only"] else "all",
                          e["same"], e["cross"], e["unrec"]])
+    if metric == "fp":
+        left = {o: st.unlearned(o) for o in st.orders}
+        left = {o: ts for o, ts in left.items() if ts}
+        if left:
+            caption += (" FP in the claims is over the tasks some row learns above their majority-class rate; left out "
+                        "(no row above it, the \"Tasks\" table): " + "; ".join(f"order {o}: {', '.join(ts)}" for o, ts in left.items()) + ".")
     return Table("claims", f"Claims ({_LABEL[metric]}, paired)", caption + "\n\n" + _md(header, body), _csv(csv_rows))
+
+
+def tasks_table(st: Study) -> Table | None:
+    """Per order and task: the majority-class rate of its test set (from runs that recorded
+    it), the best row's accuracy right after learning the task (mean over its seeds), and
+    whether any row learned it above that rate."""
+    header = ["order", "task", "majority class", "best accuracy after learning it", "row", "learned"]
+    body, csv_rows = [], [["order", "task", "majority", "best", "row", "learned"]]
+    for order in st.orders:
+        for task, maj, best, row in st.task_rates(order):
+            learned = best is not None and best > maj + LEARNED_MARGIN
+            body.append([order, task, f"{maj:.1f}", "-" if best is None else f"{best:.1f}", row or "-", "yes" if learned else "**no**"])
+            csv_rows.append([order, task, round(maj, 6), "" if best is None else round(best, 6), row or "", int(learned)])
+    if not body:
+        return None
+    caption = (f"Each task's majority-class rate (the accuracy of always giving its most frequent test label) beside the best "
+               f"row's accuracy right after learning it (mean over seeds). A task no row learns more than {LEARNED_MARGIN:g} point "
+               "above its rate is left out of the claims' FP.")
+    return Table("tasks", "Tasks learned above their majority class", caption + "\n\n" + _md(header, body), _csv(csv_rows))
 
 
 def timing_table(st: Study) -> Table:
@@ -1145,6 +1233,9 @@ def paper_report(paths: list[Path], metric: str = "fp", fast: bool = True, claim
     rows = rep.shown_rows
     rep.tables = [main_table(st, metric, rows), forgetting_table(st, rows), *ablation_tables(st, metric, rows),
                   claims_table(st, metric, pairs), missing_table(st, metric, rows), timing_table(st)]
+    tasks = tasks_table(st)
+    if tasks is not None:
+        rep.tables.insert(rep.tables.index(next(t for t in rep.tables if t.name == "claims")), tasks)
     rep.heatmaps = heatmap_panels(st, [r for r in rows if not parse_row(r)[1]])
     return rep
 

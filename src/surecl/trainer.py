@@ -593,6 +593,7 @@ class ContinualRun:
             "metric": "perplexity" if lower else "accuracy",
             "accuracy_matrix": a,
             "initial": self.state.initial,
+            "majority": None if lower else {t.name: majority_rate(t) for t in self.tasks},
             **summary,
             **extra,
             "buffer": {"capacity": self.policy.capacity, "size": len(self.policy), "per_task": self._buffer_counts(),
@@ -658,3 +659,14 @@ def run(
         return ContinualRun(
             cfg, out_dir, progress=progress, cache_dir=cache_dir, plugins=plugins, log_with=log_with, model=model, tokenizer=tokenizer, tasks=tasks,
         ).run(resume=resume, fresh=fresh)
+
+
+def majority_rate(task) -> float | None:
+    """The share (%) of the task's test rows whose gold label is its most frequent one: the
+    accuracy of always answering that label, against which "learned" is judged."""
+    if not task.test or task.kind == "text":
+        return None
+    counts: dict[str, int] = {}
+    for ex in task.test:
+        counts[ex.label] = counts.get(ex.label, 0) + 1
+    return 100.0 * max(counts.values()) / len(task.test)
