@@ -1,0 +1,472 @@
+"""SuRe in your own ``transformers.Trainer`` script: :class:`SureTrainer`.
+
+A drop-in ``Trainer`` subclass: give it your base model, ``TrainingArguments``, data collator
+and a :class:`SureArguments`, then call :meth:`SureTrainer.next_task` once per task with that
+task's (tokenised) training set. Each call is one task boundary:
+
+1. the task's examples are scored by surprise (mean NLL over the tokens your collator's
+   ``labels`` mark, i.e. the tokens your loss trains on) with your model and collator under
+   the fast adapter, before or after training (``score_time`` / ``insert_time``: SB-UB, SB-UA,
+   SA-UA), and the task's top ``floor(S/d)`` enter the core's equal-quota buffer through the
+   core's replay policy (:class:`surecl.plugins.sure.SurprisePolicy`, or ``random``);
+2. training (one ``Trainer.train()``) draws ``a`` replayed examples per ``b`` new ones
+   (``ratio="a:b"``, counted as the core's :func:`surecl.plan.replay_count`) into the same
+   batches, collated by your collator, and the loss is the Trainer's own (token mean over the
+   mixed batch: the core's ``replay.loss=joint``);
+3. after every optimizer step the slow LoRA adapter follows the fast one by the core's EMA
+   (:meth:`surecl.adapters.DualLoRA.ema_step`: one update per step, or beta^n for a step of n
+   new examples with ``unit="example"``);
+4. ``trainer.evaluate(...)`` answers with the slow adapter (``adapter="fast"`` for the fast
+   one), and ``with trainer.slow_weights(): ...`` puts it in place for your own evaluation.
+
+Checkpoints are the Trainer's: each task trains under ``output_dir/task-<t>/`` and every
+``checkpoint-N`` folder also holds ``sure_state.json`` (task index, buffer, EMA clock, policy
+random state) and ``sure_state.safetensors`` (fast and slow adapters); the end of a task is
+written to ``task-<t>/sure-end/``. Rerunning the same script with
+``next_task(ds, resume_from_checkpoint=True)`` skips the finished tasks (their datasets are
+still needed: the buffer indexes them), and resumes the interrupted one from its last
+checkpoint with the same batches, replay draws and RNG states, so it ends where an
+uninterrupted run ends. The AdamW state starts fresh at every task (the core's
+``train.fresh_optimizer=true``).
+
+One process only for now (no ``accelerate launch`` with several processes), causal or
+encoder-decoder models, map-style datasets whose rows are mappings (``datasets.Dataset``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from transformers import Trainer, TrainerCallback, set_seed
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+
+from surecl.adapters import FAST, SLOW, DualLoRA, resolve_beta
+from surecl.checkpoint import write_json, write_tensors
+from surecl.config import DualConfig, LoraConfig, ReplayConfig, replay_ratio
+from surecl.errors import SureclError
+from surecl.plan import replay_count
+from surecl.registry import policy_class
+from surecl.replay.policies import check_scores
+
+STATE_JSON = "sure_state.json"
+STATE_TENSORS = "sure_state.safetensors"
+END_DIR = "sure-end"
+FORMAT = 1
+NEW, REPLAYED = "sure_new", "sure_replayed"
+_MARK = "_sure_replay"
+
+
+@dataclass
+class SureArguments:
+    """SuRe's settings; each maps to the core's key of the same meaning (``surecl run``)."""
+
+    buffer_size: int = 100
+    """S, the buffer's size in examples over all tasks (``replay.buffer_size``); each of the d
+    tasks seen keeps floor(S/d)."""
+    policy: str = "surprise"
+    """``surprise`` (SuRe), ``random`` (equal quota, random share) or ``none`` (``replay.policy``)."""
+    score_time: str = "before"
+    insert_time: str = "before"
+    reduction: str = "mean"
+    """Surprise = ``mean`` (paper) or ``sum`` of the token NLL over the tokens the labels mark."""
+    ratio: str = "1:2"
+    """``a:b``: a replayed examples per b new ones (``replay.ratio``); ``""``: ``replay_batch_size``
+    examples every ``replay_every``-th optimizer step."""
+    replay_every: int = 2
+    replay_batch_size: int = 4
+    dual: bool = True
+    """The slow adapter (``dual.enabled``); ``False``: the fast adapter alone answers."""
+    beta: float | str = "auto"
+    """EMA rate per update, or ``auto``: a window of ``window_tasks`` tasks of the first task's
+    updates (``dual.beta``)."""
+    window_tasks: float = 0.5
+    bias_correction: bool = True
+    unit: str = "step"
+    """One EMA update per optimizer ``step``, or per new ``example`` (``dual.unit``)."""
+    lora_r: int = 8
+    lora_alpha: int = 32
+    lora_dropout: float = 0.1
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+
+    def replay_config(self) -> ReplayConfig:
+        return ReplayConfig(
+            policy=self.policy, buffer_size=int(self.buffer_size), score_time=self.score_time, insert_time=self.insert_time,
+            reduction=self.reduction, ratio=self.ratio, every=self.replay_every, batch_size=self.replay_batch_size,
+        )
+
+    def dual_config(self) -> DualConfig:
+        return DualConfig(enabled=self.dual, beta=self.beta, window_tasks=self.window_tasks, bias_correction=self.bias_correction, unit=self.unit)
+
+    def lora_config(self) -> LoraConfig:
+        return LoraConfig(r=self.lora_r, alpha=self.lora_alpha, dropout=self.lora_dropout, target_modules=list(self.target_modules))
+
+    def check(self) -> None:
+        """One-line errors for settings the integration cannot run."""
+        if isinstance(self.buffer_size, bool) or not isinstance(self.buffer_size, int) or self.buffer_size < 0:
+            raise SureclError(f"SureArguments.buffer_size: a whole number of examples >= 0, got {self.buffer_size!r}")
+        if self.policy != "none":
+            cls = policy_class(self.policy)
+            if not cls.per_task_quota or cls.online:
+                raise SureclError(f"SureArguments.policy: {self.policy} is not a per-task quota policy; use surprise, random or none")
+        for key, value, allowed in [
+            ("score_time", self.score_time, ("before", "after")), ("insert_time", self.insert_time, ("before", "after")),
+            ("reduction", self.reduction, ("mean", "sum")), ("unit", self.unit, ("step", "example")),
+        ]:
+            if value not in allowed:
+                raise SureclError(f"SureArguments.{key}: one of {', '.join(allowed)}, got {value!r}")
+        if self.score_time == "after" and self.insert_time == "before":
+            raise SureclError("SureArguments: score_time=after needs insert_time=after (a task cannot enter before it is scored)")
+        if self.ratio:
+            replay_ratio(self.ratio)
+        elif self.replay_every < 1 or self.replay_batch_size < 0:
+            raise SureclError("SureArguments: replay_every >= 1 and replay_batch_size >= 0")
+        if self.beta != "auto" and not (isinstance(self.beta, (int, float)) and 0 <= float(self.beta) < 1):
+            raise SureclError(f"SureArguments.beta: a number in [0, 1) or 'auto', got {self.beta!r}")
+
+
+class _TaskSets(torch.utils.data.Dataset):
+    """Every task's training set; an item is keyed ``(task, index, replayed)``."""
+
+    def __init__(self, sets: list):
+        self.sets = sets
+        self.current = 0
+
+    def __len__(self) -> int:
+        return len(self.sets[self.current])
+
+    def __getitem__(self, key):
+        task, index, replayed = key
+        row = self.sets[task][index]
+        return {**row, _MARK: replayed}
+
+
+class _PlannedBatches:
+    """A batch sampler over a stage's precomputed micro-batches, one list per epoch."""
+
+    def __init__(self, epochs: list[list[list[tuple[int, int, int]]]]):
+        self.epochs = epochs
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.epochs[0])
+
+    def __iter__(self):
+        yield from self.epochs[min(self.epoch, len(self.epochs) - 1)]
+
+
+class _MarkedCollator:
+    """The user's collator on the rows, plus the batch's counts of new and replayed rows."""
+
+    def __init__(self, collate):
+        self.collate = collate
+
+    def __call__(self, features: list[dict]):
+        flags = [f.pop(_MARK) for f in features]
+        batch = self.collate(features)
+        batch[NEW] = torch.tensor(sum(1 for x in flags if not x))
+        batch[REPLAYED] = torch.tensor(sum(1 for x in flags if x))
+        return batch
+
+
+class _EmaCallback(TrainerCallback):
+    """After every optimizer step: the slow adapter's EMA step (the core's ``DualLoRA``)."""
+
+    def __init__(self, trainer: SureTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        t = self.trainer
+        n = t._step_new if t.sure.unit == "example" else 1
+        t._step_new = 0
+        t.dual.ema_step(n)
+        return control
+
+
+class SureTrainer(Trainer):
+    """``transformers.Trainer`` with SuRe: a surprise replay buffer and a slow LoRA adapter.
+
+    ``model`` is the frozen base (a transformers model); the trainer wraps it in the core's
+    :class:`~surecl.adapters.DualLoRA` (``fast`` adapter trained, ``slow`` = its EMA), so
+    ``trainer.model`` is a PEFT model. Every other argument is ``Trainer``'s."""
+
+    def __init__(self, model=None, args=None, *trainer_args, sure: SureArguments | None = None, **kwargs):
+        if model is None or args is None:
+            raise SureclError("SureTrainer: pass model= (the base model) and args= (TrainingArguments)")
+        if args.world_size > 1:
+            raise SureclError("SureTrainer: one process only for now (accelerate launch with several processes is not supported)")
+        self.sure = sure or SureArguments()
+        self.sure.check()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        set_seed(args.seed)  # the LoRA initialisation
+        is_seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
+        self.dual = DualLoRA(model, self.sure.lora_config(), self.sure.dual_config(), is_seq2seq)
+        self.is_seq2seq = is_seq2seq
+        self.replay_cfg = self.sure.replay_config()
+        self.policy = policy_class(self.sure.policy)(self.replay_cfg, self.sure.buffer_size if self.sure.policy != "none" else 0, args.seed)
+        super().__init__(self.dual.model, args, *trainer_args, **kwargs)
+        self.root = Path(args.output_dir)
+        self.task = 0
+        """The index of the task the next :meth:`next_task` call trains."""
+        self.sets: list = []
+        self.scores: dict[int, list[float]] = {}
+        """Each task's surprise as this process computed it (the buffer's priorities)."""
+        self.replay_counts: dict[int, list[int]] = {}
+        """Per task: [new, replayed] examples trained on."""
+        self._step_new = 0
+        self._plan_policy: dict | None = None
+        self._resume: dict | None = None
+        self.add_callback(_EmaCallback(self))
+
+    # ------------------------------------------------------------------ task boundaries
+
+    def next_task(self, train_dataset, resume_from_checkpoint: str | bool | None = None):
+        """Train on the next task: score and buffer it (at its score / insert times), train one
+        ``Trainer.train()`` with replay and the EMA. Returns ``train()``'s output, or None for a
+        task a resumed run had already finished."""
+        t = self.task
+        data = self._prepared(train_dataset)
+        if len(data) == 0:
+            raise SureclError(f"SureTrainer.next_task: task {t} has no training examples")
+        self.sets.append(data)
+        if resume_from_checkpoint and self._resume is None:
+            self._resume = self._find_resume(resume_from_checkpoint)
+        resume = self._resume
+        if resume is not None and (t < resume["task"] or (t == resume["task"] and resume["done"])):
+            if t == resume["task"]:  # the last finished task: its end state is the run's state now
+                self._read_state(resume["path"])
+                self._resume = None
+            self.task += 1
+            return None
+        checkpoint = None
+        if resume is not None and t == resume["task"]:
+            checkpoint, self._resume = resume["path"], None  # train() restores it (_load_from_checkpoint)
+        self.args.output_dir = str(self.root / f"task-{t}")
+        self.optimizer, self.lr_scheduler = None, None  # fresh AdamW per task
+        self._sets = _TaskSets(self.sets)
+        self._sets.current = t
+        set_seed(self.args.seed + t)
+        if checkpoint is None:
+            if t == 0:
+                self.dual.beta = resolve_beta(self.sure.dual_config(), self._ema_units(len(data)))
+            self.policy.at_task_start(t, len(data), self._scorer(data))
+        self.train_dataset = data
+        out = self.train(resume_from_checkpoint=checkpoint)
+        self.policy.at_task_end(t, len(data), self._scorer(data))
+        self.task += 1
+        if self.args.should_save:
+            self._write_state(self.root / f"task-{t}" / END_DIR, done=True)
+        return out
+
+    def _prepared(self, dataset):
+        """The dataset as the model reads it (unused columns removed, as ``Trainer`` does)."""
+        try:
+            import datasets
+        except ImportError:  # pragma: no cover - datasets ships with the test extra
+            return dataset
+        if isinstance(dataset, datasets.Dataset):
+            return self._remove_unused_columns(dataset, description="training")
+        return dataset
+
+    def _collator(self):
+        if _is_hf_dataset(self.sets[0]):  # columns already removed (_prepared)
+            return self.data_collator
+        return self._get_collator_with_removed_columns(self.data_collator, description="training")
+
+    # ------------------------------------------------------------------ surprise
+
+    def _scorer(self, data):
+        cache: dict[int, list[float]] = {}
+
+        def scores(task: int) -> list[float]:
+            if task not in cache:
+                cache[task] = self.surprise(data)
+                check_scores(cache[task], f"#{task}", list(range(len(data))))
+                self.scores[task] = cache[task]
+            return cache[task]
+
+        return scores
+
+    @torch.no_grad()
+    def surprise(self, dataset) -> list[float]:
+        """Each example's surprise under the fast adapter: mean (or summed) NLL over the tokens
+        the collator's ``labels`` mark, batches of ``per_device_eval_batch_size``."""
+        collate = self._collator() if self.sets else self.data_collator
+        size = self.args.per_device_eval_batch_size
+        out: list[float] = []
+        with self.dual.evaluating(FAST) as model:
+            for start in range(0, len(dataset), size):
+                rows = [dict(dataset[i]) for i in range(start, min(start + size, len(dataset)))]
+                batch = {k: v.to(self.args.device) if torch.is_tensor(v) else v for k, v in collate(rows).items()}
+                labels = batch.pop("labels")
+                if self.is_seq2seq:
+                    logits = model(**batch, labels=labels).logits
+                else:
+                    logits = model(**batch).logits[:, :-1]
+                    labels = labels[:, 1:]
+                valid = labels != -100
+                lse = torch.logsumexp(logits.float(), dim=-1)
+                target = logits.gather(2, labels.clamp(min=0).unsqueeze(2)).squeeze(2).float()
+                nll = ((lse - target) * valid).sum(1)
+                values = nll / valid.sum(1).clamp(min=1) if self.sure.reduction == "mean" else nll
+                out += values.tolist()
+        return out
+
+    # ------------------------------------------------------------------ batches with replay
+
+    def _layout(self, n: int) -> tuple[list[list[int]], int]:
+        """(micro-batch sizes of new examples per epoch, grouped per optimizer step; epochs),
+        and the stage's optimizer steps, as the Trainer will take them."""
+        b, ga = self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps
+        batches = [b] * (n // b) + ([n % b] if n % b and not self.args.dataloader_drop_last else [])
+        steps_per_epoch = math.ceil(len(batches) / ga)
+        if self.args.max_steps > 0:
+            total = self.args.max_steps
+            epochs = math.ceil(total / steps_per_epoch)
+        else:
+            epochs = math.ceil(self.args.num_train_epochs)
+            total = steps_per_epoch * epochs
+        return [batches] * epochs, total
+
+    def _ema_units(self, n: int) -> int:
+        per_epoch, total = self._layout(n)
+        ga = self.args.gradient_accumulation_steps
+        steps = [sum(batch[k : k + ga]) for batch in per_epoch for k in range(0, len(batch), ga)][:total]
+        return sum(steps) if self.sure.unit == "example" else len(steps)
+
+    def _plan(self, t: int, n: int) -> list[list[list[tuple[int, int, int]]]]:
+        """Every epoch's micro-batches of the stage: new examples in a seeded order, and the
+        replayed entries the policy draws for each optimizer step (``replay_count``)."""
+        per_epoch, total = self._layout(n)
+        ga = self.args.gradient_accumulation_steps
+        order = torch.Generator().manual_seed(int(random.Random(f"sure-order:{self.args.seed}:{t}").getrandbits(63)))
+        epochs, steps = [], []
+        for sizes in per_epoch:
+            perm = torch.randperm(n, generator=order).tolist()
+            micro, pos = [], 0
+            for size in sizes:
+                micro.append([(t, i, 0) for i in perm[pos : pos + size]])
+                pos += size
+            epochs.append(micro)
+            steps += [micro[k : k + ga] for k in range(0, len(micro), ga)]
+        sizes = [sum(len(m) for m in step) for step in steps]
+        spec = SimpleNamespace(replay=self.replay_cfg)
+        for s, step in enumerate(steps[:total]):
+            drawn = self.policy.sample(replay_count(s, sizes, spec)) if self.sure.policy != "none" else []
+            for j, e in enumerate(drawn):
+                step[j % len(step)].append((e.task, e.index, 1))
+        return epochs
+
+    def get_train_dataloader(self):
+        if not hasattr(self, "_sets"):
+            raise SureclError("SureTrainer: train with trainer.next_task(train_dataset), one call per task")
+        t = self._sets.current
+        self._plan_policy = self.policy.state_dict()[0]  # what a resumed run replans from
+        sampler = _PlannedBatches(self._plan(t, len(self.sets[t])))
+        loader = torch.utils.data.DataLoader(
+            self._sets, batch_sampler=sampler, collate_fn=_MarkedCollator(self._collator()),
+            num_workers=self.args.dataloader_num_workers, pin_memory=self.args.dataloader_pin_memory,
+        )
+        return self.accelerator.prepare(loader)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        new, replayed = int(inputs.pop(NEW, 0)), int(inputs.pop(REPLAYED, 0))
+        self._step_new += new
+        counts = self.replay_counts.setdefault(self._sets.current, [0, 0])
+        counts[0] += new
+        counts[1] += replayed
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    # ------------------------------------------------------------------ evaluation
+
+    def weights(self, adapter: str | None = None) -> contextlib.AbstractContextManager:
+        """Context manager: the model in eval mode answering with ``adapter`` (default: the slow
+        adapter, or the fast one without the dual learner); fast and train mode after."""
+        return self.dual.evaluating(adapter or self.dual.eval_adapter)
+
+    def slow_weights(self) -> contextlib.AbstractContextManager:
+        """``with trainer.slow_weights() as model:`` evaluate the slow adapter your own way."""
+        return self.weights(SLOW if self.sure.dual else FAST)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval", adapter: str | None = None):
+        """``Trainer.evaluate`` on the slow adapter (``adapter="fast"``: the fast one)."""
+        with self.weights(adapter):
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save_checkpoint(self, model, trial):
+        folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.args.should_save:  # before the Trainer's files: a folder it lists as a checkpoint has ours
+            self._write_state(folder, done=False)
+        super()._save_checkpoint(model, trial)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        if (Path(resume_from_checkpoint) / STATE_JSON).is_file():
+            self._read_state(resume_from_checkpoint)
+            return
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    def _write_state(self, folder: Path, done: bool) -> None:
+        dual_meta, tensors = self.dual.state_dict()
+        policy = self.policy.state_dict()[0] if done else self._plan_policy
+        meta = {
+            "format": FORMAT, "task": self.task - 1 if done else self.task, "done": done, "beta": self.dual.beta,
+            **dual_meta, "policy": policy, "replay_counts": {str(k): v for k, v in self.replay_counts.items()},
+            "sure": asdict(self.sure),
+        }
+        folder = Path(folder)
+        write_tensors(folder / STATE_TENSORS, tensors)
+        write_json(folder / STATE_JSON, meta)
+
+    def _read_state(self, folder) -> None:
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        meta = json.loads((folder / STATE_JSON).read_text(encoding="utf-8"))
+        if meta.get("format") != FORMAT:
+            raise SureclError(f"{folder / STATE_JSON}: format {meta.get('format')} is not {FORMAT}")
+        if meta["task"] != self.task:
+            raise SureclError(f"{folder}: a checkpoint of task {meta['task']}, but this is task {self.task}: call next_task once per task, in order")
+        self.dual.load_state_dict(meta, load_file(str(folder / STATE_TENSORS)))
+        self.dual.beta = meta["beta"]
+        self.policy.load_state_dict(meta["policy"])
+        self.replay_counts = {int(k): v for k, v in meta["replay_counts"].items()}
+
+    def _find_resume(self, where: str | bool) -> dict | None:
+        """The state to resume from: a checkpoint folder, or with ``True`` the newest in
+        ``output_dir`` (a mid-task checkpoint or a task's end); None when there is none."""
+        if where is not True:
+            meta = json.loads((Path(where) / STATE_JSON).read_text(encoding="utf-8"))
+            return {"task": meta["task"], "path": str(where), "done": meta["done"]}
+        tasks = sorted((int(m.group(1)) for p in self.root.glob("task-*") if (m := re.fullmatch(r"task-(\d+)", p.name))), reverse=True)
+        for k in tasks:
+            folder = self.root / f"task-{k}"
+            if (folder / END_DIR / STATE_JSON).is_file():
+                return {"task": k, "path": str(folder / END_DIR), "done": True}
+            last = get_last_checkpoint(str(folder)) if folder.is_dir() else None
+            if last and (Path(last) / STATE_JSON).is_file():
+                return {"task": k, "path": last, "done": False}
+        return None
+
+
+def _is_hf_dataset(obj) -> bool:
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(obj, datasets.Dataset)
+
+
+__all__ = ["SureArguments", "SureTrainer"]
