@@ -108,6 +108,7 @@ def tree_digest(folder: Path) -> dict[str, str]:
 def existing_out(tmp_path) -> Path:
     out = tmp_path / "out"
     (out / "checkpoints").mkdir(parents=True)
+    (out / ".surecl-lock").write_text("{}")  # an earlier run's folder: its report and log are surecl's
     (out / "report.md").write_text("an earlier report")
     (out / "log.jsonl").write_text('{"step": 0}\n')
     (out / "checkpoints" / "note.txt").write_text("keep me")

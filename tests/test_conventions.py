@@ -176,24 +176,24 @@ def test_fresh_starts_over_in_a_used_directory(finished, tmp_path, capsys):
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["stage-0001", "stage-0002"]
 
 
-@pytest.mark.parametrize("foreign", ["notes.txt", "checkpoints/mine.txt", "adapters/merged", "data"])
-def test_fresh_refuses_a_directory_holding_other_files(finished, tmp_path, capsys, foreign):
+@pytest.mark.parametrize("foreign", ["notes.txt", "checkpoints/stage-notes.txt", "adapters/fast-run1", "model", "data"])
+def test_fresh_keeps_what_surecl_did_not_write(finished, tmp_path, capsys, foreign):
     out = tmp_path / "run"
     shutil.copytree(finished, out)
     target = out / foreign
-    if foreign == "data":
+    if foreign in ("data", "model"):  # a folder of the user's (model/: a base model kept beside the run)
         target.mkdir()
-        (target / "x.jsonl").write_text("{}")
+        (target / "config.json").write_text("{}")
     elif "." in target.name:
         target.write_text("mine")
     else:
         target.mkdir()
-    before = tree_digest(out)
-    assert main(["run", *TINY, "--out", str(out), *SMALL, "--fresh"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("surecl: error: --fresh:"), err
-    assert str(target) in err[0] and "nothing was removed" in err[0]
-    assert tree_digest(out) == before
+        (target / "adapter_config.json").write_text("{}")
+    before = {k: v for k, v in tree_digest(out).items() if k.startswith(foreign)}
+    assert main(["run", *TINY, "--out", str(out), *SMALL, "--fresh"]) == 0
+    assert "--fresh: removed" in capsys.readouterr().err
+    assert {k: v for k, v in tree_digest(out).items() if k.startswith(foreign)} == before
+    assert (out / "results.json").is_file() and (out / "adapters" / "slow").is_dir()
 
 
 def test_fresh_with_bad_input_removes_nothing(finished, tmp_path, capsys):
@@ -208,26 +208,30 @@ def test_fresh_with_bad_input_removes_nothing(finished, tmp_path, capsys):
 def test_no_resume_is_a_deprecated_alias_of_fresh(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "notes.txt").write_text("mine")
+    (out / "report.md").write_text("mine")  # a file of the user's where the run writes: refused
     assert main(["run", *TINY, "--out", str(out), "--no-resume"]) == 2
     err = capsys.readouterr().err
-    assert "--no-resume is deprecated" in err and "--fresh:" in err and "notes.txt" in err
+    assert "--no-resume is deprecated" in err and "report.md was not written by surecl" in err
 
 
-def test_run_outputs_names_only_surecl_files(tmp_path):
+def test_run_outputs_adopts_an_earlier_versions_exact_names(tmp_path):
     assert run_outputs(tmp_path / "missing") == []
-    for name in ("results.json", "log.jsonl", "config.yaml", "report.md", "heatmap.png", "buffer.json", ".results.json.x1y2", ".surecl-probe-abc"):
+    (tmp_path / "results.json").write_text("x")
+    assert run_outputs(tmp_path) == []  # no manifest and no run folder of an earlier version: nothing is surecl's
+    (tmp_path / ".surecl-lock").write_text("{}")
+    for name in ("log.jsonl", "config.yaml", "report.md", "heatmap.png", "buffer.json", ".results.json.x1y2", "README.md"):
         (tmp_path / name).write_text("x")
-    (tmp_path / "checkpoints" / "stage-0001").mkdir(parents=True)
-    (tmp_path / "checkpoints" / ".stage-0002.tmp").mkdir()
-    (tmp_path / "adapters" / "fast").mkdir(parents=True)
-    (tmp_path / "adapters" / ".slow.old").mkdir()
-    found = run_outputs(tmp_path)
-    assert [p.name for p in found[:2]] == ["config.yaml", "results.json"]  # a cut-short removal never looks finished
-    assert len(found) == 10
-    (tmp_path / "README.md").write_text("mine")
-    with pytest.raises(SureclError, match="README.md"):
-        run_outputs(tmp_path)
+    for folder in ("checkpoints/stage-0001", "checkpoints/.stage-0002.tmp", "adapters/fast", "adapters/.slow.old",
+                   "adapters/fast-run1", "checkpoints/stage-notes", "model"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "checkpoints" / "stage-notes.txt").write_text("mine")
+    (tmp_path / "model" / "config.json").write_text("{}")  # a base model of the user's: no surecl card
+    found = [str(p.relative_to(tmp_path)) for p in run_outputs(tmp_path)]
+    assert found[:2] == ["config.yaml", "results.json"]  # a cut-short removal never looks finished
+    assert sorted(found) == sorted([
+        "config.yaml", "results.json", "buffer.json", "log.jsonl", "report.md", "heatmap.png", "checkpoints/stage-0001",
+        "checkpoints/.stage-0002.tmp", "adapters/fast", ".results.json.x1y2",
+    ]), found
 
 
 def test_resume_flag_is_gone_and_help_documents_fresh(capsys):

@@ -338,7 +338,7 @@ def test_the_run_leaves_its_prompts_for_reuse(tmp_path, tiny_cache):
         for j, e_task in enumerate(r.test_sets.encoded):
             answers = [causal_greedy(model, tok, prefix, e, 2) for e in e_task]
             assert accuracy(answers, [e.label for e in e_task]) == res["accuracy_matrix"][2][j]
-    assert (out / "adapters") in checkpoint.run_outputs(out)  # --fresh knows the folder as surecl's own
+    assert (out / "adapters" / "prompts") in checkpoint.run_outputs(out)  # --fresh knows the folder as surecl's own
 
 
 def test_the_dual_learner_is_refused(tmp_path, tiny_cache):

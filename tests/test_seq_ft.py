@@ -173,11 +173,10 @@ def test_fresh_removes_the_saved_model_and_only_that(tmp_path, tiny_cache):
     out = tmp_path / "run"
     run(build_config("tiny,seq_ft", [*SMALL, "train.epochs=1"]), out, progress=False, cache_dir=tiny_cache)
     (out / ".model.abc123").mkdir()  # the temporary of an export cut short
-    listed = {p.name for p in checkpoint.run_outputs(out)}
-    assert {"model", ".model.abc123", "checkpoints", "results.json"} <= listed
-    (out / "model" / "notes.txt").write_text("mine")
-    with pytest.raises(SureclError, match="notes.txt"):
-        checkpoint.clear_run(out)
-    (out / "model" / "notes.txt").unlink()
+    listed = {str(p.relative_to(out)) for p in checkpoint.run_outputs(out)}
+    assert {"model", ".model.abc123", "checkpoints/stage-0002", "results.json"} <= listed
+    (out / "notes.txt").write_text("mine")
     checkpoint.clear_run(out)
-    assert [p.name for p in out.iterdir()] == [checkpoint.LOCK]  # the run lock's file stays (unlocked)
+    assert (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").unlink()
+    assert sorted(p.name for p in out.iterdir()) == sorted([checkpoint.MANIFEST, checkpoint.LOCK])  # the lock's file stays (unlocked)

@@ -241,6 +241,11 @@ class DualLoRA(Plugin):
         """The adapter the run asks for (``ctx.eval_view``), by default the evaluation adapter."""
         return self.evaluating(ctx.eval_view)
 
+    def outputs(self, ctx) -> list[str]:
+        if self.bypassed or not self.fast_trainable:
+            return []
+        return [f"adapters/{name}" for name in ([FAST, SLOW] if self.dual.enabled else [FAST])]
+
     def export(self, ctx, results: dict) -> None:
         """The adapters in PEFT format, ``adapters/fast`` (and ``adapters/slow`` if dual), each
         naming its base portably and with its model card; none when bypassed or never trained

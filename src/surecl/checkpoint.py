@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -134,15 +135,11 @@ def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tenso
 
 RUN_FILES = ("config.yaml", "results.json", "buffer.json", "log.jsonl", "report.md", "heatmap.png")
 """The files ``surecl run`` writes at the top of its output directory."""
-RUN_DIRS = {
-    "checkpoints": ("stage-",),
-    "adapters": ("fast", "slow", "prompts"),
-    "tensorboard": ("surecl",),
-    "model": ("config.json", "generation_config.json", "model", "tokenizer", "special_tokens_map.json", "chat_template", "README.md"),
-}
-"""The folders it writes there, and what it names inside them (atomic writes add ``.``-prefixed
-temporaries of those names; ``model`` is a full fine-tuned model's transformers folder,
-written whole, whose temporaries sit beside it as ``.model.*``)."""
+CONTAINERS = ("checkpoints", "adapters", "tensorboard")
+"""The folders it writes its entries into (created when missing; shared with what the user
+keeps there, so only the entries it wrote in them are its own)."""
+MANIFEST = ".surecl-manifest.json"
+"""The run folder's record of every path the run wrote (:class:`Manifest`)."""
 
 
 LOCK = ".surecl-lock"
@@ -219,54 +216,256 @@ def run_lock(out: Path, enabled: bool = True, agree: Callable[[str | None], str 
             os.close(fd)  # releases the flock
 
 
-def _ours(name: str, known: tuple[str, ...]) -> bool:
-    return name.startswith(known) or name.startswith(tuple("." + k for k in known))
+_LEGACY_CHECKPOINT = re.compile(r"\.?stage-\d{4}(-step-\d{6})?(\..*)?")
+
+
+class Manifest:
+    """What surecl wrote in a run folder: ``.surecl-manifest.json`` lists every path it wrote
+    there (relative, ``/``-separated: ``results.json``, ``checkpoints/stage-0001``,
+    ``adapters/fast``, ``model``), the folders it created to hold them (``dirs``) and, once the
+    run finished, its final outputs (``final``). The manifest is written atomically before each
+    new path is written (:meth:`claim`), so it always covers what may lie on disk.
+
+    Only listed paths are surecl's: ``--fresh`` (:meth:`clear`) removes exactly those (and the
+    ``.``-prefixed temporaries an atomic write of one leaves beside it when killed), never
+    following a symbolic link; a path the run would write that is a symbolic link, or that
+    exists without being listed (a file of the user's), stops the run with one line before
+    anything is written. A folder written by a surecl version before manifests (it holds a
+    ``.surecl-lock`` or a checkpoint but no manifest) is adopted once, by the exact names that
+    version wrote (read before the run takes its lock)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = Path(out)
+        self.path = self.out / MANIFEST
+        self.paths: list[str] = []
+        self.dirs: list[str] = []
+        self.final: list[str] | None = None
+        """The final outputs of a finished run (None: not finished, or adopted unfinished)."""
+        self.exists = False
+        from surecl.errors import SureclError
+
+        if self.path.is_symlink():
+            raise SureclError(f"{self.path} is a symbolic link; surecl does not write through links in a run folder: remove it or choose another --out")
+        if self.path.is_file():
+            try:
+                data = json.loads(self.path.read_text(encoding="utf-8"))
+                paths, dirs, final = data["paths"], data.get("dirs", []), data.get("final")
+                if not (isinstance(paths, list) and isinstance(dirs, list) and all(isinstance(x, str) for x in paths + dirs)):
+                    raise ValueError
+                if final is not None and not (isinstance(final, list) and all(isinstance(x, str) for x in final)):
+                    raise ValueError
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                raise SureclError(f"{self.path}: not a readable surecl manifest; remove the run folder's outputs by hand or choose another --out") from None
+            self.paths = [p for p in paths if _safe_rel(p)]
+            self.dirs = [d for d in dirs if _safe_rel(d)]
+            self.final = final
+            self.exists = True
+        elif self._legacy():
+            self._adopt()
+
+    # -------------------------------------------------------------- reading
+
+    def owns(self, rel: str) -> bool:
+        return rel in self.paths
+
+    def _legacy(self) -> bool:
+        """A run folder written before manifests: its lock file or a checkpoint (read before
+        this run takes the lock)."""
+        out = self.out
+        if not out.is_dir():
+            return False
+        if (out / LOCK).is_file() and not (out / LOCK).is_symlink():
+            return True
+        ck = out / "checkpoints"
+        return ck.is_dir() and not ck.is_symlink() and any((p / "meta.json").is_file() for p in ck.glob("stage-*"))
+
+    def _adopt(self) -> None:
+        """Take over the exact names an earlier version wrote (never a symbolic link)."""
+        out = self.out
+        found = [n for n in RUN_FILES if (out / n).is_file() and not (out / n).is_symlink()]
+        ck = out / "checkpoints"
+        if ck.is_dir() and not ck.is_symlink():
+            found += [f"checkpoints/{p.name}" for p in sorted(ck.iterdir()) if _LEGACY_CHECKPOINT.fullmatch(p.name) and not p.is_symlink()]
+        ad = out / "adapters"
+        if ad.is_dir() and not ad.is_symlink():
+            found += [f"adapters/{n}" for n in ("fast", "slow", "prompts") if (ad / n).is_dir() and not (ad / n).is_symlink()]
+        tb = out / "tensorboard" / "surecl"
+        if tb.is_dir() and not tb.is_symlink() and not tb.parent.is_symlink():
+            found.append("tensorboard/surecl")
+        card = out / "model" / "README.md"
+        if card.is_file() and not (out / "model").is_symlink():
+            try:
+                if "# surecl fine-tuned model" in card.read_text(encoding="utf-8", errors="replace")[:4096]:
+                    found.append("model")
+            except OSError:
+                pass
+        self.paths = found
+        self.dirs = [d for d in CONTAINERS if any(p.startswith(d + "/") for p in found)]
+        if "results.json" in found:
+            self.final = [p for p in found if p in ("results.json", "buffer.json", "report.md", "heatmap.png") or p.startswith("adapters/") or p == "model"]
+
+    # -------------------------------------------------------------- writing
+
+    def save(self) -> None:
+        write_json(self.path, {"paths": self.paths, "dirs": self.dirs, "final": self.final})
+        self.exists = True
+
+    def check(self, rel: str) -> Path:
+        """Refuse (one line) to write ``rel``: when it, or a folder on the way to it inside the
+        run folder, is a symbolic link; when it exists and was not written by surecl. Return its path."""
+        from surecl.errors import SureclError
+
+        if not _safe_rel(rel):
+            raise ValueError(f"not a path inside the run folder: {rel!r}")
+        parts = rel.split("/")
+        path = self.out
+        for k, part in enumerate(parts):
+            path = path / part
+            if path.is_symlink():
+                raise SureclError(f"{path} is a symbolic link; surecl does not write through links in a run folder: "
+                                  "remove it or choose another --out")
+            if k < len(parts) - 1 and path.exists() and not path.is_dir():
+                raise SureclError(f"{path} is a file where surecl writes a folder; move it away or choose another --out")
+        if rel in CONTAINERS and path.exists() and not path.is_dir():
+            raise SureclError(f"{path} is a file where surecl writes a folder; move it away or choose another --out")
+        if path.exists() and not self.owns(rel) and rel not in CONTAINERS:
+            raise SureclError(f"{path} was not written by surecl and this run would overwrite it; move it away or choose another --out")
+        return path
+
+    def claim(self, rel: str) -> Path:
+        """Record ``rel`` as surecl's before it is written (after :meth:`check`); return its path."""
+        path = self.check(rel)
+        changed = False
+        parts = rel.split("/")
+        for k in range(1, len(parts)):
+            folder = "/".join(parts[:k])
+            if folder not in self.dirs and not (self.out / folder).exists():
+                self.dirs.append(folder)
+                changed = True
+        if rel not in self.paths:
+            self.paths.append(rel)
+            changed = True
+        if changed or not self.exists:
+            self.save()
+        return path
+
+    def forget_missing(self, under: str) -> None:
+        """Drop listed paths under ``under`` that are no longer on disk (pruned checkpoints)."""
+        keep = [p for p in self.paths if not p.startswith(under + "/") or os.path.lexists(self.out / p)]
+        if keep != self.paths:
+            self.paths = keep
+            self.save()
+
+    def set_final(self, final: list[str] | None) -> None:
+        self.final = list(final) if final is not None else None
+        self.save()
+
+    def missing_final(self) -> list[str] | None:
+        """The final outputs of a finished run no longer on disk ([] when all are), or None
+        when the manifest records no finished run."""
+        if self.final is None:
+            return None
+        return [p for p in self.final if not os.path.lexists(self.out / p)]
+
+    # -------------------------------------------------------------- removing
+
+    def temporaries(self) -> list[Path]:
+        """The ``.``-prefixed temporaries an atomic write of a listed path leaves beside it
+        when the process is killed (``.results.json.XXXX``, ``checkpoints/.stage-0003.XXXX``,
+        ``.model.old``), and those of the manifest itself."""
+        found = []
+        by_parent: dict[str, set[str]] = {}
+        for rel in [*self.paths, MANIFEST]:
+            parent, _, name = rel.rpartition("/")
+            by_parent.setdefault(parent, set()).add(name)
+        for parent, names in by_parent.items():
+            folder = self.out / parent if parent else self.out
+            if folder.is_symlink() or not folder.is_dir():
+                continue
+            for entry in folder.iterdir():
+                n = entry.name
+                if n.startswith(".") and any(n.startswith(f".{name}.") for name in names):
+                    found.append(entry)
+        return sorted(found)
+
+    def remove_temporaries(self) -> list[Path]:
+        gone = self.temporaries()
+        for path in gone:
+            _remove(path)
+        return gone
+
+    def outputs(self) -> list[Path]:
+        """What :meth:`clear` removes: the listed paths on disk (config and results first, so a
+        removal cut short never looks like a finished run), then their temporaries."""
+        first = {"config.yaml": 0, "results.json": 1}
+        listed = sorted(self.paths, key=lambda p: (first.get(p, 2), p))
+        return [self.out / p for p in listed if os.path.lexists(self.out / p)] + self.temporaries()
+
+    def clear(self) -> list[Path]:
+        """Remove every listed path and its temporaries (a link is removed, never followed),
+        then the folders surecl created that are left empty; the manifest then lists nothing."""
+        for rel in self.paths:  # refuse before removing anything when a folder on the way is a link
+            path = self.out
+            for part in rel.split("/")[:-1]:
+                path = path / part
+                if path.is_symlink():
+                    from surecl.errors import SureclError
+
+                    raise SureclError(f"--fresh: {path} is a symbolic link; surecl does not remove through links "
+                                      "(nothing was removed): remove it or choose another --out")
+        removed = self.outputs()
+        for path in removed:
+            _remove(path)
+        for rel in sorted(self.dirs, key=lambda d: -d.count("/")):
+            with contextlib.suppress(OSError):
+                (self.out / rel).rmdir()  # only when empty: what the user keeps there stays
+        self.paths, self.dirs, self.final = [], [], None
+        if self.out.is_dir():
+            self.save()
+        return removed
+
+
+def _safe_rel(rel: str) -> bool:
+    return bool(rel) and not rel.startswith("/") and all(part not in ("", ".", "..") for part in rel.split("/"))
+
+
+def _remove(path: Path) -> None:
+    """Remove ``path``: a link or file is unlinked, a real folder removed with what it holds
+    (``shutil.rmtree`` unlinks the links inside, never following them)."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path)
+
+
+def check_outputs(out: Path, fresh: bool = False, extra: tuple[str, ...] = ()) -> None:
+    """Refuse (one line, nothing written) a run folder where a path every run writes (the
+    containers, :data:`RUN_FILES`, ``extra``) is a symbolic link or a file surecl did not write;
+    with ``fresh``, paths the manifest lists pass (they are removed first)."""
+    out = Path(out)
+    if not out.is_dir():
+        return
+    manifest = Manifest(out)
+    for rel in (*CONTAINERS, *RUN_FILES, *extra):
+        if not (fresh and manifest.owns(rel)):
+            manifest.check(rel)
 
 
 def run_outputs(out: Path) -> list[Path]:
-    """What ``surecl run --fresh`` removes from ``out``: every file and folder surecl writes
-    there, in the order to remove them (config and results first, so a removal cut short
-    never looks like a finished run). Raise naming the first entry surecl did not write; the
-    directory is then left as it is."""
+    """What ``surecl run --fresh`` removes from ``out``: the paths its manifest lists and their
+    temporaries (:class:`Manifest`), config and results first; everything else stays."""
     out = Path(out)
     if not out.is_dir():
         return []
-    found = []
-    for entry in sorted(out.iterdir()):
-        name = entry.name
-        if name == LOCK:
-            continue  # the running process's lock (run_lock): neither refused nor removed
-        if name in RUN_DIRS and entry.is_dir() and not entry.is_symlink():
-            for inner in sorted(entry.iterdir()):
-                if not _ours(inner.name, RUN_DIRS[name]):
-                    from surecl.errors import SureclError
-
-                    raise SureclError(f"--fresh: {inner} was not written by surecl; remove it or choose another --out (nothing was removed)")
-            found.append(entry)
-        elif (
-            (name in RUN_FILES and entry.is_file())
-            or name.startswith(".surecl-probe-")
-            or (name.startswith(".") and any(name.startswith(f".{f}.") for f in RUN_FILES) and entry.is_file())
-            or (name.startswith(".model.") and entry.is_dir() and not entry.is_symlink())
-        ):
-            found.append(entry)
-        else:
-            from surecl.errors import SureclError
-
-            raise SureclError(f"--fresh: {entry} was not written by surecl; remove it or choose another --out (nothing was removed)")
-    first = {"config.yaml": 0, "results.json": 1}
-    return sorted(found, key=lambda p: first.get(p.name, 2))
+    return Manifest(out).outputs()
 
 
 def clear_run(out: Path) -> list[Path]:
     """Remove a run's outputs from ``out`` (see :func:`run_outputs`); return what was removed."""
-    removed = run_outputs(out)
-    for path in removed:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-    return removed
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    return Manifest(out).clear()
 
 
 def write_config(out: Path, cfg) -> None:

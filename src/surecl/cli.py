@@ -73,11 +73,10 @@ def cmd_run(args) -> int:
     if args.no_resume:
         print("surecl: --no-resume is deprecated; it now means --fresh", file=sys.stderr)
         args.fresh = True
-    if args.fresh:
-        from surecl.checkpoint import run_outputs
+    from surecl.checkpoint import check_outputs
 
-        run_outputs(out)  # refuses a directory holding files surecl did not write, before any compute
-    elif _finished(out, cfg):
+    check_outputs(out, fresh=args.fresh)  # a link or a user's file where the run writes: refused before any compute
+    if not args.fresh and _finished(out, cfg):
         print(f"surecl: {out} already finished (results.json); nothing to do", file=sys.stderr)
         return 0
     from surecl.trainer import run
@@ -269,10 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "an earlier run's config.yaml runs that config again")
     r.add_argument("--out", help="output directory (default: runs/<preset>-<benchmark>-o<order>-s<seed>)")
     r.add_argument("--fresh", action="store_true",
-                   help="start over in a used --out: remove the earlier run's outputs there (checkpoints/, adapters/, config.yaml, "
-                        "results.json, buffer.json, log.jsonl, report.md, heatmap.png) once the new run has loaded its data and model; "
-                        "refused, removing nothing, if --out holds anything else. Without it a rerun continues from the newest "
-                        "checkpoint, or does nothing if the run finished")
+                   help="start over in a used --out: remove exactly what the earlier run wrote there (the paths its manifest "
+                        ".surecl-manifest.json lists: config.yaml, results.json, checkpoints/stage-*, adapters/fast, ...) once the new "
+                        "run has loaded its data and model; anything else there stays, and a symbolic link or a file of yours where the "
+                        "run writes stops it, removing nothing. Without it a rerun continues from the newest checkpoint, or does "
+                        "nothing if the run finished")
     r.add_argument("--no-resume", action="store_true", help=argparse.SUPPRESS)  # deprecated alias of --fresh
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.add_argument("--log-with", action="append", metavar="TRACKER",

@@ -156,7 +156,7 @@ class ContinualRun:
         # (micro-batch slices and shared prefix passes are cut from each rank's own rows). The one collective of a step is
         # the gradient all-reduce of its last slice's backward.
         ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
-        trackers = check_trackers(list(log_with))
+        trackers = self.trackers = check_trackers(list(log_with))
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp], log_with=trackers or None,
             project_config=ProjectConfiguration(project_dir=str(self.out_dir), logging_dir=str(self.out_dir / "tensorboard")),
@@ -344,6 +344,9 @@ class ContinualRun:
         the folder's lock (:func:`checkpoint.run_lock`) throughout: a second process there stops
         with :class:`~surecl.errors.RunBusy` before it touches anything."""
         agree = self._from_main if self.world > 1 else None
+        # read before the lock file is made: a folder an earlier version wrote is known by its lock file
+        self.outputs = checkpoint.Manifest(self.out_dir) if self.accelerator.is_main_process else None
+        """The run folder's :class:`checkpoint.Manifest` (main process)."""
         with checkpoint.run_lock(self.out_dir, self.accelerator.is_main_process, agree):
             return self._run(resume, fresh)
 
@@ -362,12 +365,21 @@ class ContinualRun:
         self.state.seconds["total"] = self.state.seconds.get("total", 0.0) + now - self._wall
         self._wall = now
 
+    def planned_outputs(self) -> list[str]:
+        """Every path the run writes in its folder, relative to it (the containers first)."""
+        extra = ["tensorboard/surecl"] if "tensorboard" in self.trackers else []
+        return [*checkpoint.CONTAINERS, *checkpoint.RUN_FILES, *self.plugins.outputs(self), *extra]
+
     def _run(self, resume: bool, fresh: bool) -> dict:
+        if self.accelerator.is_main_process:
+            for rel in self.planned_outputs():  # a link or a user's file where the run writes: refused before anything changes
+                if not (fresh and self.outputs.owns(rel)):
+                    self.outputs.check(rel)
         if fresh:
             if self.accelerator.is_main_process:
-                removed = checkpoint.clear_run(self.out_dir)
+                removed = self.outputs.clear()
                 if removed:
-                    self.log(f"--fresh: removed {', '.join(p.name for p in removed)} from {self.out_dir}")
+                    self.log(f"--fresh: removed {', '.join(str(p.relative_to(self.out_dir)) for p in removed)} from {self.out_dir}")
             self.accelerator.wait_for_everyone()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if resume and not fresh:
@@ -375,7 +387,11 @@ class ContinualRun:
             if restored:
                 self.log(f"resumed from {restored} at stage {self.state.next_stage}/{len(self.stages)}")
         if self.accelerator.is_main_process:  # after the checkpoint check: another run's config stays
+            self.outputs.claim("config.yaml")
             checkpoint.write_config(self.out_dir, self.cfg)
+            self.outputs.claim("log.jsonl")
+            if "tensorboard" in self.trackers:
+                self.outputs.claim("tensorboard/surecl")
         here = host_info(self.device)
         if not self.state.hosts or self.state.hosts[-1] != here:
             self.state.hosts.append(here)
@@ -464,10 +480,12 @@ class ContinualRun:
             st = self.state
             name = f"stage-{st.next_stage:04d}" + (f"-step-{st.step:06d}" if st.batches is not None else "")
             components = {"run": (dataclasses.asdict(st), {}), "rng": self._rng_state(), **self.plugins.state_dicts()}
+            self.outputs.claim(f"checkpoints/{name}")
             checkpoint.save(
                 self.out_dir / "checkpoints", name, components, {"config": self.cfg.to_dict(), "tasks": [t.name for t in self.tasks]},
                 keep=self.cfg.train.keep_checkpoints,
             )
+            self.outputs.forget_missing("checkpoints")
         self.accelerator.wait_for_everyone()
 
     def restore(self) -> Path | None:
@@ -634,6 +652,8 @@ class ContinualRun:
 
         results = self.results()
         if self.accelerator.is_main_process:
+            for rel in ("results.json", "buffer.json", *self.plugins.outputs(self), "report.md", "heatmap.png"):
+                self.outputs.claim(rel)
             checkpoint.write_json(self.out_dir / "results.json", results)
             checkpoint.write_json(self.out_dir / "buffer.json", self.policy.buffer.state_dict())
             self.plugins.export(self, results)  # the learner's adapters, a full fine-tuned model, prompts, ...

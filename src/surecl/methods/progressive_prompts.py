@@ -236,6 +236,9 @@ class ProgressivePrompts(Method):
             for k, v in module.named_parameters():
                 v.copy_(tensors[f"current.{k}"])
 
+    def outputs(self, ctx) -> list[str]:
+        return ["adapters/prompts"]
+
     def export(self, ctx, results: dict) -> None:
         """``adapters/prompts/`` in the run folder: ``prompts.safetensors`` (``prefix``: the vectors put before the
         input embeddings at test time, newest prompt first, fp32) and ``prompts.json``."""

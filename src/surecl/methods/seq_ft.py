@@ -78,6 +78,9 @@ class SeqFT(Method):
         for n, p in self.weights.items():
             p.copy_(tensors[n])
 
+    def outputs(self, ctx) -> list[str]:
+        return ["model"]
+
     def export(self, ctx, results: dict) -> None:
         """The fine-tuned model, ``model/`` in the run folder (the adapters are bypassed)."""
         from surecl import __version__

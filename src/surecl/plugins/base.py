@@ -28,6 +28,8 @@ these hooks (all optional; the defaults do nothing):
   ``results.json``: write what the plugin leaves for use after the run into ``ctx.out_dir``
   (the learner's PEFT adapters; full fine-tuning's whole model; Progressive Prompts'
   ``adapters/prompts``), atomically.
+* ``outputs(ctx)`` - the paths ``export`` writes, relative to the run folder (recorded in its
+  manifest, so ``--fresh`` removes them and nothing else).
 * ``state_dict()`` / ``load_state_dict(meta, tensors)`` - the plugin's own state for
   checkpoints: JSON-able ``meta`` and a flat ``{name: tensor}`` dict (tensors are handed
   back on the CPU; a plugin moves them where it needs them). A checkpoint without the
@@ -208,6 +210,12 @@ class Plugin:
     def export(self, ctx: RunContext, results: dict) -> None:
         pass
 
+    def outputs(self, ctx: RunContext) -> list[str]:
+        """The paths ``export`` writes, relative to ``ctx.out_dir`` (``adapters/fast``): the run
+        records them in its manifest before ``export`` runs (``--fresh`` removes them) and
+        refuses at its start when one is a symbolic link or a file surecl did not write."""
+        return []
+
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
         return {}, {}
 
@@ -262,6 +270,9 @@ class Plugins:
     def export(self, ctx: RunContext, results: dict) -> None:
         for p in self._list:
             p.export(ctx, results)
+
+    def outputs(self, ctx: RunContext) -> list[str]:
+        return [rel for p in self._list for rel in p.outputs(ctx)]
 
     def state_dicts(self) -> dict[str, tuple[dict, dict[str, torch.Tensor]]]:
         return {key: p.state_dict() for key, p in self.by_key.items()}

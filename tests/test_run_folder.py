@@ -1,0 +1,118 @@
+"""What a run folder holds and who owns it: the manifest of every path a run wrote, ``--fresh``
+removing exactly those, links and users' files where a run writes refused in one line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from surecl.checkpoint import MANIFEST
+from surecl.cli import main
+
+TINY = ["--config", "tiny,slow_surprise", "--quiet"]
+SMALL = ["data.tasks=[colors,animals]", "data.n_train=16", "data.n_test=8", "train.epochs=1"]
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SURECL_CACHE", str(path))
+        yield path
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, cache) -> Path:
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert main(["run", *TINY, "--out", str(out), *SMALL]) == 0
+    return out
+
+
+def one_error_line(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("surecl: error: "), err
+    return err[0]
+
+
+def test_manifest_lists_every_path_the_run_wrote(finished):
+    listed = json.loads((finished / MANIFEST).read_text())
+    on_disk = {str(p.relative_to(finished)) for p in finished.iterdir()} | {
+        f"{d}/{p.name}" for d in ("checkpoints", "adapters") for p in (finished / d).iterdir()}
+    mine = {p for p in on_disk if p not in (MANIFEST, ".surecl-lock", "checkpoints", "adapters")}
+    assert set(listed["paths"]) == mine
+    assert set(listed["dirs"]) == {"checkpoints", "adapters"}
+
+
+def test_fresh_removes_exactly_the_manifest(finished, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    (out / "adapters" / "fast-run1").mkdir()
+    (out / "adapters" / "fast-run1" / "adapter_model.safetensors").write_bytes(b"kept")
+    (out / "checkpoints" / "stage-notes.txt").write_text("mine")
+    (out / "model").mkdir()
+    (out / "model" / "config.json").write_text("{}")
+    # a temporary an atomic write left when killed goes too
+    (out / "checkpoints" / ".stage-0002.abc").mkdir()
+    assert main(["run", *TINY, "--out", str(out), *SMALL, "train.epochs=2", "--fresh"]) == 0
+    assert (out / "adapters" / "fast-run1" / "adapter_model.safetensors").read_bytes() == b"kept"
+    assert (out / "checkpoints" / "stage-notes.txt").read_text() == "mine"
+    assert (out / "model" / "config.json").read_text() == "{}"
+    assert not (out / "checkpoints" / ".stage-0002.abc").exists()
+    assert json.loads((out / "results.json").read_text())["config"]["train"]["epochs"] == 2
+
+
+def test_fresh_never_follows_a_link_out_of_the_folder(finished, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(out / "checkpoints", elsewhere)  # checkpoints/ now a link to a folder outside
+    os.symlink(elsewhere, out / "checkpoints")
+    before, outside = digest(out), digest(elsewhere)
+    assert main(["run", *TINY, "--out", str(out), *SMALL, "--fresh"]) == 2
+    line = one_error_line(capsys)
+    assert "symbolic link" in line and "checkpoints" in line
+    assert digest(out) == before and digest(elsewhere) == outside
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_a_symlinked_log_leaves_its_target_untouched(tmp_path, cache, capsys, fresh):
+    out = tmp_path / "run"
+    out.mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("do not truncate me\n")
+    os.symlink(target, out / "log.jsonl")
+    assert main(["run", *TINY, "--out", str(out), *SMALL, *(["--fresh"] if fresh else [])]) == 2
+    assert "log.jsonl is a symbolic link" in one_error_line(capsys)
+    assert target.read_text() == "do not truncate me\n"
+    assert sorted(p.name for p in out.iterdir()) == ["log.jsonl"]
+
+
+def test_a_users_file_where_the_run_writes_is_refused(tmp_path, cache, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "report.md").write_text("my notes")
+    assert main(["run", *TINY, "--out", str(out), *SMALL]) == 2  # a run would overwrite it at its end
+    line = one_error_line(capsys)
+    assert "report.md was not written by surecl" in line
+    assert (out / "report.md").read_text() == "my notes" and sorted(p.name for p in out.iterdir()) == ["report.md"]
+
+
+def test_a_users_model_folder_stops_a_full_fine_tuning_run_before_training(tmp_path, cache, capsys):
+    out = tmp_path / "run"
+    (out / "model").mkdir(parents=True)
+    (out / "model" / "config.json").write_text("{}")
+    assert main(["run", "--config", "tiny,seq_ft", "--quiet", "--out", str(out), *SMALL]) == 2
+    line = one_error_line(capsys)
+    assert "model was not written by surecl" in line
+    assert (out / "model" / "config.json").read_text() == "{}"
+    assert not (out / "checkpoints").exists() and not (out / "log.jsonl").exists()
