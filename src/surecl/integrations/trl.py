@@ -1,0 +1,122 @@
+"""SuRe in your own TRL ``SFTTrainer`` script: :class:`SureSFTTrainer` (``pip install "surecl[trl]"``).
+
+``SureSFTTrainer`` is :class:`surecl.integrations.transformers.SureTrainer` on top of TRL's
+``SFTTrainer``: give it your base model, ``SFTConfig``, tokenizer (``processing_class``) and a
+:class:`~surecl.integrations.transformers.SureArguments`, then call ``next_task(dataset)`` once
+per task with the task's *raw* SFT dataset (``messages`` chat rows, ``prompt``/``completion``
+rows, conversational or not, or ``text``). Each task's dataset goes through ``SFTTrainer``'s
+own preparation (chat template, EOS, tokenisation, the labels of ``completion_only_loss`` and
+``assistant_only_loss``, truncation to ``max_length``); everything after that is
+``SureTrainer``'s: the surprise of an example is its mean NLL over the tokens its ``labels``
+mark, i.e. the tokens the SFT loss trains on (the completion, or the assistant turns), the
+buffer, the replay ratio, the slow adapter's EMA, ``evaluate`` on the slow adapter and the
+checkpoints with exact resume.
+
+Not supported, refused in one line: ``packing`` and ``padding_free`` (both merge examples
+into shared rows; the buffer scores and replays whole examples), a ``peft_config`` (the
+trainer puts its own fast/slow LoRA on the model: set LoRA through ``SureArguments``), a
+``train_dataset`` at construction (pass each task's to ``next_task``), a model given by name,
+iterable and vision datasets.
+
+Without trl installed, ``from surecl.integrations.trl import SureSFTTrainer`` raises a
+one-line :class:`~surecl.errors.SureclError` naming the extra.
+"""
+
+from __future__ import annotations
+
+from surecl.errors import SureclError
+from surecl.integrations.transformers import SureArguments
+
+EXTRA = 'pip install "surecl[trl]"'
+_CLASS = None
+
+
+def _trl_missing(err: BaseException) -> SureclError:
+    return SureclError(f"surecl.integrations.trl needs TRL, which is not installed ({EXTRA}): {err}".splitlines()[0])
+
+
+def _placeholder(eval_dataset, args):
+    """A one-row, already tokenised dataset for ``SFTTrainer.__init__`` (which requires a
+    ``train_dataset`` and reads its first row for format decisions): conversational, so
+    ``assistant_only_loss`` passes its check, and prompt/completion when the eval set is."""
+    import datasets
+
+    turn = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
+    row = {"input_ids": [[0]], "messages": [turn]}
+    sample = None
+    if eval_dataset is not None and not isinstance(eval_dataset, (str, dict)) and len(eval_dataset) > 0:
+        sample = eval_dataset[0]
+    if args.completion_only_loss is None and sample is not None and "prompt" in sample and "completion" in sample:
+        row.update(prompt=[turn[:1]], completion=[turn[1:]])
+    return datasets.Dataset.from_dict(row)
+
+
+def _build():
+    try:
+        import datasets
+        from trl import SFTConfig, SFTTrainer
+        from trl.data_utils import is_conversational
+    except ImportError as err:
+        raise _trl_missing(err) from None
+
+    from surecl.integrations.transformers import SureTrainer
+
+    class SureSFTTrainer(SureTrainer, SFTTrainer):
+        """TRL's ``SFTTrainer`` with SuRe (a surprise replay buffer and a slow LoRA adapter).
+
+        ``model`` is the frozen base (a loaded transformers model), ``args`` an ``SFTConfig`` (a
+        ``TrainingArguments`` is converted as ``SFTTrainer`` does), ``sure`` the
+        :class:`SureArguments`; every other keyword is ``SFTTrainer``'s (``processing_class``,
+        ``data_collator``, ``eval_dataset``, ``formatting_func``, ``callbacks``, ...)."""
+
+        def __init__(self, model=None, args=None, *, sure: SureArguments | None = None, train_dataset=None, peft_config=None, **kwargs):
+            if isinstance(model, str):
+                raise SureclError("SureSFTTrainer: pass a loaded model (AutoModelForCausalLM.from_pretrained(...)), not its name")
+            if peft_config is not None:
+                raise SureclError("SureSFTTrainer: no peft_config; the trainer puts its own fast/slow LoRA on the model (set it through SureArguments)")
+            if train_dataset is not None:
+                raise SureclError("SureSFTTrainer: no train_dataset; pass each task's training set to trainer.next_task(dataset)")
+            if args is not None and not isinstance(args, SFTConfig):
+                dict_args = args.to_dict()
+                dict_args["hub_token"] = args.hub_token
+                args = SFTConfig(**dict_args)
+            if args is not None and getattr(args, "packing", False):
+                raise SureclError("SureSFTTrainer: packing=True is not supported: it joins examples into shared rows, and the buffer scores and replays whole examples")
+            if args is not None and getattr(args, "padding_free", False):
+                raise SureclError("SureSFTTrainer: padding_free=True is not supported: it flattens a batch into one row, and surprise is scored per example")
+            placeholder = _placeholder(kwargs.get("eval_dataset"), args) if args is not None else None
+            super().__init__(model, args, sure=sure, train_dataset=placeholder, **kwargs)
+            self.train_dataset = None
+
+        def _prepared(self, dataset):
+            """The task's raw SFT dataset through ``SFTTrainer``'s preparation, then the
+            Trainer's column removal (``SureTrainer._prepared``)."""
+            if not isinstance(dataset, datasets.Dataset):
+                raise SureclError(f"SureSFTTrainer.next_task: a datasets.Dataset (map-style), got {type(dataset).__name__}")
+            if len(dataset) and not self._skip_prepare_dataset:
+                sample = dataset[0]
+                if "image" in sample or "images" in sample:
+                    raise SureclError("SureSFTTrainer: vision datasets are not supported")
+                if self.args.assistant_only_loss and not is_conversational(sample):
+                    raise SureclError("SureSFTTrainer: assistant_only_loss=True needs conversational rows (messages, or prompt/completion as turns)")
+                if self.args.completion_only_loss is None:  # SFTTrainer's default, decided per task
+                    self.completion_only_loss = "prompt" in sample and "completion" in sample
+                if self.completion_only_loss and self._formatting_func is not None:
+                    raise SureclError("SureSFTTrainer: a formatting_func cannot be combined with completion_only_loss (SFTTrainer's rule)")
+                dataset = self._prepare_dataset(dataset, self.processing_class, self.args, False, self._formatting_func, f"task {self.task}")
+            self._reject_skip_prepare_without_labels({"train": dataset}, self.data_collator)
+            return super()._prepared(dataset)
+
+    return SureSFTTrainer
+
+
+def __getattr__(name: str):
+    global _CLASS
+    if name == "SureSFTTrainer":
+        if _CLASS is None:
+            _CLASS = _build()
+        return _CLASS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["SureArguments", "SureSFTTrainer"]  # noqa: F822 - SureSFTTrainer comes from __getattr__ (built on first import)
