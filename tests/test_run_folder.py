@@ -116,3 +116,87 @@ def test_a_users_model_folder_stops_a_full_fine_tuning_run_before_training(tmp_p
     assert "model was not written by surecl" in line
     assert (out / "model" / "config.json").read_text() == "{}"
     assert not (out / "checkpoints").exists() and not (out / "log.jsonl").exists()
+
+
+# --------------------------------------------------------------------------- finishing is a transaction
+
+
+def final_outputs(out: Path) -> dict:
+    """What must come out the same however the run was interrupted: the results (less the
+    clock), the buffer, every exported tensor and card."""
+    res = json.loads((out / "results.json").read_text())
+    for key in ("timing", "host", "hosts"):
+        res.pop(key, None)
+    files = {str(p.relative_to(out)): p.read_bytes() for p in sorted((out / "adapters").rglob("*")) if p.is_file()}
+    for name in [k for k in files if k.endswith("adapter_config.json")]:  # PEFT writes target_modules in set order
+        config = json.loads(files[name])
+        files[name] = {**config, "target_modules": sorted(config["target_modules"])}
+    return {"results": res, "buffer": (out / "buffer.json").read_text(), "adapters": files,
+            "report": (out / "report.md").is_file(), "heatmap": (out / "heatmap.png").is_file()}
+
+
+def test_an_interrupted_finish_is_completed_by_the_rerun(finished, tmp_path, capsys, monkeypatch):
+    import surecl.report
+
+    out = tmp_path / "run"
+    real = surecl.report.write_run_report
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C after the buffer and the adapters, before the report and results.json
+
+    monkeypatch.setattr(surecl.report, "write_run_report", interrupted)
+    assert main(["run", *TINY, "--out", str(out), *SMALL]) == 130
+    assert not (out / "results.json").exists() and (out / "adapters" / "slow").is_dir()
+    assert "rerun the same command to resume" in capsys.readouterr().err
+    monkeypatch.setattr(surecl.report, "write_run_report", real)
+    (out / "checkpoints" / ".stage-0002.k1ll3d").mkdir()  # and a temporary a kill left
+    assert main(["run", *TINY, "--out", str(out), *SMALL]) == 0
+    assert "already finished" not in capsys.readouterr().err
+    assert final_outputs(out) == final_outputs(finished)
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_a_finished_run_missing_an_output_writes_it_again(finished, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    shutil.rmtree(out / "adapters")
+    assert main(["run", *TINY, "--out", str(out), *SMALL]) == 0
+    err = capsys.readouterr().err
+    assert "adapters/fast, adapters/slow missing" in err and "nothing to do" not in err
+    assert final_outputs(out) == final_outputs(finished)
+    assert main(["run", *TINY, "--out", str(out), *SMALL]) == 0
+    assert "already finished" in capsys.readouterr().err
+
+
+def test_a_finished_run_missing_an_output_and_its_checkpoints_says_so(finished, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    shutil.rmtree(out / "adapters" / "slow")
+    shutil.rmtree(out / "checkpoints")
+    before = digest(out)
+    assert main(["run", *TINY, "--out", str(out), *SMALL]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("surecl: error: ") and "adapters/slow is missing" in err[-1] and "--fresh" in err[-1], err
+    assert digest(out) == before
+
+
+@pytest.mark.slow
+def test_sigterm_is_a_clean_resumable_stop(finished, tmp_path, cache):
+    """SIGTERM (a scheduler's preemption) while a checkpoint is written: one line, exit 143, no
+    temporary folder left; the rerun resumes and ends as an uninterrupted run."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    env = {**os.environ, "SURECL_CACHE": str(cache), "SURECL_KILL_AT": "checkpoint:stage-0002", "SURECL_KILL_SIGNAL": "TERM"}
+    cmd = [sys.executable, "-m", "surecl.cli", "run", *TINY, "--out", str(out), *SMALL]
+    stopped = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert stopped.returncode == 143, stopped.stderr[-800:]
+    lines = stopped.stderr.strip().splitlines()
+    assert lines[-1] == "surecl: terminated (SIGTERM); rerun the same command to resume" and "Traceback" not in stopped.stderr
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["stage-0001"]
+    env.pop("SURECL_KILL_AT")
+    resumed = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-800:]
+    assert "resumed from" in resumed.stderr
+    assert final_outputs(out) == final_outputs(finished)

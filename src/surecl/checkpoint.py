@@ -389,9 +389,14 @@ class Manifest:
         return sorted(found)
 
     def remove_temporaries(self) -> list[Path]:
-        gone = self.temporaries()
+        """Remove :meth:`temporaries` (and those an earlier version's folder was adopted with)."""
+        adopted = [p for p in self.paths if p.rpartition("/")[2].startswith(".")]
+        gone = self.temporaries() + [self.out / p for p in adopted if os.path.lexists(self.out / p)]
         for path in gone:
             _remove(path)
+        if adopted:
+            self.paths = [p for p in self.paths if p not in adopted]
+            self.save()
         return gone
 
     def outputs(self) -> list[Path]:

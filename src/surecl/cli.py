@@ -7,10 +7,13 @@ traceback (``--debug`` shows one).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from surecl.errors import RunBusy, SureclError
@@ -42,6 +45,8 @@ def check_out_dir(out: Path) -> None:
 
 
 def _finished(out: Path, cfg) -> bool:
+    """Whether ``out`` holds this config's finished run with every final output in place (a run
+    whose results.json is there but, say, its adapters are not, is completed by a rerun)."""
     path = out / "results.json"
     if not path.is_file():
         return False
@@ -53,6 +58,12 @@ def _finished(out: Path, cfg) -> bool:
 
     if not same_config(saved, cfg):
         raise SureclError(f"{out}: already holds a finished run with a different config; choose another --out")
+    from surecl.checkpoint import Manifest
+
+    missing = Manifest(out).missing_final()
+    if missing:
+        print(f"surecl: {out}: finished, but {', '.join(missing)} missing; writing it again from the last checkpoint", file=sys.stderr)
+        return False
     return True
 
 
@@ -327,13 +338,16 @@ def main(argv: list[str] | None = None) -> int:
     from surecl.logs import console
 
     try:
-        with console():  # the library logs; the command shows its records as `surecl: ...` lines
+        with console(), _sigterm_as_interrupt():  # the library logs; the command shows its records as `surecl: ...` lines
             return args.func(args)
     except SureclError as exc:
         if args.debug:
             raise
         print(f"surecl: error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("surecl: terminated (SIGTERM); rerun the same command to resume", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("surecl: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
@@ -342,6 +356,27 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"surecl: error: {_memory_line(exc)}", file=sys.stderr)
         return 2
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what a scheduler sends on preemption), raised where the process is, as Ctrl-C is:
+    temporaries are removed on the way out and the run stays resumable."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _out_of_memory() -> type[BaseException]:

@@ -375,6 +375,11 @@ class ContinualRun:
             for rel in self.planned_outputs():  # a link or a user's file where the run writes: refused before anything changes
                 if not (fresh and self.outputs.owns(rel)):
                     self.outputs.check(rel)
+        if self.accelerator.is_main_process and not fresh:
+            left = self.outputs.remove_temporaries()  # what a killed write left (checkpoints/.stage-*, .results.json.*)
+            if left:
+                self.log(f"removed {len(left)} temporary file(s) a killed run left: {', '.join(str(p.relative_to(self.out_dir)) for p in left[:4])}"
+                         + (" ..." if len(left) > 4 else ""))
         if fresh:
             if self.accelerator.is_main_process:
                 removed = self.outputs.clear()
@@ -386,6 +391,10 @@ class ContinualRun:
             restored = self.restore()
             if restored:
                 self.log(f"resumed from {restored} at stage {self.state.next_stage}/{len(self.stages)}")
+            elif self.accelerator.is_main_process and (self.out_dir / "results.json").is_file():
+                missing = ", ".join(self.outputs.missing_final() or []) or "an output"
+                raise SureclError(f"{self.out_dir}: a finished run whose {missing} is missing and no checkpoint remains to "
+                                  "write it again; rerun with --fresh to train it again, or choose another --out")
         if self.accelerator.is_main_process:  # after the checkpoint check: another run's config stays
             self.outputs.claim("config.yaml")
             checkpoint.write_config(self.out_dir, self.cfg)
@@ -652,12 +661,19 @@ class ContinualRun:
 
         results = self.results()
         if self.accelerator.is_main_process:
-            for rel in ("results.json", "buffer.json", *self.plugins.outputs(self), "report.md", "heatmap.png"):
+            # a transaction: every other final output first, results.json (the run's "finished") last, so an
+            # interruption anywhere before it leaves a resumable run whose rerun writes them all again
+            final = ["buffer.json", *self.plugins.outputs(self), "report.md", "heatmap.png", "results.json"]
+            for rel in final:
                 self.outputs.claim(rel)
-            checkpoint.write_json(self.out_dir / "results.json", results)
+            (self.out_dir / "results.json").unlink(missing_ok=True)  # a rerun completing a finish: unfinished until it is done
+            self.outputs.set_final(None)
             checkpoint.write_json(self.out_dir / "buffer.json", self.policy.buffer.state_dict())
             self.plugins.export(self, results)  # the learner's adapters, a full fine-tuned model, prompts, ...
             write_run_report(self.out_dir, results)
+            fault_point("finish:results")
+            self.outputs.set_final([rel for rel in final if (self.out_dir / rel).exists()])
+            checkpoint.write_json(self.out_dir / "results.json", results)
         self.plugins.after_run(self, results)
         return results
 

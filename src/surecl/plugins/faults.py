@@ -6,7 +6,8 @@
   nothing of the step has reached the disk);
 * ``score:<task>`` - as the surprise of a task's training set is computed;
 * ``stage_end:<s>`` - after stage ``s`` was trained and evaluated, before its checkpoint;
-* ``checkpoint:<name>`` - while checkpoint ``name`` is written (tensors written, metadata not).
+* ``checkpoint:<name>`` - while checkpoint ``name`` is written (tensors written, metadata not);
+* ``finish:results`` - at the end, every final output written but ``results.json``.
 
 ``SURECL_NAN_AT=<stage>:<step>`` turns that step's loss into NaN (the run then stops with a
 clear error and the last checkpoint intact).
@@ -21,9 +22,15 @@ from surecl.plugins.base import Plugin
 
 
 def fault_point(name: str) -> None:
-    """``SURECL_KILL_AT=name`` SIGKILLs the process here."""
+    """``SURECL_KILL_AT=name`` SIGKILLs the process here (``SURECL_KILL_SIGNAL=TERM`` or ``INT``:
+    sends that signal instead, once)."""
     if os.environ.get("SURECL_KILL_AT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+        sig = os.environ.get("SURECL_KILL_SIGNAL")
+        if sig:
+            os.environ.pop("SURECL_KILL_AT")
+            os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class FaultInjection(Plugin):
