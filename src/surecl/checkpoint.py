@@ -521,7 +521,8 @@ def save(root: Path, name: str, components: dict[str, ComponentState], meta: dic
 class Checkpoint:
     folder: Path
     meta: dict[str, Any]
-    """The run-level meta (``config``, ``tasks``) as saved."""
+    """The run-level meta (``config``, ``tasks``, ``data``: each task's fingerprint, None before
+    fingerprints were recorded) as saved."""
     components: dict[str, ComponentState]
     """Each component's (meta, tensors), tensors on the CPU."""
 
@@ -569,5 +570,5 @@ def load_latest(root: Path, log: Callable[[str], None] = lambda message: None) -
             log(f"checkpoint {folder.name} is incomplete or corrupt; trying the previous one")
             continue
         tensors = load_file(str(folder / "tensors.safetensors"))
-        return Checkpoint(folder, {"config": meta["config"], "tasks": meta["tasks"]}, _components(meta, tensors))
+        return Checkpoint(folder, {"config": meta["config"], "tasks": meta["tasks"], "data": meta.get("data")}, _components(meta, tensors))
     return None

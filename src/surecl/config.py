@@ -937,15 +937,27 @@ def same_config(saved: dict[str, Any], cfg: RunConfig) -> bool:
     return _read_only(old) == _read_only(new)
 
 
+RESULT_NEUTRAL = (("train", "keep_checkpoints"), ("log_every",))
+"""Options that change no result (how many checkpoints stay on disk, how often log.jsonl gets a
+line): a resumed or finished run may differ in them."""
+
+
 def _read_only(tree: dict[str, Any]) -> dict[str, Any]:
-    """``tree`` without the dual learner's options a run does not read: all but ``enabled``
-    when the slow adapter is off, ``window_tasks`` when ``beta`` is a number."""
+    """``tree`` without the dual learner's options a run does not read (all but ``enabled``
+    when the slow adapter is off, ``window_tasks`` when ``beta`` is a number) and without the
+    :data:`RESULT_NEUTRAL` options."""
     dual = dict(tree.get("dual", {}))
     if not dual.get("enabled"):
         dual = {"enabled": dual.get("enabled", False)}
     elif dual.get("beta") != "auto":
         dual.pop("window_tasks", None)
-    return {**tree, "dual": dual}
+    tree = {**tree, "dual": dual}
+    for path in RESULT_NEUTRAL:
+        if len(path) == 1:
+            tree.pop(path[0], None)
+        elif isinstance(tree.get(path[0]), dict):
+            tree[path[0]] = {k: v for k, v in tree[path[0]].items() if k != path[1]}
+    return tree
 
 
 METHOD_SECTIONS: dict[str, tuple[str, ...]] = {"olora": ("olora",), "nlora": ("nlora",), "prompts": ("progressive_prompts",)}

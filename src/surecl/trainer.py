@@ -491,7 +491,8 @@ class ContinualRun:
             components = {"run": (dataclasses.asdict(st), {}), "rng": self._rng_state(), **self.plugins.state_dicts()}
             self.outputs.claim(f"checkpoints/{name}")
             checkpoint.save(
-                self.out_dir / "checkpoints", name, components, {"config": self.cfg.to_dict(), "tasks": [t.name for t in self.tasks]},
+                self.out_dir / "checkpoints", name, components,
+                {"config": self.cfg.to_dict(), "tasks": [t.name for t in self.tasks], "data": self._fingerprints()},
                 keep=self.cfg.train.keep_checkpoints,
             )
             self.outputs.forget_missing("checkpoints")
@@ -507,6 +508,11 @@ class ContinualRun:
 
         if found.meta["tasks"] != [t.name for t in self.tasks] or not same_config(found.meta["config"], self.cfg):
             raise SureclError(f"{self.out_dir}: holds a run with a different config or task stream; use another --out")
+        saved = found.meta.get("data") or {}  # checkpoints written before fingerprints have none
+        for name, digest in self._fingerprints().items():
+            if name in saved and saved[name] != digest:
+                raise SureclError(f"{self.out_dir}: the data of task {name} changed since {found.folder.name} was written (other "
+                                  "sampled rows at the same config); restore that data, or rerun with --fresh to start over on this data")
         self.plugins.load_state_dicts(found.components)
         self._load_rng_state(*found.components["rng"])
         saved = found.components["run"][0]
@@ -514,6 +520,12 @@ class ContinualRun:
             if f.name in saved:
                 setattr(self.state, f.name, saved[f.name])
         return found.folder
+
+    def _fingerprints(self) -> dict[str, str]:
+        """Each task's :meth:`~surecl.data.task.Task.fingerprint` (computed once)."""
+        if getattr(self, "_data_fingerprints", None) is None:
+            self._data_fingerprints = {t.name: t.fingerprint() for t in self.tasks}
+        return self._data_fingerprints
 
     def _rng_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """The random streams: the batch plan's, torch's CPU generator and, on a GPU, the

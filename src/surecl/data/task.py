@@ -34,6 +34,16 @@ class Task:
     meta: dict = field(default_factory=dict)
     kind: str = "classify"
 
+    def fingerprint(self) -> str:
+        """SHA-256 of what a run reads of the task: its kind, instruction, labels and every
+        sampled train and test row, in order (a checkpoint records it; a resume on other rows stops)."""
+        import hashlib
+        import json
+
+        rows = {"kind": self.kind, "instruction": self.instruction, "labels": list(self.labels),
+                "train": [[e.sentence, e.label] for e in self.train], "test": [[e.sentence, e.label] for e in self.test]}
+        return hashlib.sha256(json.dumps(rows, ensure_ascii=False, separators=(",", ":")).encode("utf-8")).hexdigest()
+
     def check(self, source: str = "", invalid_labels: str = "error") -> None:
         """Reject tasks a run cannot use, naming the task (and file) in one line.
 
