@@ -564,11 +564,22 @@ def load_latest(root: Path, log: Callable[[str], None] = lambda message: None) -
     about each newer one that is incomplete or corrupt."""
     if not root.is_dir():
         return None
-    for folder in sorted((p for p in root.glob("stage-*") if p.is_dir()), reverse=True):
+    folders = sorted((p for p in root.glob("stage-*") if p.is_dir() and not p.is_symlink()), reverse=True)
+    for folder in folders:
         meta = _valid(folder)
-        if meta is None:
-            log(f"checkpoint {folder.name} is incomplete or corrupt; trying the previous one")
+        found = None
+        if meta is not None:
+            try:  # a meta.json that parses but is not a checkpoint's (keys missing, wrong types) is corrupt too
+                if not (isinstance(meta.get("config"), dict) and isinstance(meta.get("tasks"), list)):
+                    raise ValueError("config or tasks")
+                tensors = load_file(str(folder / "tensors.safetensors"))
+                found = Checkpoint(folder, {"config": meta["config"], "tasks": meta["tasks"], "data": meta.get("data")}, _components(meta, tensors))
+            except Exception:  # noqa: BLE001 - whatever a damaged file raises, the previous checkpoint is tried
+                found = None
+        if found is None:
+            log(f"warning: checkpoint {folder.name} is incomplete or corrupt; trying the previous one")
             continue
-        tensors = load_file(str(folder / "tensors.safetensors"))
-        return Checkpoint(folder, {"config": meta["config"], "tasks": meta["tasks"], "data": meta.get("data")}, _components(meta, tensors))
+        return found
+    if folders:
+        log(f"warning: no checkpoint in {root} is complete and intact ({len(folders)} tried); starting over from the beginning")
     return None

@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     except SureclError as exc:
         if args.debug:
             raise
-        print(f"surecl: error: {exc}", file=sys.stderr)
+        print(f"surecl: error: {_bounded(str(exc))}", file=sys.stderr)
         return 2
     except Terminated:
         print("surecl: terminated (SIGTERM); rerun the same command to resume", file=sys.stderr)
@@ -356,6 +356,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"surecl: error: {_memory_line(exc)}", file=sys.stderr)
         return 2
+
+
+MAX_MESSAGE = 600
+"""The most characters of an error message shown: a value quoted in one (a huge override, a
+corrupt file's content) never floods the terminal."""
+
+
+def _bounded(message: str) -> str:
+    """``message`` on one line, cut to :data:`MAX_MESSAGE` characters."""
+    line = " ".join(message.split("\n"))
+    return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 20] + f" ... ({len(line)} chars)"
 
 
 class Terminated(KeyboardInterrupt):

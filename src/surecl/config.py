@@ -575,6 +575,27 @@ def replay_ratio(text: str) -> tuple[int, int]:
     return a, b
 
 
+MAX_INT = 10**9
+"""The largest whole number any option takes (steps, sizes, counts, seeds)."""
+
+
+def _check_finite(tree: Any, key: str) -> None:
+    """Every number of the config is finite and every whole number at most :data:`MAX_INT`
+    (``train.grad_clip=inf`` or ``data.n_train=1e30`` stop here, before any work)."""
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            _check_finite(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            _check_finite(v, f"{key}[{i}]")
+    elif isinstance(tree, bool):
+        return
+    elif isinstance(tree, float) and not math.isfinite(tree):
+        raise SureclError(f"{key}: {tree!r} must be a finite number")
+    elif isinstance(tree, (int, float)) and abs(tree) > MAX_INT:
+        raise SureclError(f"{key}: {tree:g} is out of range (at most {MAX_INT:g})")
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     """Check ranges and choices; raise a one-line SureclError naming the key. ``method`` and
     ``replay.policy`` are checked against the registries (:mod:`surecl.registry`)."""
@@ -595,7 +616,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("dual.beta", _beta_ok(cfg.dual.beta), "must be a number in (0, 1) or auto"),
         ("dual.window_tasks", cfg.dual.window_tasks >= 0 and math.isfinite(cfg.dual.window_tasks), "must be >= 0"),
         ("dual.window_tasks", cfg.dual.beta != "auto" or cfg.dual.window_tasks > 0, "must be > 0 with dual.beta=auto"),
-        ("train.epochs", cfg.train.epochs >= 1, "must be >= 1"),
+        ("train.epochs", 1 <= cfg.train.epochs <= 1000, "must be a whole number of epochs from 1 to 1000"),
         ("train.batch_size", cfg.train.batch_size >= 1, "must be >= 1"),
         ("train.lr", cfg.train.lr > 0 and math.isfinite(cfg.train.lr), "must be > 0"),
         ("train.grad_clip", cfg.train.grad_clip >= 0, "must be >= 0"),
@@ -626,6 +647,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     for key, ok, why in checks:
         if not ok:
             raise SureclError(f"{key}: {get_key(cfg, key)!r} {why}")
+    _check_finite(cfg.to_dict(), "")
     if cfg.replay.ratio:
         replay_ratio(cfg.replay.ratio)  # raises on a malformed ratio
     per_task_values(cfg.olora.per_task, "olora.per_task", 2)
@@ -817,8 +839,8 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
         dotted, raw = item.split("=", 1)
         dotted = dotted.strip()
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
+            value = safe_yaml(raw, f"override {dotted}") if raw.strip() else ""
+        except (yaml.YAMLError, RecursionError):
             value = raw
         if value is None:
             value = raw
@@ -837,6 +859,44 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
 def preset_names() -> list[str]:
     folder = resources.files("surecl") / "presets"
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+YAML_NODES = 100_000
+"""The most nodes a YAML document may expand to, aliases counted as often as they are used: a
+config or plan is a few hundred; an alias bomb (a few lines expanding to billions) stops at once."""
+
+
+def safe_yaml(text: str, source: str) -> Any:
+    """``yaml.safe_load(text)``, refusing (one line naming ``source``) a document whose aliases
+    expand beyond :data:`YAML_NODES` nodes, before anything is built from it."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        sizes: dict[int, int] = {}
+
+        def size(n) -> int:  # expanded size; an alias is the same node object, counted where used
+            key = id(n)
+            if key in sizes:
+                if sizes[key] < 0:
+                    raise SureclError(f"{source}: a YAML alias refers to itself; write the value out")
+                return sizes[key]
+            sizes[key] = -1
+            if isinstance(n, yaml.MappingNode):
+                total = 1 + sum(size(k) + size(v) for k, v in n.value)
+            elif isinstance(n, yaml.SequenceNode):
+                total = 1 + sum(size(v) for v in n.value)
+            else:
+                total = 1
+            sizes[key] = total = min(total, YAML_NODES + 1)
+            return total
+
+        if size(node) > YAML_NODES:
+            raise SureclError(f"{source}: YAML aliases expand to more than {YAML_NODES} values; write the values out")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def load_yaml(path_or_preset: str) -> tuple[dict[str, Any], str]:
@@ -860,8 +920,8 @@ def load_yaml(path_or_preset: str) -> tuple[dict[str, Any], str]:
         text_source = f"preset {path_or_preset}"
         text = (resources.files("surecl") / "presets" / f"{path_or_preset}.yaml").read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
+        data = safe_yaml(text, text_source) or {}
+    except (yaml.YAMLError, RecursionError) as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         where = f" line {line + 1}" if line is not None else ""
         raise SureclError(f"{text_source}:{where} invalid YAML") from None

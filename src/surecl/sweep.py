@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from surecl.config import safe_yaml
 from surecl.errors import SureclError
 
 PLAN_KEYS = {"description", "config", "overrides", "orders", "order_benchmark", "seeds", "methods", "grid", "groups", "layout"}
@@ -121,8 +122,8 @@ def _grid(value: Any, where: str) -> dict[str, list[str]]:
 def load_plan(name_or_path: str) -> Plan:
     text, source = _text(name_or_path)
     try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError:
+        data = safe_yaml(text, source) or {}
+    except (yaml.YAMLError, RecursionError):
         raise SureclError(f"{source}: invalid YAML") from None
     if not isinstance(data, dict):
         raise SureclError(f"{source}: top level must be a mapping")
