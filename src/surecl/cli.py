@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -209,6 +210,7 @@ def cmd_report(args) -> int:
 
     if args.metric not in METRICS:
         raise SureclError(f"--metric: unknown metric {args.metric!r} (choose from {', '.join(METRICS)})")
+    _check_results([Path(d) for d in args.dirs])
     if getattr(args, "layout", "orders") == "paper":
         from surecl.report import paper_report
 
@@ -234,6 +236,22 @@ def cmd_report(args) -> int:
     if args.md:
         write_text(Path(args.md), md)
     return 0
+
+
+def _check_results(paths: list[Path]) -> None:
+    """Every results.json under ``paths`` is a run's results (a mapping with its config, tasks
+    and accuracy matrix); one line naming the first that is not."""
+    for root in paths:
+        files = [root] if root.is_file() else sorted(root.rglob("results.json")) if root.is_dir() else []
+        for path in files:
+            try:
+                res = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # the reader names unreadable files itself
+            missing = [k for k in ("config", "tasks", "accuracy_matrix") if not isinstance(res, dict) or k not in res]
+            if missing or not isinstance(res.get("config"), dict):
+                raise SureclError(f"{path}: not a surecl results file (no {', '.join(missing) or 'config mapping'}); "
+                                  "move it away or name the run folders to report")
 
 
 def cmd_list(args) -> int:
@@ -355,6 +373,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"surecl: error: {_memory_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if args.debug or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {_bounded(str(exc.filename))}" if exc.filename else ""
+        print(f"surecl: error: no space left on the device{where}; what was written before stays intact (writes are atomic): "
+              "free some space and rerun the same command to resume", file=sys.stderr)
         return 2
 
 
