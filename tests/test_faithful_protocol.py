@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from test_seq2seq import tiny_t5
+from test_paper_protocol import t5_dir as _t5_dir_fixture  # noqa: F401  (a fixture: the tiny T5 folder)
 
 from surecl.adapters import DualLoRA, beta_per_step
 from surecl.cli import main
@@ -223,19 +223,13 @@ def test_per_task_epochs_plan_more_steps_for_the_named_task():
 # ------------------------------------------------------------------ T5: the reference's surprise and input
 
 
-@pytest.fixture(scope="module")
-def t5(tmp_path_factory):
-    root = tmp_path_factory.mktemp("t5f")
-    return tiny_t5(root / "t5", root / "cache"), root / "cache"
-
-
-def test_reference_t5_surprise_is_the_prompt_reconstruction_and_ranks_differently(t5):
+def test_reference_t5_surprise_is_the_prompt_reconstruction_and_ranks_differently(_t5_dir_fixture):  # noqa: F811 (the fixture)
     from transformers import AutoTokenizer, T5ForConditionalGeneration
 
     from surecl.data.encode import TaskEncoder
     from surecl.data.tiny import tiny_stream
 
-    path, _ = t5
+    path, _ = _t5_dir_fixture
     tok = AutoTokenizer.from_pretrained(path)
     model = T5ForConditionalGeneration.from_pretrained(path).eval()
     task = tiny_stream(n_train=24, n_test=1)[1]
