@@ -349,6 +349,9 @@ def test_bad_source_is_one_line_exit_2_and_writes_nothing(case, tmp_path, capsys
     entry = json.dumps({"path": path, **extra})
     out = tmp_path / "out"
     out.mkdir()
+    from surecl.checkpoint import Manifest
+
+    Manifest(out).claim("report.md")  # an earlier run's output, listed in its manifest
     (out / "report.md").write_text("an earlier report")
     before = tree_digest(out)
     t0 = time.monotonic()

@@ -272,7 +272,7 @@ def test_dry_run_prints_the_protocol_of_a_paper_preset(t5_dir, tmp_path, capsys)
     assert "plain recursion" in out
     assert "replay ratio 1:2 (replayed:new, about 32 per step of 64); loss: each pair's mean (the reference's)" in out
     # the tiny stream at the LNT sizes: 96 examples per task (fewer than 1000) -> 2 steps of 64
-    assert "| 1 | colors | 96 | 24 | 2 | 1 | floor(7/1) = 7 |" in out
+    assert "| 1 | colors | 96 | 24 | 2 | 2 | floor(7/1) = 7 |" in out  # 1:2 replays at every step of 64
     assert "S = 7 (0.02 of 384)" in out
     assert "fresh optimizer state per task" in out and "batch 64 (uniform)" in out
     assert "train_sampling: random" in out

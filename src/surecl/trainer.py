@@ -489,6 +489,8 @@ class ContinualRun:
             st = self.state
             name = f"stage-{st.next_stage:04d}" + (f"-step-{st.step:06d}" if st.batches is not None else "")
             components = {"run": (dataclasses.asdict(st), {}), "rng": self._rng_state(), **self.plugins.state_dicts()}
+            if getattr(self, "outputs", None) is None:  # a checkpoint taken outside run() (tests, tools)
+                self.outputs = checkpoint.Manifest(self.out_dir)
             self.outputs.claim(f"checkpoints/{name}")
             checkpoint.save(
                 self.out_dir / "checkpoints", name, components,
