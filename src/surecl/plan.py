@@ -15,14 +15,12 @@ from pathlib import Path
 
 import yaml
 
-from surecl.config import RunConfig
+from surecl.config import RunConfig, per_task_values, replay_ratio
 
 
 def stage_epochs(cfg: RunConfig, names: list[str] | None = None) -> int:
     """Epochs of a stage over the tasks ``names``: ``train.epochs``, or the most that
     ``train.epochs_per_task`` gives one of them."""
-    from surecl.config import per_task_values
-
     table = per_task_values(cfg.train.epochs_per_task, "train.epochs_per_task", 1)
     own = [int(table[n][0]) for n in names or [] if n in table]
     return max(own) if own else cfg.train.epochs
@@ -58,8 +56,6 @@ def replay_count(step: int, batch_sizes: list[int], cfg: RunConfig) -> int:
     evenly); else ``replay.batch_size`` every ``replay.every``-th step."""
     if not cfg.replay.ratio:
         return cfg.replay.batch_size if step % cfg.replay.every == 0 else 0
-    from surecl.config import replay_ratio
-
     a, b = replay_ratio(cfg.replay.ratio)
     before = sum(batch_sizes[:step])
     after = before + batch_sizes[step]
@@ -70,8 +66,6 @@ def replayed_in(batch_size: int, cfg: RunConfig) -> float:
     """Replayed examples per step of ``batch_size`` new examples, on average."""
     if not cfg.replay.ratio:
         return cfg.replay.batch_size / cfg.replay.every
-    from surecl.config import replay_ratio
-
     a, b = replay_ratio(cfg.replay.ratio)
     return batch_size * a / b
 

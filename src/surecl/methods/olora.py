@@ -193,10 +193,17 @@ class TaskLoRAs(Method):
                 layer.past_b[:, :n].copy_(tensors[f"{layer.name}/B"])
 
 
-def _stage_names(ctx) -> list[str]:
-    """The names of the tasks the stage being trained covers (none outside a run's stage)."""
+def stage_values(ctx, entries: list[str], key: str, default: tuple[float, ...]) -> tuple[float, ...]:
+    """The per-task values ``entries`` (``"<task>:<v1>[:<v2>]"``) give the first task of the stage
+    being trained that they name, else ``default`` (also outside a run's stage)."""
     stage = getattr(ctx, "stage", None)
-    return [ctx.tasks[t].name for t in stage.tasks] if stage is not None else []
+    if not entries or stage is None:
+        return default
+    own = per_task_values(entries, key, len(default))
+    for t in stage.tasks:
+        if ctx.tasks[t].name in own:
+            return own[ctx.tasks[t].name]
+    return default
 
 
 class OLoRA(TaskLoRAs):
@@ -209,11 +216,7 @@ class OLoRA(TaskLoRAs):
     def strengths(self, ctx) -> tuple[float, float]:
         """(lambda_orth, lambda_l2) of the task being trained (``olora.per_task``, else the defaults)."""
         c = self.config
-        own = per_task_values(c.per_task, "olora.per_task", 2) if c.per_task else {}
-        for name in _stage_names(ctx):
-            if name in own:
-                return own[name]
-        return c.lambda_orth, c.lambda_l2
+        return stage_values(ctx, c.per_task, "olora.per_task", (c.lambda_orth, c.lambda_l2))
 
     def penalty(self, ctx) -> torch.Tensor | None:
         c, terms = self.config, []
@@ -246,11 +249,7 @@ class NLoRA(TaskLoRAs):
 
     def strength(self, ctx) -> float:
         """lambda_l1 of the task being trained (``nlora.per_task``, else ``nlora.lambda_l1``)."""
-        own = per_task_values(self.config.per_task, "nlora.per_task", 1) if self.config.per_task else {}
-        for name in _stage_names(ctx):
-            if name in own:
-                return own[name][0]
-        return self.config.lambda_l1
+        return stage_values(ctx, self.config.per_task, "nlora.per_task", (self.config.lambda_l1,))[0]
 
     def penalty(self, ctx) -> torch.Tensor | None:
         lam = self.strength(ctx)
