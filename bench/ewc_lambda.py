@@ -17,6 +17,6 @@ if __name__ == "__main__":
     lambdas = sys.argv[1:] or ["0", "1e2", "1e4", "1e6", "1e8"]
     tmp = Path(tempfile.mkdtemp(prefix="surecl-ewc-"))
     for lam in lambdas:
-        cfg = build_config("tiny,ewc", ["data.tasks=[colors,animals]", f"train.ewc_lambda={lam}"])
+        cfg = build_config("tiny,ewc", ["data.tasks=[colors,animals]", f"ewc.lam={lam}"])
         a = run(cfg, tmp / lam, progress=False, cache_dir=tmp / "cache")["accuracy_matrix"]
         print(f"lambda {lam:>5s}: colors after colors {a[0][0]:5.1f}, after animals {a[1][0]:5.1f}; animals {a[1][1]:5.1f}", flush=True)

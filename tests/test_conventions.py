@@ -121,7 +121,7 @@ def test_config_yaml_loads_back_to_the_run_config(finished, capsys):
     "config, overrides",
     [
         ("tiny,surprise_sbua", ["replay.buffer_size=300", "dual.beta=0.99", "train.lr=1e-05", "data.tasks=[colors,numbers]"]),
-        ("cpt,random", ["data.order=1", "lora.target_modules=[q_proj]", "train.ewc_lambda=1e7"]),
+        ("cpt,random", ["data.order=1", "lora.target_modules=[q_proj]", "ewc.lam=1e7"]),
         ("tiny", ["preset=", "seed=3", "model.name=./models/my model"]),
     ],
 )

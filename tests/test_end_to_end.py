@@ -162,7 +162,7 @@ def test_ewc_penalty_pulls_toward_the_previous_task(tmp_path, cache_dir):
     first, kept, learned = {lam: [] for lam in lams}, {lam: [] for lam in lams}, {lam: [] for lam in lams}
     for seed in (0, 1, 2):
         for lam in lams:
-            cfg = build_config("tiny,ewc", ["data.tasks=[colors,animals]", "train.epochs=3", f"train.ewc_lambda={lam}", f"seed={seed}"])
+            cfg = build_config("tiny,ewc", ["data.tasks=[colors,animals]", "train.epochs=3", f"ewc.lam={lam}", f"seed={seed}"])
             a = run(cfg, tmp_path / f"ewc{lam}-{seed}", progress=False, cache_dir=cache_dir)["accuracy_matrix"]
             first[lam].append(a[0][0])
             kept[lam].append(a[1][0])
@@ -183,7 +183,7 @@ def test_ewc_fisher_is_per_example(tmp_path, cache_dir):
     from surecl.nll import token_nll
     from surecl.trainer import ContinualRun
 
-    cfg = build_config("tiny,ewc", ["data.tasks=[colors]", "train.ewc_samples=16"])
+    cfg = build_config("tiny,ewc", ["data.tasks=[colors]", "ewc.samples=16"])
     r = ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=cache_dir)
     r.run()
     r.method.fisher = []

@@ -11,23 +11,23 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import surecl.methods.ewc as ewc_module
+import surecl.methods.ewc.method as ewc_module
 from surecl.methods.base import Stage
-from surecl.methods.ewc import EWC
+from surecl.methods.ewc import EWC, EWCConfig
 
 
 def stand_in(params: list[torch.Tensor], lam: float, train_sets=None, samples: int = 100) -> SimpleNamespace:
     model = torch.nn.Linear(1, 1)  # only its train/eval mode is used
     return SimpleNamespace(
         adapters=SimpleNamespace(fast_params=params),
-        cfg=SimpleNamespace(train=SimpleNamespace(ewc_lambda=lam, ewc_samples=samples)),
+        cfg=SimpleNamespace(ewc=EWCConfig(lam=lam, samples=samples)),
         model=model, train_sets=train_sets or [], batch=lambda items: items[0], is_seq2seq=False, device=torch.device("cpu"),
     )
 
 
 def ewc_of(run: SimpleNamespace) -> EWC:
-    """EWC configured from the stand-in run's config (``train.ewc_lambda``, ``train.ewc_samples``)."""
-    return EWC(EWC.config_from(run.cfg))
+    """EWC configured from the stand-in run's config section (``ewc.lam``, ``ewc.samples``)."""
+    return EWC(run.cfg.ewc)
 
 
 def leaf(values) -> torch.Tensor:
@@ -66,7 +66,7 @@ def test_fisher_is_the_per_example_mean_and_a_second_task_merges_into_one_anchor
     theta = leaf([1.0, 1.0])
     task0 = [[torch.tensor([1.0, 2.0])], [torch.tensor([3.0, 0.0])], [torch.tensor([100.0, 100.0])]]
     task1 = [[torch.tensor([1.0, 1.0])]]
-    run = stand_in([theta], lam=2.0, train_sets=[task0, task1], samples=2)  # the third task-0 item is beyond ewc_samples
+    run = stand_in([theta], lam=2.0, train_sets=[task0, task1], samples=2)  # the third task-0 item is beyond ewc.samples
     run.model._ewc_params = [theta]
     run.model.train()
     monkeypatch.setattr(ewc_module, "token_nll", linear_nll)

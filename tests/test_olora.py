@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from surecl.adapters import FAST, DualLoRA
-from surecl.config import DualConfig, LoraConfig, NLoRAConfig, OLoRAConfig, build_config
+from surecl.config import DualConfig, LoraConfig, build_config
 from surecl.errors import SureclError
 from surecl.methods.base import Stage
-from surecl.methods.olora import PAST, NLoRA, OLoRA, l1_of_delta, l2_penalty, orth_penalty
+from surecl.methods.olora import PAST, NLoRA, NLoRAConfig, OLoRA, OLoRAConfig, l1_of_delta, l2_penalty, orth_penalty
 
 LORA = LoraConfig(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
 
@@ -178,7 +178,7 @@ def test_each_task_start_moves_the_trained_lora_into_its_block_and_redraws_fast(
 
 def test_orthogonality_penalty_uses_only_the_filled_blocks_and_trains_only_fast(fresh_tiny):
     ctx = stand_in(fresh_tiny, n_tasks=3, overrides=["olora.lambda_orth=2.0"])
-    method = OLoRA(OLoRA.config_from(ctx.cfg))
+    method = OLoRA(ctx.cfg.olora)
     method.setup(ctx)
     loss = torch.tensor(1.0)
     assert method.loss(ctx, loss) is loss  # first task: nothing to be orthogonal to, no L2
@@ -222,7 +222,7 @@ def test_past_store_state_round_trips_into_a_fresh_run(fresh_tiny, tiny_loaded):
 
 def test_nlora_penalty_is_lambda_times_l1_of_each_update(fresh_tiny):
     ctx = stand_in(fresh_tiny, n_tasks=2, method="nlora")
-    method = NLoRA(NLoRA.config_from(ctx.cfg))
+    method = NLoRA(ctx.cfg.nlora)
     assert method.config == NLoRAConfig()
     method.setup(ctx)
     with torch.no_grad():
@@ -272,7 +272,7 @@ def test_default_penalty_is_the_reference_code_on_fixed_tensors(fresh_tiny):
     """O-LoRA's default penalty equals its reference's formula (``src/uie_trainer_lora.py``
     L91-109): lamda_1 * sum |A_prev A_new^T| + lamda_2 * sum_params torch.norm(param, p=2)."""
     ctx = stand_in(fresh_tiny, n_tasks=2, overrides=["olora.lambda_orth=0.5", "olora.lambda_l2=0.1"])
-    method = OLoRA(OLoRA.config_from(ctx.cfg))
+    method = OLoRA(ctx.cfg.olora)
     method.setup(ctx)
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
@@ -295,7 +295,7 @@ def test_per_task_strengths_follow_the_stage_task(fresh_tiny):
     import types
 
     ctx = stand_in(fresh_tiny, n_tasks=2, overrides=["olora.lambda_orth=0.5", "olora.per_task=[t1:3:0.2]"])
-    method = OLoRA(OLoRA.config_from(ctx.cfg))
+    method = OLoRA(ctx.cfg.olora)
     ctx.tasks = [types.SimpleNamespace(name="t0"), types.SimpleNamespace(name="t1")]
     ctx.stage = Stage((1,), 1, (0, 1))
     assert method.strengths(ctx) == (3.0, 0.2)

@@ -53,7 +53,7 @@ CASES = {
     ),
     "reservoir": ("tiny,reservoir", [], ["step:1:3"], ["stage-0001-step-000002"]),
     "online_surprise": ("tiny,online_surprise", [], ["step:1:3"], ["stage-0001-step-000002"]),
-    "ewc": ("tiny,ewc", ["train.ewc_lambda=1e5", "train.ewc_samples=8"], ["step:1:3"], ["stage-0001-step-000002"]),
+    "ewc": ("tiny,ewc", ["ewc.lam=1e5", "ewc.samples=8"], ["step:1:3"], ["stage-0001-step-000002"]),
     "per_task": ("tiny,per_task", [], ["step:1:3"], ["stage-0001-step-000002"]),
     "olora_replay": (
         "tiny,olora", ["replay.policy=reservoir", "olora.lambda_l2=0.01"], ["stage_end:0", "step:1:3"],

@@ -23,7 +23,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
-    "ContinualRun", "Example", "Method", "Plugin", "ReplayPolicy", "RunConfig", "Stage", "StepRecord", "SureclError", "Task", "__version__",
+    "ContinualRun", "Example", "Method", "MethodSpec", "Options", "Plugin", "PolicySpec", "ReplayPolicy", "RunConfig", "Stage", "StepRecord", "SureclError", "Task", "__version__",
     "build_config", "register_method", "register_policy", "run",
 ]
 
@@ -37,6 +37,9 @@ _LAZY = {
     "Example": "surecl.data.task",
     "register_method": "surecl.registry",
     "register_policy": "surecl.registry",
+    "MethodSpec": "surecl.registry",
+    "PolicySpec": "surecl.registry",
+    "Options": "surecl.options",
     "Plugin": "surecl.plugins.base",
     "Stage": "surecl.plugins.base",
     "StepRecord": "surecl.plugins.base",
@@ -48,36 +51,18 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time these load on first
     from surecl.config import RunConfig, build_config
     from surecl.errors import SureclError
     from surecl.methods.base import Method
+    from surecl.options import Options
     from surecl.plugins.base import Plugin, Stage, StepRecord
-    from surecl.registry import register_method, register_policy
+    from surecl.registry import MethodSpec, PolicySpec, register_method, register_policy
     from surecl.replay.policies import ReplayPolicy
     from surecl.trainer import ContinualRun, run
 
 
-def _version() -> str:
-    """The installed distribution's version, else the one pyproject.toml declares (a source tree
-    on ``sys.path`` without ``pip install``)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("surecl")
-    except PackageNotFoundError:
-        import re
-        from pathlib import Path
-
-        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
-        try:
-            text = pyproject.read_text(encoding="utf-8")
-        except OSError:
-            return "0+unknown"
-        project = text.split("[project]", 1)[-1].split("\n[", 1)[0]
-        found = re.search(r'^version\s*=\s*"([^"]+)"', project, re.M)
-        return found.group(1) if found else "0+unknown"
-
-
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        value = _version()
+        from surecl._version import version
+
+        value = version()
     elif name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
     else:

@@ -25,8 +25,8 @@ import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import TaskType, get_peft_model
 
-from surecl.config import DualConfig, LoraConfig
 from surecl.plugins.base import Plugin
+from surecl.sections import DualConfig, LoraConfig
 
 FAST, SLOW = "fast", "slow"
 
@@ -253,7 +253,9 @@ class DualLoRA(Plugin):
         leave only the zero update)."""
         if self.bypassed or not self.fast_trainable:
             return
-        from surecl import __version__
+        from surecl._version import version
+
+        __version__ = version()
         from surecl.card import model_card, portable_base
         from surecl.checkpoint import save_adapter
 

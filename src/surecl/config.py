@@ -30,409 +30,19 @@ from typing import Any
 
 import yaml
 
+from surecl import registry
 from surecl.errors import SureclError
-
-
-@dataclass
-class ModelConfig:
-    """Which model to adapt and how to hold its frozen weights."""
-
-    name: str = "smollm2-135m"
-    """``smollm2-135m`` (embedded), ``tiny`` (random, built in code), or a HF name / local path."""
-    dtype: str = "auto"
-    """Dtype of the frozen base: ``auto`` (bf16 where supported), ``bf16``, ``fp32``."""
-    trust_remote_code: bool = False
-    max_length: int = 128
-    """Prompt tokens kept per example (the sentence is truncated, the answer never)."""
-    encoder_eos: bool = False
-    """Encoder-decoder models: end the encoder input (the prompt) with the end-of-sequence
-    token, as the T5 tokenizer does by default and the reference code of the paper and of
-    O-LoRA do (``tokenizer(source)``). The ``paper-t5`` preset sets it; off by default so
-    earlier T5 runs keep their inputs. Not read for causal models."""
-    share_prefix: bool = True
-    """Run the prompt prefix that a batch's rows share (a task's instruction and options) once
-    per batch and let the rows attend to its KV cache, in scoring, training and evaluation of
-    causal models: the same results for fewer tokens. Training slices are cut by task where a
-    task's rows save enough prefix tokens to pay for a slice of their own. With
-    ``lora.dropout`` > 0 the shared tokens draw one dropout mask per slice, not one per row."""
-
-
-@dataclass
-class HFTaskConfig:
-    """One ``data.hf`` task: a Hugging Face ``datasets`` source and how to read it. In YAML or
-    an override a plain string is the ``path``, every other field at its default."""
-
-    path: str = ""
-    """A folder written by ``save_to_disk`` (a ``DatasetDict``, or one ``Dataset``: its rows are
-    the ``train`` split), a data file (``.parquet``, ``.csv``, ``.json``, ``.jsonl``: one
-    ``train`` split), a folder of such files (split names from the file names, e.g.
-    ``train.csv`` and ``test.csv``), or a hub id (``owner/name``) where the hub is reachable."""
-    name: str = ""
-    """The dataset's configuration name (``load_dataset(path, name)``), for hub datasets that have several."""
-    task: str = ""
-    """The task's name in the stream; default: the file or folder name without its suffix (a
-    hub id's last part, with ``-<name>`` when a configuration is named)."""
-    text_column: str = "text"
-    """The column holding the input text (strings)."""
-    label_column: str = "label"
-    """The column holding the answer: strings, or integers, which are the column's
-    ``ClassLabel`` names where it has them, else the i-th of ``labels`` (from 0) where those are
-    given, else the number as a string. Not read for ``data.kind=text``."""
-    train_split: str = "train"
-    test_split: str = "test"
-    test_fraction: float = 0.0
-    """Above 0 (and below 1): the test split is this fraction of the train split, held out by
-    a fixed draw per task name (the same for every run seed and method), and ``test_split`` is
-    not read. For sources with one split (a data file, one saved ``Dataset``)."""
-    labels: list[str] = field(default_factory=list)
-    """The task's label set, in order (the options of its prompt); default: the column's
-    ``ClassLabel`` names, else the sorted distinct labels of both splits. A row whose label is
-    not among them is an error (or dropped with ``data.invalid_labels=drop``)."""
-    instruction: str = ""
-    """The task's instruction; default: the generic one of ``data.jsonl`` tasks."""
-
-
-@dataclass
-class DataConfig:
-    """The task stream."""
-
-    benchmark: str = "embedded"
-    """``embedded`` (offline default), ``tiny`` (fixture), ``none`` (only ``data.jsonl`` / ``data.hf`` tasks), or a path to a CL_Benchmark folder."""
-    order: str = "default"
-    """A task order: ``1``..``6`` for CL_Benchmark, ``default`` for the benchmark's own order."""
-    tasks: list[str] = field(default_factory=list)
-    """Explicit task names in training order; overrides ``order``."""
-    jsonl: list[str] = field(default_factory=list)
-    """User tasks, one JSONL file each (see README); appended after benchmark tasks."""
-    hf: list[HFTaskConfig] = field(default_factory=list)
-    """User tasks read with Hugging Face ``datasets`` (``pip install surecl[hf]``), one per
-    entry: a path or hub id, or a mapping of :class:`HFTaskConfig` fields (column names,
-    splits, labels); appended after the JSONL tasks."""
-    kind: str = "classify"
-    """``classify`` (instruction + options -> label) or ``text``: continual pre-training on raw
-    documents (benchmark tasks keep their inputs only), next-token loss on every token,
-    evaluated by perplexity (needs eval.mode=perplexity; preset ``cpt`` sets both)."""
-    n_train: int = 240
-    """Training examples kept per task (0 = all). The default sizes keep the embedded run
-    within 10 minutes on a 2-core CPU while every task is learned well above its zero-shot
-    accuracy (30 steps per task); the paper uses 1000 (LNT) or 5000 (Standard CL) / 500 test."""
-    n_test: int = 100
-    """Test examples kept per task (0 = all)."""
-    train_sampling: str = "balanced"
-    """How ``n_train`` rows are drawn: ``balanced`` (round-robin over labels; the default, so a
-    small sample holds every class) or ``random`` (uniform, keeping the class priors: the
-    paper's protocol, "randomly select")."""
-    test_sampling: str = "balanced"
-    """How ``n_test`` rows are drawn: ``balanced`` or ``random`` (the paper's; class priors
-    differ on QQP, MNLI, BoolQ, so the two give different accuracies there)."""
-    task_prefix: bool = False
-    """Begin every prompt with ``Task:<group>\nDataset:<task>\n`` (the benchmark's task type,
-    e.g. TC, SC, NLI, and the task's name), as O-LoRA's scripts do (``--add_task_name True
-    --add_dataset_name True``, ``src/uie_collator.py``), which its baselines' numbers were made
-    with. Off by default (the paper's text gives the prompt without it)."""
-    draw: str = "shared"
-    """Which examples a seed draws: ``shared`` (a task's sample depends on the seed and the
-    task only, so the orders of one seed train and test on the same rows: across orders the
-    independent unit of a comparison is the seed) or ``order`` (the sample also depends on
-    the stream's task order, so every (order, seed) run is an independent draw; the packaged
-    study plans set it). ``surecl report`` reads it to choose the unit of its intervals."""
-    allow_missing: bool = False
-    """Run the available tasks of an order when the folder lacks some, instead of failing."""
-    invalid_labels: str = "error"
-    """Rows whose label is not in the task's labels: ``error`` (default) or ``drop`` them (the
-    run prints how many per task; CL_Benchmark's MNLI test split has 131 rows labelled ``-``)."""
-
-    def __post_init__(self) -> None:
-        # From Python, a data.hf entry may be a plain path, as in YAML.
-        if isinstance(self.hf, list):
-            self.hf = [HFTaskConfig(path=e) if isinstance(e, str) else e for e in self.hf]
-
-
-@dataclass
-class LoraConfig:
-    """LoRA adapter shape (paper: rank 8, alpha 32, dropout 0.1 on Q and V)."""
-
-    r: int = 8
-    alpha: int = 32
-    dropout: float = 0.1
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
-
-
-@dataclass
-class ReplayConfig:
-    """What the buffer keeps and how often it is replayed."""
-
-    policy: str = "none"
-    """``none``, ``reservoir`` (online, task-agnostic), ``random`` or ``surprise`` (per-task quota),
-    ``online_surprise`` (boundary-free: training-loss surprise, equal quota per answer label), or
-    a policy added with ``surecl.register_policy``. SuRe's options below are read by its plugin
-    (``surecl.plugins.sure.SureConfig``)."""
-    buffer_size: float = 0.02
-    """S: below 1 a fraction of all training examples of the stream (0.02 = 2 %), else a whole
-    count of examples (300). A number with a decimal point at or above 1 (``1.0``, ``2.5``)
-    stops with an error: it could mean either; write a count without the point, or the
-    fraction as ``replay.buffer_fraction``."""
-    buffer_fraction: float = 0.0
-    """S as a fraction of all training examples of the stream, in (0, 1] (1 = every example
-    kept); replaces ``buffer_size`` when above 0."""
-    score_time: str = "before"
-    """When surprise is computed for a task: ``before`` or ``after`` training on it."""
-    insert_time: str = "before"
-    """When a task's selection enters the buffer: ``before`` or ``after`` training on it."""
-    balance: str = "none"
-    """``none`` (the paper's): a task's share is its m highest-priority examples whatever their
-    labels; ``label``: the share is spread evenly over the task's answer labels, each label
-    giving its highest-priority examples in turn (floor(m/K) or one more of each of K labels).
-    Per-task quota policies only (``surprise``, ``random``; ``online_surprise`` partitions by
-    label already)."""
-    reduction: str = "mean"
-    """Token reduction of the NLL: ``mean`` (paper) or ``sum``."""
-    scope: str = "sequence"
-    """Tokens scored: ``sequence`` (prompt + answer; the paper's full-sequence surprise) or
-    ``label`` (answer only: -log p(y|x) with ``reduction=sum``, the paper's label surprise).
-    A causal model scores every token of prompt + answer after the first. An encoder-decoder
-    model predicts only its decoder side, so for ``sequence`` its decoder scores the whole
-    sequence (prompt tokens then answer tokens) as its target from an empty encoder input
-    (the end-of-sequence token alone): -1/T sum_t log p(z_t | z_<t), the model used as a
-    language model over the example; ``label`` scores the answer given the prompt.
-    ``input``: the paper's reference code's score (``get_ll`` in ``HHazard2002/continual-learning``
-    ``methods/buffer.py``: ``model(input_ids=x, labels=x)``, first label masked, mean): on a
-    causal model x is prompt + answer, so it equals ``sequence``; on an encoder-decoder x is
-    the encoder input (the prompt), and the score is the decoder's NLL of reconstructing the
-    prompt given the prompt. ``paper-t5`` keeps ``sequence`` (Eq. 1's surprise of the example;
-    docs/faithfulness.md says why); ``replay.scope=input`` reproduces the reference's."""
-    aging: bool = False
-    """Re-score replayed items with the loss of the step that replays them."""
-    every: int = 2
-    """Replay every k-th optimizer step (not read when ``ratio`` is set)."""
-    batch_size: int = 4
-    """Replayed examples joined to the current batch on a replay step (not read when ``ratio`` is set)."""
-    ratio: str = ""
-    """The replay ratio ``a:b``: a replayed examples per b new ones, counted over the task's
-    stream of new examples (after N new examples of a task, floor(N a / b) have been replayed),
-    so every step of B new examples replays about B a / b of them: ``1:2`` is the paper's
-    ratio (its reference replays one buffer example every second micro-batch of one example:
-    ``replay_frequency`` 2, ``buffer_sample_size`` 1), ``1:4`` ... ``1:16`` its ablation's.
-    Empty (default): ``batch_size`` examples every ``every``-th step."""
-    loss: str = "joint"
-    """How replayed examples enter the step's loss: ``joint`` (default): the token mean over the
-    whole mixed batch, so an example weighs by its answer tokens; ``pair`` (the reference's):
-    each example's own token-mean loss, each replayed example paired with a new one (in
-    turn), a pair's loss the mean of its members', and the step's loss the mean over the new
-    examples of their (pair) losses: ``(outputs.loss + replay_outputs.loss) / 2`` per
-    micro-batch, averaged over the accumulated micro-batches, as the reference's
-    ``training_step`` and the ``Trainer``'s accumulation do."""
-
-
-@dataclass
-class DualConfig:
-    """Fast/slow dual learner: slow = EMA(beta) of fast after every optimizer step."""
-
-    enabled: bool = False
-    beta: float | str = "auto"
-    """The EMA rate: ``auto`` (default), the rate whose window 1/(1-beta) is ``window_tasks``
-    tasks of this stream, beta = 1 - 1/(window_tasks x S) with S the first task's optimizer
-    steps; or a number in (0, 1) (the paper's 0.995, a 200-step window, which the ``paper-*``
-    presets pin). Whether the slow adapter helps or lags depends on the window against the
-    steps per task: half a task was the one rule measured at or above the fast adapter on
-    every stream measured from 15 to 150 steps per task, where bias-corrected 0.995 fell below
-    it at 15 to 50 steps per task, by up to 15 points (RESULTS.md §3, §4;
-    ``bench/ema_window.py`` measures slow - fast per rule)."""
-    bias_correction: bool = True
-    """Divide out the weight still on the initial adapter (Adam-style). Once a run has many
-    more than 1/(1-beta) steps this equals the paper's EMA; in short runs it stops the slow
-    adapter from sitting near its random start. ``false`` gives the paper's exact recursion
-    slow <- beta * slow + (1 - beta) * fast (the ``paper-*`` presets)."""
-    window_tasks: float = 0.5
-    """With ``beta: auto``: the EMA window in tasks (0.5: half a task). Not read when ``beta``
-    is a number."""
-    unit: str = "step"
-    """What one EMA update (one factor ``beta``) stands for: ``step`` (one update per optimizer
-    step: the paper's text, "after each step") or ``example`` (one update per new training
-    example, as the paper's reference code does it: ``HHazard2002/continual-learning`` updates
-    the slow model in ``training_step``, which the transformers ``Trainer`` calls once per
-    micro-batch of one example, 64 times per optimizer step of ``scripts/train.sh``; all
-    64 move toward the same fast weights, so surecl applies them as one exact update
-    ``slow <- beta^n slow + (1 - beta^n) fast`` after a step of n new examples; replayed
-    examples do not count, as they ride along inside a new example's micro-batch there). The
-    per-step rate is then beta^batch (0.995^64 = 0.73, a window of about 4 optimizer steps).
-    With ``beta: auto`` the window is counted in the same unit (``window_tasks`` tasks of the
-    first task's examples). The ``paper-*`` presets set ``example``; docs/faithfulness.md."""
-
-
-@dataclass
-class TrainConfig:
-    """Optimisation of the fast adapter."""
-
-    epochs: int = 1
-    batch_size: int = 8
-    lr: float = 2e-3
-    """AdamW learning rate of the fast adapter (the default suits the embedded run's 30 steps
-    per task; the paper presets set 1e-3 for T5-large and 1e-4 for Llama-3.1-8B), or of what
-    the method trains instead (``seq_ft``: every base weight; its preset sets 5e-5)."""
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    scheduler: str = "constant"
-    """Learning-rate schedule over a task's steps, restarted per task, with the values of
-    ``transformers.get_scheduler``: ``constant``, ``constant_with_warmup``, ``linear`` (decay to
-    0 at the task's last step) or ``cosine`` (half a cosine to 0), each after ``warmup_steps``
-    of linear warmup from 0 (``constant`` with ``warmup_steps`` > 0 warms up as
-    ``constant_with_warmup``)."""
-    fresh_optimizer: bool = False
-    """Start every task with fresh AdamW state, as O-LoRA's protocol (one process per task)
-    does (the ``paper-*`` presets). Default off: carried-over moment estimates keep a new
-    task's first updates scaled by the gradient magnitudes seen so far, where fresh state
-    makes them about ``lr`` per weight whatever the gradient (Adam's first step)."""
-    batching: str = "uniform"
-    """``uniform``: batches drawn uniformly from a shuffled epoch, as in the paper (default).
-    ``bucketed``: shuffle, sort by length inside windows of 32 batches, shuffle the batches:
-    less padding, but each batch holds examples of similar length, which in a stream of
-    several tasks means mostly one task per batch: MTL lost 4 FP points to it against uniform
-    batches (README, bench/mtl_check.py)."""
-    epochs_per_task: list[str] = field(default_factory=list)
-    """Per-task epochs, ``"<task>:<epochs>"`` each (e.g. ``MNLI:2``, as O-LoRA's ``long.sh``
-    trains MNLI); a task not named trains ``epochs``."""
-    grad_clip: float = 1.0
-    max_steps_per_task: int = 0
-    """Cap on optimizer steps per task (0 = no cap)."""
-    ewc_lambda: float = 1000.0
-    """EWC penalty strength (method ``ewc``)."""
-    ewc_samples: int = 200
-    """Training examples per task used to estimate the EWC Fisher."""
-    checkpoint_every: int = 50
-    """Also checkpoint every this many steps inside a task (0 = only between tasks)."""
-    keep_checkpoints: int = 2
-    """Complete checkpoints kept in ``checkpoints/`` (the newest; one more lies there while the
-    next is written). 2 keeps a fallback should the newest be damaged; 1 halves the disk a run
-    holds, which matters for full fine-tuning (``seq_ft``: weights and both AdamW moments, 1.6
-    GB a checkpoint for SmolLM2-135M, against a few MB with LoRA)."""
-    micro_batch_tokens: int = 1024
-    """Run a step's mixed batch in slices of at most this many padded tokens, accumulating
-    gradients (same loss and update; the saved activations of one slice at a time bound the
-    memory). 0 = the whole batch in one forward."""
-
-
-@dataclass
-class EvalConfig:
-    """How accuracy is measured."""
-
-    mode: str = "generate"
-    """``generate`` (greedy decoding, normalised exact match; paper), ``rank`` (label
-    likelihood), or ``perplexity`` (the metric of ``data.kind=text`` streams; lower is better)."""
-    before: bool = True
-    """Also evaluate every task before any training (the "without fine-tuning" row), so a run
-    shows what training added."""
-    fast: bool = True
-    """In a dual run, also evaluate the fast adapter after every task: ``results.json`` gets
-    its matrix under ``fast`` beside the slow one's. The fast adapter is trained exactly as
-    the same method without the dual learner, so one run gives both rows on one trajectory
-    (paired comparison); costs a second evaluation."""
-    matrix: str = "full"
-    """Which cells of the accuracy matrix to fill: ``full`` (every task seen so far, after
-    every task: N(N+1)/2 evaluations) or ``fp_ap`` (only what FP, AP, forgetting and BWT need:
-    each task right after it is learned, and every task after the last: 2N-1 evaluations;
-    for long streams, where the full matrix costs more than training)."""
-    batch_size: int = 32
-    max_new_tokens: int = 0
-    """0 = longest label of the task plus one."""
-
-
-@dataclass
-class PromptsConfig:
-    """Progressive Prompts (``method=progressive_prompts``; Razdaibiedina et al., ICLR 2023): a
-    new soft prompt of ``length`` vectors per task, trained with the prompts of the earlier
-    tasks (frozen) before it and the base model frozen. Defaults are those of the paper's
-    public code (arazd/ProgressivePrompts, ``T5_codebase/train_t5_cl.py``): its T5 setting.
-    The paper has no decoder-only model; the same values serve one here (README)."""
-
-    length: int = 10
-    """Soft-prompt vectors per task (reference ``--prefix_len 10``, T5 and BERT). After task
-    t every input carries t x length virtual tokens, on top of ``model.max_length``."""
-    lr: float = 0.3
-    """Learning rate of the prompt (and its MLP): replaces ``train.lr`` for this method and
-    follows ``train.scheduler`` as ``train.lr`` would (reference ``--lr 0.3``, T5, after
-    Lester et al.'s prompt tuning; its BERT runs trained prompts at 3e-5 for 50 epochs)."""
-    mlp: bool = False
-    """Residual reparameterisation: the prompt the model reads is P + MLP(P), with MLP =
-    Linear(d, mlp_hidden) -> ReLU -> Linear(mlp_hidden, d), a fresh one per task trained at
-    ``lr`` with it (the reference's ``mlp_lr`` defaults to ``lr``); after the task P + MLP(P)
-    is kept (frozen) and the MLP dropped. The reference's ``ResMLP`` of type ``MLP1`` with its
-    skip connection, as its BERT codebase builds it (the T5 codebase's ``MLP1`` branch reads
-    a ``layer_norm`` flag its constructor does not take; ``MLP2`` is not offered). Off by
-    default there (``--prefix_MLP None``)."""
-    mlp_hidden: int = 800
-    """The MLP's bottleneck width (reference ``--bottleneck_size 800``)."""
-    eval: str = "all"
-    """Which prompts answer at test time: ``all`` (every prompt learned so far, for every
-    task: no task id needed) or ``own`` (task j reads the prompts up to its own,
-    [P_j; ...; P_1], as right after it was learned: the task id chooses them; the accuracy
-    the paper reports per task, measured right after learning it)."""
-
-
-@dataclass
-class OLoRAConfig:
-    """O-LoRA (method ``olora``; Wang et al., 2023, "Orthogonal Subspace Learning for Language
-    Model Continual Learning", code ``cmnfriend/O-LoRA``): a new LoRA per task, earlier tasks'
-    LoRAs frozen and summed into every forward, and the loss of task t gets
-    ``lambda_orth * sum_layers sum_{i<t} orth(A_i, A_t) + lambda_l2 * l2(theta_t)``.
-
-    The defaults are its code's, as its scripts pair them: ``scripts/order_1.sh`` ..
-    ``order_3.sh`` of ``cmnfriend/O-LoRA`` pass ``--lamda_1 0.5 --lamda_2 0`` for every task,
-    and ``src/uie_trainer_lora.py`` (``training_step``, lines 91-109) weighs with them the L1
-    form ``torch.abs(torch.mm(A_i, A_t.T)).sum()`` and the unsquared ``torch.norm(param, p=2)``.
-    The paper's formulas (squared Frobenius norms) are ``orth_norm=fro2`` and ``l2_norm=fro2``;
-    with them lambda 0.5 weighs far less (the squares of the small entries of A_i A_t^T)."""
-
-    lambda_orth: float = 0.5
-    """lambda_1: weight of the orthogonality penalty between the current task's LoRA A and
-    every earlier task's (0.5 in O-LoRA's scripts)."""
-    lambda_l2: float = 0.0
-    """lambda_2: weight of the L2 penalty on the current task's LoRA A and B (0 in O-LoRA's
-    scripts, so the term is off by default)."""
-    orth_norm: str = "l1"
-    """``l1`` (default): the code's ``torch.abs(torch.mm(A_i, A_t.T)).sum()`` (the sum of the
-    overlap's absolute entries); ``fro2``: the paper's ``||A_i^T A_t||_F^2`` (squared Frobenius norm of the overlap of
-    the two subspaces)."""
-    per_task: list[str] = field(default_factory=list)
-    """Per-task strengths, ``"<task>:<lambda_orth>:<lambda_l2>"`` each (e.g. ``MNLI:0.5:0``);
-    a task not named takes ``lambda_orth`` / ``lambda_l2``. O-LoRA's 15-task script
-    (``scripts/long.sh``) sets them per task; the ``olora_long`` preset carries its values."""
-    l2_norm: str = "fro"
-    """``fro`` (default): the code's ``torch.norm(param, p=2)`` summed over the LoRA tensors
-    (a norm per tensor, not squared); ``fro2``: the paper's ``||theta_t||_2^2`` (sum of
-    squares of the current LoRA's entries)."""
-
-
-@dataclass
-class NLoRAConfig:
-    """N-LoRA (method ``nlora``; Yang et al., COLING 2025, "Is Parameter Collision Hindering
-    Continual Learning in LLMs?", code ``PKU-YuanGroup/N-LoRA``): O-LoRA's setting (a new
-    LoRA per task, earlier ones frozen and summed into every forward) with an L1 (sparsity)
-    penalty on the current task's update in place of the orthogonality term:
-    ``lambda_l1 * sum_layers ||B_t A_t||_1`` (entrywise, the paper's ``||Delta W_t||_1``).
-
-    Sources: the official repository's code and scripts were not available to this project;
-    the values below are those of N-LoRA's code as carried by ``zuti666/Continual-Flat-LoRA``
-    (its README: "Code follow N-Lora"): ``src/uie_trainer_lora.py`` adds
-    ``lamda_1 * torch.norm(torch.mm(loranew_A, loranew_B), p=1)`` per layer and
-    ``scripts_T5/order_1.sh`` passes ``--lamda_1 0.4``."""
-
-    lambda_l1: float = 1.0e-4
-    """Weight of the sparsity penalty. 0.4, the T5 script's above, belongs to the code's
-    ``(r, r)`` form (``l1_of=ab``: give it with that form); the paper's form sums ``out x in``
-    entries, and with it 0.4 keeps every task at 0 on SmolLM2-135M (studies/smollm2, order s1:
-    dbpedia 0.0 after training on it). 1e-4 is the strongest of 1e-3, 1e-4, 1e-5 measured there
-    whose tasks were still learned within 5 points of SeqLoRA's (RESULTS.md, "The rival
-    baselines"); under AdamW an L1 gradient does not fade near zero, so measure on a new
-    setting before a long run."""
-    per_task: list[str] = field(default_factory=list)
-    """Per-task strengths, ``"<task>:<lambda_l1>"`` each; a task not named takes ``lambda_l1``."""
-    l1_of: str = "delta"
-    """``delta``: the paper's ``||B_t A_t||_1``, the sum of the absolute entries of the task's
-    ``(out, in)`` update (without the LoRA scaling); ``ab``: the code's ``||A_t B_t||_1`` with
-    PEFT's shapes (A ``(r, in)``, B ``(out, r)``): an ``(r, r)`` product, defined only where a
-    module's input and output widths are equal (a run with another module stops with an
-    error)."""
+from surecl.options import Options, per_task_values  # noqa: F401  (per_task_values: re-exported)
+from surecl.sections import (  # noqa: F401  (the core sections, re-exported)
+    DataConfig,
+    DualConfig,
+    EvalConfig,
+    HFTaskConfig,
+    LoraConfig,
+    ModelConfig,
+    ReplayConfig,
+    TrainConfig,
+)
 
 
 @dataclass
@@ -452,20 +62,35 @@ class RunConfig:
     dual: DualConfig = field(default_factory=DualConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    prompts: PromptsConfig = field(default_factory=PromptsConfig)
-    olora: OLoRAConfig = field(default_factory=OLoRAConfig)
-    nlora: NLoRAConfig = field(default_factory=NLoRAConfig)
     log_every: int = 1
+    options: dict[str, Options] = field(default_factory=dict, repr=False)
+    """The option sections of the registered methods and policies (:func:`surecl.registry.sections`),
+    by section name: ``olora``, ``nlora``, ``prompts``, ``ewc``, an outside method's. Each reads as
+    an attribute (``cfg.olora.lambda_orth``) and as a top-level key of the tree (YAML, overrides,
+    :meth:`to_dict`); a section not given takes its class's defaults."""
 
     def __post_init__(self) -> None:
         # Built in Python, a config is checked at once: each leaf's type, then ranges and
         # choices (validate). build_config starts from the (valid) defaults and validates again
         # after its presets and overrides.
+        _fill_sections(self)
         _check_types(self, "")
         validate(self)
 
+    def __getattr__(self, name: str) -> Any:
+        options = self.__dict__.get("options")
+        if options is not None and name in options:
+            return options[name]
+        if options is not None and name in registry.sections():  # registered after this config was built
+            return _fill_sections(self)[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The tree as plain data: the core fields, then every option section at the top level."""
+        out = {f.name: dataclasses.asdict(v) if dataclasses.is_dataclass(v := getattr(self, f.name)) else v for f in dataclasses.fields(self) if f.name != "options"}
+        for name, section in self.options.items():
+            out[name] = dataclasses.asdict(section)
+        return out
 
     def to_yaml(self) -> str:
         """The whole tree as YAML that ``--config`` / :func:`build_config` reads back to an equal config."""
@@ -473,9 +98,34 @@ class RunConfig:
         return head + yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
 
 
+CORE_SECTIONS = ("method", "preset", "seed", "model", "data", "lora", "replay", "dual", "train", "eval", "log_every")
+"""The keys of the tree that surecl itself owns; a registered section may not take one."""
+
+
+def _fill_sections(cfg: RunConfig) -> dict[str, Options]:
+    """Give ``cfg`` a default instance of every registered section it lacks; refuse a given
+    section no registered method or policy declares, or one of the wrong class."""
+    known = registry.sections()
+    for name, section in cfg.options.items():
+        if name not in known:
+            raise SureclError(f"{name}: no registered method or policy has options named {name!r} (is its package installed, or its module given with --import?)")
+        if not isinstance(section, known[name][0]):
+            raise SureclError(f"{name}: expected a {known[name][0].__name__}, got {section!r}")
+    for name, (cls, readers) in known.items():
+        if name in CORE_SECTIONS:
+            raise SureclError(f"{name}: {', '.join(readers)} registered options under a name surecl's own config uses; register them under another section")
+        cfg.options.setdefault(name, cls())
+    return cfg.options
+
+
 def _check_types(obj: Any, prefix: str) -> None:
     """Each leaf has its declared type (an int is a valid float); raise naming the first that has not."""
+    if isinstance(obj, RunConfig):
+        for name, section in obj.options.items():
+            _check_types(section, name + ".")
     for name, typ in _field_types(type(obj)).items():
+        if isinstance(obj, RunConfig) and name == "options":
+            continue
         key, value = f"{prefix}{name}", getattr(obj, name)
         if dataclasses.is_dataclass(typ):
             if not isinstance(value, typ):
@@ -531,30 +181,19 @@ CHOICES: dict[str, tuple[str, ...] | None] = {
     "data.test_sampling": ("balanced", "random"),
     "train.batching": ("bucketed", "uniform"),
     "eval.matrix": ("full", "fp_ap"),
-    "prompts.eval": ("all", "own"),
-    "olora.orth_norm": ("fro2", "l1"),
-    "olora.l2_norm": ("fro2", "fro"),
-    "nlora.l1_of": ("delta", "ab"),
 }
+"""Allowed values of the core string options; a registered section lists its own
+(:attr:`surecl.options.Options.choices`; :func:`choices` gives them all)."""
 
 
-def per_task_values(entries: list[str], key: str, n: int) -> dict[str, tuple[float, ...]]:
-    """``"<task>:<v1>[:<v2>...]"`` entries (``n`` numbers each, finite, >= 0) as {task: values}."""
-    out: dict[str, tuple[float, ...]] = {}
-    for entry in entries:
-        name, _, rest = str(entry).partition(":")
-        parts = rest.split(":") if rest else []
-        try:
-            values = tuple(float(v) for v in parts)
-        except ValueError:
-            values = ()
-        if not name.strip() or len(values) != n or not all(math.isfinite(v) and v >= 0 for v in values):
-            shape = ":".join(["<task>"] + [f"<v{i + 1}>"[:4] if n > 1 else "<value>" for i in range(n)])
-            raise SureclError(f"{key}: {str(entry)[:60]!r} must be {shape} with {n} number(s) >= 0")
-        if name.strip() in out:
-            raise SureclError(f"{key}: task {name.strip()!r} named twice")
-        out[name.strip()] = values
+def choices() -> dict[str, tuple[str, ...]]:
+    """Every string option's allowed values: the core's, the registered policies', and each
+    registered section's (``olora.orth_norm``, ...)."""
+    out = {key: allowed or tuple(registry.policy_names()) for key, allowed in CHOICES.items()}
+    for name, (cls, _) in registry.sections().items():
+        out.update({f"{name}.{key}": allowed for key, allowed in cls.choices.items()})
     return out
+
 
 
 RAW_STRING_KEYS = ("replay.ratio",)
@@ -599,8 +238,6 @@ def _check_finite(tree: Any, key: str) -> None:
 def validate(cfg: RunConfig) -> RunConfig:
     """Check ranges and choices; raise a one-line SureclError naming the key. ``method`` and
     ``replay.policy`` are checked against the registries (:mod:`surecl.registry`)."""
-    from surecl import registry  # local: the registered classes import config
-
     if cfg.method not in registry.method_names():
         raise SureclError(f"method: unknown method {cfg.method!r} (choose from {', '.join(sorted(registry.method_names()))})")
     for key, allowed in CHOICES.items():
@@ -625,11 +262,6 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("train.warmup_steps", cfg.train.warmup_steps >= 0, "must be >= 0"),
         ("train.checkpoint_every", cfg.train.checkpoint_every >= 0, "must be >= 0"),
         ("train.keep_checkpoints", cfg.train.keep_checkpoints >= 1, "must be >= 1"),
-        ("train.ewc_lambda", cfg.train.ewc_lambda >= 0, "must be >= 0"),
-        ("train.ewc_samples", cfg.train.ewc_samples >= 1, "must be >= 1"),
-        ("olora.lambda_orth", cfg.olora.lambda_orth >= 0 and math.isfinite(cfg.olora.lambda_orth), "must be >= 0"),
-        ("olora.lambda_l2", cfg.olora.lambda_l2 >= 0 and math.isfinite(cfg.olora.lambda_l2), "must be >= 0"),
-        ("nlora.lambda_l1", cfg.nlora.lambda_l1 >= 0 and math.isfinite(cfg.nlora.lambda_l1), "must be >= 0"),
         ("data.n_train", cfg.data.n_train >= 0, "must be >= 0"),
         ("data.n_test", cfg.data.n_test >= 0, "must be >= 0"),
         ("lora.r", cfg.lora.r >= 1, "must be >= 1"),
@@ -640,18 +272,15 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("eval.batch_size", cfg.eval.batch_size >= 1, "must be >= 1"),
         ("eval.max_new_tokens", cfg.eval.max_new_tokens >= 0, "must be >= 0"),
         ("log_every", cfg.log_every >= 1, "must be >= 1"),
-        ("prompts.length", cfg.prompts.length >= 1, "must be >= 1"),
-        ("prompts.lr", cfg.prompts.lr > 0 and math.isfinite(cfg.prompts.lr), "must be > 0"),
-        ("prompts.mlp_hidden", cfg.prompts.mlp_hidden >= 1, "must be >= 1"),
     ]
     for key, ok, why in checks:
         if not ok:
             raise SureclError(f"{key}: {get_key(cfg, key)!r} {why}")
     _check_finite(cfg.to_dict(), "")
+    for name, section in _fill_sections(cfg).items():
+        section.check(name)  # each registered section's choices, ranges and combinations
     if cfg.replay.ratio:
         replay_ratio(cfg.replay.ratio)  # raises on a malformed ratio
-    per_task_values(cfg.olora.per_task, "olora.per_task", 2)
-    per_task_values(cfg.nlora.per_task, "nlora.per_task", 1)
     for name, (epochs,) in per_task_values(cfg.train.epochs_per_task, "train.epochs_per_task", 1).items():
         if epochs < 1 or epochs != int(epochs) or epochs > 1000:
             raise SureclError(f"train.epochs_per_task: {name}:{epochs:g} must be a whole number of epochs from 1 to 1000")
@@ -794,13 +423,39 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     raise SureclError(f"{key}: unsupported type {typ}")
 
 
+RENAMED = {("train", "ewc_lambda"): ("ewc", "lam"), ("train", "ewc_samples"): ("ewc", "samples")}
+"""Keys that moved to a method's own section, read under their old names (configs and results
+written before the move, users' presets): ``train.ewc_lambda`` is ``ewc.lam``."""
+
+
+def _renamed(mapping: dict[str, Any]) -> dict[str, Any]:
+    """``mapping`` (a whole tree) with the :data:`RENAMED` keys moved to their new place."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in mapping.items()}
+    for (old_section, old_key), (new_section, new_key) in RENAMED.items():
+        if isinstance(out.get(old_section), dict) and old_key in out[old_section]:
+            value = out[old_section].pop(old_key)
+            target = out.setdefault(new_section, {})
+            if isinstance(target, dict):
+                target.setdefault(new_key, value)
+    return out
+
+
 def _apply_mapping(obj: Any, mapping: dict[str, Any], prefix: str, source: str) -> None:
     types_ = _field_types(type(obj))
+    if isinstance(obj, RunConfig):
+        mapping = _renamed(mapping)
+        types_ = {k: v for k, v in types_.items() if k != "options"}
     for name, value in mapping.items():
         key = f"{prefix}{name}"
+        if isinstance(obj, RunConfig) and name not in types_ and name in _fill_sections(obj):
+            if not isinstance(value, dict):
+                raise SureclError(f"{source}: {key} must be a mapping")
+            _apply_mapping(obj.options[name], value, key + ".", source)
+            continue
         if name not in types_:
-            known = ", ".join(types_)
-            raise SureclError(f"{source}: unknown config key {key!r} (known here: {known})")
+            known = ", ".join(list(types_) + (list(obj.options) if isinstance(obj, RunConfig) else []))
+            hint = " (an outside method's options need its package installed, or --import of its module)" if isinstance(obj, RunConfig) else ""
+            raise SureclError(f"{source}: unknown config key {key!r} (known here: {known}){hint}")
         typ = types_[name]
         if dataclasses.is_dataclass(typ):
             if not isinstance(value, dict):
@@ -983,15 +638,16 @@ def same_config(saved: dict[str, Any], cfg: RunConfig) -> bool:
     defaults: a finished or checkpointed run stays resumable when a later version adds an
     option whose default keeps the old behaviour. A saved key that no longer exists, or a
     saved value that no longer validates, is a different config. A section only one method
-    reads (:data:`METHOD_SECTIONS`) counts only for that method, and the dual learner's options
+    reads (a registered section, :func:`surecl.registry.sections`) counts only for that method, and the dual learner's options
     only where they are read (:func:`_read_only`): a changed default of N-LoRA's strength or of
     the EMA rate does not make a finished SeqLoRA run a different run."""
     try:
         old, new = config_from_dict(saved).to_dict(), cfg.to_dict()
     except SureclError:
         return False
-    for section, readers in METHOD_SECTIONS.items():
-        if old.get("method") not in readers and new.get("method") not in readers:
+    for section, (_, readers) in registry.sections().items():
+        used = {old.get("method"), new.get("method"), old.get("replay", {}).get("policy"), new.get("replay", {}).get("policy")}
+        if not used & set(readers):
             old.pop(section, None)
             new.pop(section, None)
     return _read_only(old) == _read_only(new)
@@ -1019,6 +675,3 @@ def _read_only(tree: dict[str, Any]) -> dict[str, Any]:
             tree[path[0]] = {k: v for k, v in tree[path[0]].items() if k != path[1]}
     return tree
 
-
-METHOD_SECTIONS: dict[str, tuple[str, ...]] = {"olora": ("olora",), "nlora": ("nlora",), "prompts": ("progressive_prompts",)}
-"""Config sections that one method alone reads (its own options), by the methods that read them."""

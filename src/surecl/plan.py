@@ -101,13 +101,12 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     """The dry-run report for ``cfg``: protocol, per-task plan and the resolved config."""
     from surecl.data.loading import load_stream
     from surecl.plugins.sure import SurprisePolicy
-    from surecl.registry import method_class, policy_class
+    from surecl.registry import method_class, method_config, policy_class
     from surecl.replay.policies import buffer_capacity, quota_warning
 
     tasks = load_stream(cfg, cache_dir=cache_dir)
     n_train = [len(t.train) for t in tasks]
-    method_cls = method_class(cfg.method)
-    method = method_cls(method_cls.config_from(cfg))
+    method = method_class(cfg.method)(method_config(cfg))
     stages = method.stages(len(tasks))
     policy = cfg.replay.policy if method.continual else "none"
     policy_cls = policy_class(policy)
@@ -151,7 +150,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         names = "+".join(tasks[t].name for t in stage.tasks)
         lines.append(f"| {k + 1} | {names} | {n} | {sum(len(tasks[t].test) for t in stage.tasks)} | {steps} | {replay_steps} | {q} |")
     lines.append(f"\ntotal optimizer steps: {sum(steps_all)}")
-    warning = quota_warning(policy, capacity, len(tasks))
+    warning = quota_warning(policy_class(policy), capacity, len(tasks))
     if warning:
         lines.append(f"warning: {warning}")
     if cfg.dual.enabled:

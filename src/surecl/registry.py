@@ -1,102 +1,283 @@
-"""Registries of methods (``method=NAME``) and replay policies (``replay.policy=NAME``).
+"""Registries of methods (``method=NAME``) and replay policies (``replay.policy=NAME``), each
+entry carrying its class and its options (the pattern of PEFT's ``register_peft_method(name=,
+config_cls=, model_cls=)``).
 
-Built-ins are named here by import path and imported on first use, so listing names (config
-validation, ``surecl list``, ``--help``) costs no torch import. Code outside the package adds
-its own with :func:`register_method` / :func:`register_policy` (the pattern of PEFT's
-``register_peft_method``); the registries are process-local::
+Where entries come from, in this order:
 
-    import surecl
+* **Built-ins**: each package under :mod:`surecl.methods` declares ``METHODS``, a tuple of
+  :class:`MethodSpec`; :mod:`surecl.replay` declares ``POLICIES``. A spec names its class by
+  import path, so listing names and building a config (which needs the options classes,
+  torch-free) imports no torch.
+* **Installed packages**: entry points in the groups ``surecl.methods`` and
+  ``surecl.policies`` (``[project.entry-points."surecl.methods"] l2_prev =
+  "mypkg.l2prev:SPEC"``), each pointing at a spec or at the class itself (its ``Config``, when
+  that is an :class:`~surecl.options.Options` dataclass, becomes the section named like the
+  entry). The CLI finds them with no flag.
+* **Code**: :func:`register_method` / :func:`register_policy` (process-local), e.g. in a module
+  the CLI loads with ``surecl --import mymodule run ...``.
 
-    class Frozen(surecl.Method):
-        ...
+A method's options live in the config section its spec names (default: the method's name), so
+``l2_prev.lam=0.1`` works on the command line, in presets and in sweeps for an outside method
+as for ``olora.lambda_orth``. A method class is built as ``cls(method_config(cfg, name))`` and a
+policy class as ``cls(run_config.replay, capacity, seed)``, its own section (if any) then set as
+``policy.options``.
 
-    surecl.register_method("frozen", Frozen)
-    surecl.run(surecl.build_config("tiny,seq_lora", ["method=frozen"]), "runs/frozen")
-
-A method class is built as ``cls(cls.config_from(run_config))`` and a policy class as
-``cls(run_config.replay, capacity, seed)`` (see :mod:`surecl.plugins.base`,
-:class:`surecl.methods.Method` and :class:`surecl.replay.policies.ReplayPolicy`).
+The bottom layer: imports nothing of surecl but its error and options types; it finds the
+built-ins by scanning the :mod:`surecl.methods` package, never by naming a module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import logging
+import pkgutil
 import re
+from dataclasses import dataclass
+from typing import Any
 
-_METHODS: dict[str, type | str] = {
-    "sequential": "surecl.methods.sequential:Sequential",
-    "mtl": "surecl.methods.mtl:MultiTask",
-    "per_task": "surecl.methods.per_task:PerTask",
-    "ewc": "surecl.methods.ewc:EWC",
-    "seq_ft": "surecl.methods.seq_ft:SeqFT",
-    "olora": "surecl.methods.olora:OLoRA",
-    "nlora": "surecl.methods.olora:NLoRA",
-    "progressive_prompts": "surecl.methods.progressive_prompts:ProgressivePrompts",
-}
-_POLICIES: dict[str, type | str] = {
-    "none": "surecl.replay.policies:NoReplay",
-    "reservoir": "surecl.replay.policies:ReservoirPolicy",
-    "random": "surecl.replay.policies:RandomPolicy",
-    "surprise": "surecl.plugins.sure:SurprisePolicy",
-    "online_surprise": "surecl.plugins.sure:OnlineSurprisePolicy",
-}
+from surecl.errors import SureclError
+from surecl.options import Options
+
+log = logging.getLogger("surecl")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method as registered: its name, its class (or ``"module:Class"``, imported on first
+    use), its options dataclass (an :class:`~surecl.options.Options` subclass; None: no
+    options) and the config section they live in (default: the name)."""
+
+    name: str
+    cls: type | str
+    config: type | None = None
+    section: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.section or self.name
+
+
+@dataclass(frozen=True)
+class PolicySpec(MethodSpec):
+    """A replay policy as registered (same fields as :class:`MethodSpec`)."""
+
+
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
+_SECTION = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_BASES = {"method": ("surecl.methods.base", "Method"), "replay policy": ("surecl.replay.policies", "ReplayPolicy")}
+_GROUPS = {"method": "surecl.methods", "replay policy": "surecl.policies"}
 
 
-def _resolve(table: dict[str, type | str], name: str) -> type:
-    entry = table[name]
-    if isinstance(entry, str):
-        module, attr = entry.split(":")
-        entry = table[name] = getattr(importlib.import_module(module), attr)
-    return entry
+class _Table:
+    def __init__(self, kind: str, spec_type: type) -> None:
+        self.kind, self.spec_type = kind, spec_type
+        self.specs: dict[str, MethodSpec] = {}
+        self.classes: dict[str, type] = {}
+        self.loaded = False
+
+    def load(self) -> None:
+        """Built-ins, then installed entry points (once per process)."""
+        if self.loaded:
+            return
+        self.loaded = True
+        for spec in _builtin_specs(self.kind):
+            self.add(spec, replace=False)
+        for ep in _entry_points(_GROUPS[self.kind]):
+            if ep.name in self.specs:
+                continue  # a built-in or an earlier registration wins
+            try:
+                obj = ep.load()
+                spec = obj if isinstance(obj, MethodSpec) else _spec_from_class(self.spec_type, ep.name, obj)
+                self.add(dataclasses.replace(spec, name=ep.name) if spec.name != ep.name else spec, replace=False)
+            except Exception as exc:  # a broken plugin package must not stop runs that do not use it
+                log.warning("surecl: %s %r from entry point %s could not be loaded: %s", self.kind, ep.name, ep.value, str(exc)[:200])
+
+    def add(self, spec: MethodSpec, replace: bool) -> type | str:
+        name = spec.name
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"{self.kind} name {name!r}: use letters, digits, '_' or '-', starting with a letter")
+        if isinstance(spec.cls, type):
+            _check_base(self.kind, name, spec.cls)
+        if spec.config is not None:
+            if not (isinstance(spec.config, type) and dataclasses.is_dataclass(spec.config) and issubclass(spec.config, Options)):
+                raise TypeError(f"{self.kind} {name!r}: config {spec.config!r} is not an @dataclass subclass of surecl.options.Options")
+            if not _SECTION.match(spec.key):
+                raise ValueError(f"{self.kind} {name!r}: section {spec.key!r}: use letters, digits or '_', starting with a letter")
+            for other in _all_specs():
+                if other.name != name and other.config is not None and other.key == spec.key and other.config is not spec.config:
+                    raise ValueError(f"{self.kind} {name!r}: section {spec.key!r} already holds the options of {other.name!r}")
+        if name in self.specs and not replace:
+            old = self.specs[name]
+            if _same_class(old.cls, spec.cls) and old.config is spec.config and old.key == spec.key:
+                return spec.cls
+            raise ValueError(f"{self.kind} {name!r} is already registered (pass replace=True to replace it)")
+        self.specs[name] = spec
+        self.classes.pop(name, None)
+        return spec.cls
+
+    def resolve(self, name: str) -> type:
+        self.load()
+        if name not in self.specs:
+            raise SureclError(f"unknown {self.kind} {name!r} (choose from {', '.join(sorted(self.specs))})")
+        if name not in self.classes:
+            target = self.specs[name].cls
+            if isinstance(target, str):
+                module, attr = target.split(":")
+                target = getattr(importlib.import_module(module), attr)
+                _check_base(self.kind, name, target)
+            self.classes[name] = target
+        return self.classes[name]
 
 
-def _register(table: dict, kind: str, base: type, name: str, cls: type, replace: bool) -> type:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(f"{kind} name {name!r}: use letters, digits, '_' or '-', starting with a letter")
-    if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise TypeError(f"{kind} {name!r}: {cls!r} is not a subclass of {base.__module__}.{base.__qualname__}")
-    if name in table and not replace and _resolve(table, name) is not cls:
-        raise ValueError(f"{kind} {name!r} is already registered (pass replace=True to replace it)")
-    table[name] = cls
+def _same_class(a: type | str, b: type | str) -> bool:
+    return a is b or (isinstance(a, str) and isinstance(b, str) and a == b)
+
+
+def _check_base(kind: str, name: str, cls: Any) -> None:
+    """``cls`` derives the kind's base class, checked by name along its MRO (importing the base
+    here would make this bottom layer depend on the plugin layer)."""
+    module, qualname = _BASES[kind]
+    if not (isinstance(cls, type) and any(c.__module__ == module and c.__qualname__ == qualname for c in cls.__mro__)):
+        raise TypeError(f"{kind} {name!r}: {cls!r} is not a subclass of {module}.{qualname}")
+
+
+def _spec_from_class(spec_type: type, name: str, cls: type) -> MethodSpec:
+    config = getattr(cls, "Config", None)
+    if not (isinstance(config, type) and issubclass(config, Options)):
+        config = None
+    return spec_type(name=name, cls=cls, config=config, section=getattr(cls, "section", "") or "")
+
+
+def _builtin_specs(kind: str) -> list[MethodSpec]:
+    if kind == "replay policy":
+        return list(importlib.import_module("surecl.replay").POLICIES)
+    package = importlib.import_module("surecl.methods")
+    specs: list[MethodSpec] = []
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        if info.ispkg:
+            specs.extend(getattr(importlib.import_module(f"{package.__name__}.{info.name}"), "METHODS", ()))
+    return specs
+
+
+def _entry_points(group: str) -> list:
+    from importlib.metadata import entry_points
+
+    try:
+        return list(entry_points(group=group))
+    except Exception:  # a damaged distribution's metadata
+        return []
+
+
+_METHODS = _Table("method", MethodSpec)
+_POLICIES = _Table("replay policy", PolicySpec)
+
+
+def _all_specs() -> list[MethodSpec]:
+    return list(_METHODS.specs.values()) + list(_POLICIES.specs.values())
+
+
+def _register(table: _Table, spec_type: type, name: str, cls: type, config: type | None, section: str | None, replace: bool) -> type:
+    table.load()
+    if not isinstance(cls, type):
+        raise TypeError(f"{table.kind} {name!r}: {cls!r} is not a class")
+    spec = _spec_from_class(spec_type, name, cls)
+    if config is not None or section is not None:
+        spec = spec_type(name=name, cls=cls, config=config if config is not None else spec.config, section=section or spec.section)
+    table.add(spec, replace)
     return cls
 
 
-def register_method(name: str, cls: type, *, replace: bool = False) -> type:
-    """Make ``method=name`` run ``cls`` (a :class:`surecl.methods.Method` subclass)."""
-    from surecl.methods.base import Method
+def register_method(name: str, cls: type, *, config: type | None = None, section: str | None = None, replace: bool = False) -> type:
+    """Make ``method=name`` run ``cls`` (a :class:`surecl.methods.Method` subclass). Its options
+    are ``config`` (default: ``cls.Config`` when that is an :class:`~surecl.options.Options`
+    dataclass), set as ``<section>.<key>=value`` (default section: ``name``)."""
+    return _register(_METHODS, MethodSpec, name, cls, config, section, replace)
 
-    return _register(_METHODS, "method", Method, name, cls, replace)
 
-
-def register_policy(name: str, cls: type, *, replace: bool = False) -> type:
-    """Make ``replay.policy=name`` select with ``cls`` (a :class:`surecl.replay.policies.ReplayPolicy` subclass)."""
-    from surecl.replay.policies import ReplayPolicy
-
-    return _register(_POLICIES, "replay policy", ReplayPolicy, name, cls, replace)
+def register_policy(name: str, cls: type, *, config: type | None = None, section: str | None = None, replace: bool = False) -> type:
+    """Make ``replay.policy=name`` select with ``cls`` (a :class:`surecl.replay.policies.ReplayPolicy`
+    subclass); options as for :func:`register_method`, handed to the policy as ``policy.options``."""
+    return _register(_POLICIES, PolicySpec, name, cls, config, section, replace)
 
 
 def unregister_method(name: str) -> None:
-    _METHODS.pop(name, None)
+    _METHODS.specs.pop(name, None)
+    _METHODS.classes.pop(name, None)
 
 
 def unregister_policy(name: str) -> None:
-    _POLICIES.pop(name, None)
+    _POLICIES.specs.pop(name, None)
+    _POLICIES.classes.pop(name, None)
 
 
 def method_names() -> list[str]:
-    """Registered method names, built-ins first, in registration order."""
-    return list(_METHODS)
+    """Registered method names: built-ins, installed entry points, then registrations."""
+    _METHODS.load()
+    return list(_METHODS.specs)
 
 
 def policy_names() -> list[str]:
-    """Registered replay policy names, built-ins first, in registration order."""
-    return list(_POLICIES)
+    _POLICIES.load()
+    return list(_POLICIES.specs)
+
+
+def method_spec(name: str) -> MethodSpec:
+    _METHODS.load()
+    if name not in _METHODS.specs:
+        raise SureclError(f"method: unknown method {name!r} (choose from {', '.join(sorted(_METHODS.specs))})")
+    return _METHODS.specs[name]
+
+
+def policy_spec(name: str) -> MethodSpec:
+    _POLICIES.load()
+    if name not in _POLICIES.specs:
+        raise SureclError(f"replay.policy: unknown replay policy {name!r} (choose from {', '.join(sorted(_POLICIES.specs))})")
+    return _POLICIES.specs[name]
 
 
 def method_class(name: str) -> type:
-    return _resolve(_METHODS, name)
+    return _METHODS.resolve(name)
 
 
 def policy_class(name: str) -> type:
-    return _resolve(_POLICIES, name)
+    return _POLICIES.resolve(name)
+
+
+def sections() -> dict[str, tuple[type, tuple[str, ...]]]:
+    """Every registered option section: ``{section: (options class, names of the methods and
+    policies that read it)}``, in registration order."""
+    _METHODS.load()
+    _POLICIES.load()
+    out: dict[str, tuple[type, tuple[str, ...]]] = {}
+    for spec in _all_specs():
+        if spec.config is not None:
+            cls, readers = out.get(spec.key, (spec.config, ()))
+            out[spec.key] = (cls, readers + (spec.name,))
+    return out
+
+
+def method_config(cfg: Any, name: str | None = None) -> Any:
+    """The options a method is built with: its section of ``cfg`` (a copy), or, for a method
+    without a registered section, ``cls.config_from(cfg)`` (built-ins that view core keys)."""
+    name = name or cfg.method
+    spec = method_spec(name)
+    if spec.config is not None:
+        return dataclasses.replace(cfg.options[spec.key])
+    return method_class(name).config_from(cfg)
+
+
+def policy_options(cfg: Any, name: str | None = None) -> Any:
+    """A policy's own section of ``cfg`` (a copy), or None when it has none."""
+    spec = policy_spec(name or cfg.replay.policy)
+    return dataclasses.replace(cfg.options[spec.key]) if spec.config is not None else None
+
+
+def import_modules(modules: list[str]) -> None:
+    """Import each module (``--import``), whose top level registers methods or policies; an
+    unimportable one is a one-line error."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # the user's module: any failure is one line naming it
+            raise SureclError(f"--import {module}: {type(exc).__name__}: {str(exc)[:200]}") from None

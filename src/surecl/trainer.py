@@ -39,7 +39,8 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 from tqdm.auto import tqdm
 
-from surecl import checkpoint, metrics
+import surecl.checkpoint as checkpoint
+import surecl.metrics as metrics
 from surecl.adapters import DualLoRA, beta_per_step, resolve_beta
 from surecl.config import RunConfig
 from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, uniform_batches
@@ -54,7 +55,7 @@ from surecl.plugins.base import Plugin, Plugins, Stage
 from surecl.plugins.faults import FaultInjection, fault_point
 from surecl.plugins.steplog import StepLog
 from surecl.plugins.tracking import Tracking, check_trackers
-from surecl.registry import method_class, policy_class
+from surecl.registry import method_class, method_config, policy_class, policy_options
 from surecl.replay.policies import buffer_capacity, check_scores, quota_warning
 from surecl.replay.surprise import score_examples
 from surecl.step import TrainStep
@@ -194,11 +195,11 @@ class ContinualRun:
         torch.manual_seed(cfg.seed)
         self.adapters = DualLoRA(loaded.model, cfg.lora, cfg.dual, self.is_seq2seq)
         self.model = self.adapters.model
-        method = method_class(cfg.method)
-        self.method = method(method.config_from(cfg))
+        self.method = method_class(cfg.method)(method_config(cfg))
         total = sum(len(s) for s in self.train_sets)
         policy_name = cfg.replay.policy if self.method.continual else "none"
         self.policy = policy_class(policy_name)(cfg.replay, buffer_capacity(cfg.replay, total), cfg.seed)
+        self.policy.options = policy_options(cfg, policy_name)
         self.method.setup(self)
         self.train_step = TrainStep(TrainStep.config_from(cfg), self.method.parameters(self))
         self.trained_params = self.train_step.params
@@ -224,7 +225,7 @@ class ContinualRun:
         self.stages: list[Stage] = self.method.stages(len(self.tasks))
         self.adapters.beta = resolve_beta(cfg.dual, ema_units(sum(len(self.train_sets[t]) for t in self.stages[0].tasks), cfg, [self.tasks[t].name for t in self.stages[0].tasks]))
         self._warn_slow_window()
-        warning = quota_warning(policy_name, self.policy.capacity, len(self.tasks))
+        warning = quota_warning(type(self.policy), self.policy.capacity, len(self.tasks))
         if warning:
             self.log(f"warning: {warning}")
 

@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from surecl.config import HFTaskConfig
 from surecl.data.jsonl import GENERIC_INSTRUCTION
 from surecl.data.task import _SAFE_NAME, Example, Task
 from surecl.errors import SureclError
+from surecl.sections import HFTaskConfig
 
 DATA_FILES = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
 """Data-file suffix -> the ``datasets`` builder that reads it."""

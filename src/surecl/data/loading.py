@@ -37,8 +37,8 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
         tasks = [t.as_text() for t in tasks]
     tasks += [load_jsonl_task(p, data.kind, data.invalid_labels) for p in data.jsonl]
     if data.hf:
-        from surecl.config import HFTaskConfig
         from surecl.data.hf import load_hf_task  # only now: it imports `datasets`
+        from surecl.sections import HFTaskConfig
 
         for i, spec in enumerate(data.hf):
             spec = HFTaskConfig(path=spec) if isinstance(spec, str) else spec

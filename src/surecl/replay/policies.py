@@ -22,10 +22,10 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from surecl.config import ReplayConfig
 from surecl.errors import SureclError
 from surecl.plugins.base import Plugin, Stage, StepRecord
 from surecl.replay.buffer import Entry, OnlineQuotaBuffer, QuotaBuffer, ReservoirBuffer, sample
+from surecl.sections import ReplayConfig
 
 Scorer = Callable[[int], list[float]]
 """Surprise of every training example of task ``t`` under the current fast model."""
@@ -83,6 +83,9 @@ class ReplayPolicy(Plugin):
     """Whether the buffer keeps an equal quota floor(S/d) per task seen (``quota_warning``)."""
     online = False
     """Whether the buffer fills while a task trains (so the first task already replays)."""
+    options = None
+    """The policy's own option section when it registered one (``register_policy(name, cls,
+    config=MyOptions)``; set by the run after construction), else None."""
 
     def __init__(self, cfg, capacity: int, seed: int):
         super().__init__(cfg if isinstance(cfg, self.Config) else self.Config.from_replay(cfg))
@@ -226,15 +229,13 @@ def buffer_capacity(cfg: ReplayConfig, total_train: int) -> int:
     return int(cfg.buffer_size)
 
 
-def quota_warning(policy: str, capacity: int, n_tasks: int) -> str | None:
+def quota_warning(policy: type, capacity: int, n_tasks: int) -> str | None:
     """Why a buffer will hold less than a user expects, or None.
 
     The equal per-task quota is floor(S/d) after d tasks: once d > S it is 0 and every task's
     share is dropped, so the buffer empties and replay stops without an error."""
-    from surecl.registry import policy_class
-
-    if not policy_class(policy).per_task_quota:
-        if policy != "none" and capacity == 0:
+    if not policy.per_task_quota:
+        if policy is not NoReplay and capacity == 0:
             return "replay.buffer_size gives a buffer of 0 entries: nothing will be replayed"
         return None
     if capacity == 0:

@@ -40,9 +40,9 @@ import torch
 from torch import nn
 
 from surecl.adapters import FAST
-from surecl.config import PromptsConfig
 from surecl.errors import SureclError
 from surecl.methods.base import Method, Stage
+from surecl.methods.progressive_prompts.config import PromptsConfig
 
 
 class ResMLP(nn.Module):
@@ -88,10 +88,6 @@ class PromptModule(nn.Module):
 class ProgressivePrompts(Method):
     name = "progressive_prompts"
     Config = PromptsConfig
-
-    @classmethod
-    def config_from(cls, cfg) -> PromptsConfig:
-        return PromptsConfig(**vars(cfg.prompts))
 
     def __init__(self, config: PromptsConfig | None = None) -> None:
         super().__init__(config)
@@ -242,8 +238,11 @@ class ProgressivePrompts(Method):
     def export(self, ctx, results: dict) -> None:
         """``adapters/prompts/`` in the run folder: ``prompts.safetensors`` (``prefix``: the vectors put before the
         input embeddings at test time, newest prompt first, fp32) and ``prompts.json``."""
-        from surecl import __version__, checkpoint
+        import surecl.checkpoint as checkpoint
+        from surecl._version import version
         from surecl.card import portable_base
+
+        __version__ = version()
 
         if not self.learned:
             return

@@ -83,7 +83,9 @@ class SeqFT(Method):
 
     def export(self, ctx, results: dict) -> None:
         """The fine-tuned model, ``model/`` in the run folder (the adapters are bypassed)."""
-        from surecl import __version__
+        from surecl._version import version
+
+        __version__ = version()
         from surecl.card import full_model_card, portable_base
         from surecl.checkpoint import save_model
 

@@ -5,12 +5,12 @@ every forward, and a penalty on the current task's LoRA; no task id at test time
   Continual Learning"; code ``cmnfriend/O-LoRA``): the loss of task t gets
   ``lambda_orth * sum_layers sum_{i<t} ||A_i^T A_t||_F^2 + lambda_l2 * ||theta_t||_2^2``, the
   first term pushing the rows of the current A (the input directions the new LoRA reads) to
-  be orthogonal to every earlier task's. Options and their sources: :class:`surecl.config.OLoRAConfig`
+  be orthogonal to every earlier task's. Options and their sources: :class:`surecl.methods.olora.config.OLoRAConfig`
   (``olora.*``), including the reference code's forms of both terms.
 * **N-LoRA** (``nlora``; Yang et al., COLING 2025, "Is Parameter Collision Hindering
   Continual Learning in LLMs?"; code ``PKU-YuanGroup/N-LoRA``): the same setting with
   ``lambda_l1 * sum_layers ||B_t A_t||_1`` (entrywise L1 of the task's update, a sparsity
-  penalty) in place of the orthogonality term (:class:`surecl.config.NLoRAConfig`, ``nlora.*``,
+  penalty) in place of the orthogonality term (:class:`surecl.methods.olora.config.NLoRAConfig`, ``nlora.*``,
   with the form its code takes as an option).
 
 How the LoRAs are kept (shared by both, :class:`TaskLoRAs`): the learner's ``fast`` adapter is
@@ -35,14 +35,14 @@ every task has no meaning here), and a run asking for it stops with a one-line e
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-from surecl.config import NLoRAConfig, OLoRAConfig, per_task_values
 from surecl.errors import SureclError
 from surecl.methods.base import Method, Stage
+from surecl.methods.olora.config import NLoRAConfig, OLoRAConfig
+from surecl.options import per_task_values
 
 PAST = "past"
 
@@ -112,13 +112,6 @@ class TaskLoRAs(Method):
         self.rank = 0
         self.filled = 0
         """Tasks whose LoRA is in the past store (blocks ``0 .. filled - 1``)."""
-
-    @classmethod
-    def config_from(cls, cfg):
-        """The run config's section named like the method (``olora.*``, ``nlora.*``); a
-        registered subclass without one gets its ``Config``'s defaults."""
-        section = getattr(cfg, cls.name, None)
-        return dataclasses.replace(section) if section is not None else cls.Config()
 
     def setup(self, ctx) -> None:
         if ctx.cfg.dual.enabled:

@@ -1,7 +1,7 @@
 """Elastic Weight Consolidation (Kirkpatrick et al., 2017) on the fast LoRA parameters.
 
 After each task the diagonal (empirical) Fisher information of the adapter parameters is
-estimated from squared per-example gradients of the task's loss (``train.ewc_samples``
+estimated from squared per-example gradients of the task's loss (``ewc.samples``
 examples); while later tasks train, the loss gets
 ``lambda/2 * sum_k F_k (theta - theta*_k)^2`` summed over past tasks, merged into one running
 Fisher-weighted anchor so the per-step cost does not grow with the number of tasks.
@@ -9,31 +9,16 @@ Fisher-weighted anchor so the per-step cost does not grow with the number of tas
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from surecl.methods.base import Method, Stage
+from surecl.methods.ewc.config import EWCConfig
 from surecl.nll import token_nll
-
-
-@dataclass
-class EWCConfig:
-    """EWC's options, a view of ``train.ewc_lambda`` and ``train.ewc_samples``."""
-
-    ewc_lambda: float = 1000.0
-    """Penalty strength."""
-    ewc_samples: int = 200
-    """Training examples per task used to estimate the Fisher."""
 
 
 class EWC(Method):
     name = "ewc"
     Config = EWCConfig
-
-    @classmethod
-    def config_from(cls, cfg) -> EWCConfig:
-        return EWCConfig(ewc_lambda=cfg.train.ewc_lambda, ewc_samples=cfg.train.ewc_samples)
 
     def __init__(self, config: EWCConfig | None = None) -> None:
         super().__init__(config)
@@ -48,12 +33,12 @@ class EWC(Method):
             self.fisher = [f.to(params[0].device) for f in self.fisher]
             self.anchor = [a.to(params[0].device) for a in self.anchor]
         penalty = sum((f * (p - a) ** 2).sum() for f, p, a in zip(self.fisher, params, self.anchor))
-        return loss + 0.5 * self.config.ewc_lambda * penalty
+        return loss + 0.5 * self.config.lam * penalty
 
     def after_task(self, ctx, stage: Stage) -> None:
         params = ctx.adapters.fast_params
         fisher = [torch.zeros_like(p) for p in params]
-        items = ctx.train_sets[stage.row][: self.config.ewc_samples]
+        items = ctx.train_sets[stage.row][: self.config.samples]
         # Empirical Fisher: the mean of *per-example* squared gradients, with dropout off. The
         # square of a batch-mean gradient is no estimate of it: once a task is learned the
         # per-example gradients are small and cancel, and that square is orders of magnitude

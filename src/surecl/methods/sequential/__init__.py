@@ -1,0 +1,24 @@
+"""Sequential LoRA fine-tuning (SeqLoRA; with a replay policy and/or the dual learner: ER, SuRe, Slow SuRe).
+
+The package is the method: ``method.py`` holds the class (imported on first use, it needs
+torch), ``config.py`` its options; ``METHODS`` registers them (:mod:`surecl.registry`)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from surecl.registry import MethodSpec
+
+METHODS = (
+    MethodSpec("sequential", "surecl.methods.sequential.method:Sequential"),
+)
+
+
+def __getattr__(name: str) -> Any:
+    """The method module's names (the classes, helpers), imported on first use."""
+    module = importlib.import_module("surecl.methods.sequential.method")
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise AttributeError(f"module 'surecl.methods.sequential' has no attribute {name!r}") from None

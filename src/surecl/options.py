@@ -1,0 +1,68 @@
+"""Options of a method or replay policy: the base class of a section of the config tree that
+a registered plugin owns (``olora.lambda_orth``, ``prompts.length``, ``ewc.lam``, or an outside
+method's ``l2_prev.lam``).
+
+A method package declares its options as a dataclass deriving :class:`Options` (defaults and
+checks in one place, as PEFT's per-method config classes do) and registers it with the method
+(:class:`surecl.registry.MethodSpec`, or ``surecl.register_method(name, cls, config=...)``).
+:class:`surecl.config.RunConfig` then carries one instance per registered section: YAML
+presets, ``key.sub=value`` overrides and saved configs reach it like any core key; its
+``choices`` and ``check`` run in config validation, so a bad value stops with one line naming
+the key before anything loads.
+
+The bottom layer: imports nothing of surecl but its error type, and no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from surecl.errors import SureclError
+
+
+@dataclass
+class Options:
+    """Base of a plugin's option section. Subclass it as a ``@dataclass`` with defaults."""
+
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {}
+    """Allowed values of string options: ``{"orth_norm": ("fro2", "l1")}``."""
+
+    def check(self, section: str) -> None:
+        """Raise a one-line :class:`SureclError` naming ``<section>.<key>`` for a bad value.
+        The default checks ``choices`` and that numbers are finite; override (and call
+        ``super().check(section)``) for ranges and combinations."""
+        for key, allowed in self.choices.items():
+            value = getattr(self, key)
+            if value not in allowed:
+                raise SureclError(f"{section}.{key}: {value!r} is not one of {', '.join(allowed)}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SureclError(f"{section}.{f.name}: {value!r} must be a finite number")
+
+    @staticmethod
+    def require(ok: bool, key: str, value: Any, why: str) -> None:
+        """``raise SureclError("<key>: <value> <why>")`` unless ``ok``."""
+        if not ok:
+            raise SureclError(f"{key}: {value!r} {why}")
+
+
+def per_task_values(entries: list[str], key: str, n: int) -> dict[str, tuple[float, ...]]:
+    """``"<task>:<v1>[:<v2>...]"`` entries (``n`` numbers each, finite, >= 0) as {task: values}."""
+    out: dict[str, tuple[float, ...]] = {}
+    for entry in entries:
+        name, _, rest = str(entry).partition(":")
+        parts = rest.split(":") if rest else []
+        try:
+            values = tuple(float(v) for v in parts)
+        except ValueError:
+            values = ()
+        if not name.strip() or len(values) != n or not all(math.isfinite(v) and v >= 0 for v in values):
+            shape = ":".join(["<task>"] + [f"<v{i + 1}>"[:4] if n > 1 else "<value>" for i in range(n)])
+            raise SureclError(f"{key}: {str(entry)[:60]!r} must be {shape} with {n} number(s) >= 0")
+        if name.strip() in out:
+            raise SureclError(f"{key}: task {name.strip()!r} named twice")
+        out[name.strip()] = values
+    return out

@@ -1,0 +1,312 @@
+"""The core sections of a run's configuration: model, data, LoRA, replay, dual learner,
+training and evaluation, as plain dataclasses.
+
+The bottom layer: it imports nothing of surecl, so every module may use these types
+(:mod:`surecl.adapters`, :mod:`surecl.model`, the replay policies) without importing the
+assembled :class:`surecl.config.RunConfig`, which knows the registered methods' sections
+(:mod:`surecl.registry`). :mod:`surecl.config` re-exports every name here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ModelConfig:
+    """Which model to adapt and how to hold its frozen weights."""
+
+    name: str = "smollm2-135m"
+    """``smollm2-135m`` (embedded), ``tiny`` (random, built in code), or a HF name / local path."""
+    dtype: str = "auto"
+    """Dtype of the frozen base: ``auto`` (bf16 where supported), ``bf16``, ``fp32``."""
+    trust_remote_code: bool = False
+    max_length: int = 128
+    """Prompt tokens kept per example (the sentence is truncated, the answer never)."""
+    encoder_eos: bool = False
+    """Encoder-decoder models: end the encoder input (the prompt) with the end-of-sequence
+    token, as the T5 tokenizer does by default and the reference code of the paper and of
+    O-LoRA do (``tokenizer(source)``). The ``paper-t5`` preset sets it; off by default so
+    earlier T5 runs keep their inputs. Not read for causal models."""
+    share_prefix: bool = True
+    """Run the prompt prefix that a batch's rows share (a task's instruction and options) once
+    per batch and let the rows attend to its KV cache, in scoring, training and evaluation of
+    causal models: the same results for fewer tokens. Training slices are cut by task where a
+    task's rows save enough prefix tokens to pay for a slice of their own. With
+    ``lora.dropout`` > 0 the shared tokens draw one dropout mask per slice, not one per row."""
+
+
+@dataclass
+class HFTaskConfig:
+    """One ``data.hf`` task: a Hugging Face ``datasets`` source and how to read it. In YAML or
+    an override a plain string is the ``path``, every other field at its default."""
+
+    path: str = ""
+    """A folder written by ``save_to_disk`` (a ``DatasetDict``, or one ``Dataset``: its rows are
+    the ``train`` split), a data file (``.parquet``, ``.csv``, ``.json``, ``.jsonl``: one
+    ``train`` split), a folder of such files (split names from the file names, e.g.
+    ``train.csv`` and ``test.csv``), or a hub id (``owner/name``) where the hub is reachable."""
+    name: str = ""
+    """The dataset's configuration name (``load_dataset(path, name)``), for hub datasets that have several."""
+    task: str = ""
+    """The task's name in the stream; default: the file or folder name without its suffix (a
+    hub id's last part, with ``-<name>`` when a configuration is named)."""
+    text_column: str = "text"
+    """The column holding the input text (strings)."""
+    label_column: str = "label"
+    """The column holding the answer: strings, or integers, which are the column's
+    ``ClassLabel`` names where it has them, else the i-th of ``labels`` (from 0) where those are
+    given, else the number as a string. Not read for ``data.kind=text``."""
+    train_split: str = "train"
+    test_split: str = "test"
+    test_fraction: float = 0.0
+    """Above 0 (and below 1): the test split is this fraction of the train split, held out by
+    a fixed draw per task name (the same for every run seed and method), and ``test_split`` is
+    not read. For sources with one split (a data file, one saved ``Dataset``)."""
+    labels: list[str] = field(default_factory=list)
+    """The task's label set, in order (the options of its prompt); default: the column's
+    ``ClassLabel`` names, else the sorted distinct labels of both splits. A row whose label is
+    not among them is an error (or dropped with ``data.invalid_labels=drop``)."""
+    instruction: str = ""
+    """The task's instruction; default: the generic one of ``data.jsonl`` tasks."""
+
+
+@dataclass
+class DataConfig:
+    """The task stream."""
+
+    benchmark: str = "embedded"
+    """``embedded`` (offline default), ``tiny`` (fixture), ``none`` (only ``data.jsonl`` / ``data.hf`` tasks), or a path to a CL_Benchmark folder."""
+    order: str = "default"
+    """A task order: ``1``..``6`` for CL_Benchmark, ``default`` for the benchmark's own order."""
+    tasks: list[str] = field(default_factory=list)
+    """Explicit task names in training order; overrides ``order``."""
+    jsonl: list[str] = field(default_factory=list)
+    """User tasks, one JSONL file each (see README); appended after benchmark tasks."""
+    hf: list[HFTaskConfig] = field(default_factory=list)
+    """User tasks read with Hugging Face ``datasets`` (``pip install surecl[hf]``), one per
+    entry: a path or hub id, or a mapping of :class:`HFTaskConfig` fields (column names,
+    splits, labels); appended after the JSONL tasks."""
+    kind: str = "classify"
+    """``classify`` (instruction + options -> label) or ``text``: continual pre-training on raw
+    documents (benchmark tasks keep their inputs only), next-token loss on every token,
+    evaluated by perplexity (needs eval.mode=perplexity; preset ``cpt`` sets both)."""
+    n_train: int = 240
+    """Training examples kept per task (0 = all). The default sizes keep the embedded run
+    within 10 minutes on a 2-core CPU while every task is learned well above its zero-shot
+    accuracy (30 steps per task); the paper uses 1000 (LNT) or 5000 (Standard CL) / 500 test."""
+    n_test: int = 100
+    """Test examples kept per task (0 = all)."""
+    train_sampling: str = "balanced"
+    """How ``n_train`` rows are drawn: ``balanced`` (round-robin over labels; the default, so a
+    small sample holds every class) or ``random`` (uniform, keeping the class priors: the
+    paper's protocol, "randomly select")."""
+    test_sampling: str = "balanced"
+    """How ``n_test`` rows are drawn: ``balanced`` or ``random`` (the paper's; class priors
+    differ on QQP, MNLI, BoolQ, so the two give different accuracies there)."""
+    task_prefix: bool = False
+    """Begin every prompt with ``Task:<group>\nDataset:<task>\n`` (the benchmark's task type,
+    e.g. TC, SC, NLI, and the task's name), as O-LoRA's scripts do (``--add_task_name True
+    --add_dataset_name True``, ``src/uie_collator.py``), which its baselines' numbers were made
+    with. Off by default (the paper's text gives the prompt without it)."""
+    draw: str = "shared"
+    """Which examples a seed draws: ``shared`` (a task's sample depends on the seed and the
+    task only, so the orders of one seed train and test on the same rows: across orders the
+    independent unit of a comparison is the seed) or ``order`` (the sample also depends on
+    the stream's task order, so every (order, seed) run is an independent draw; the packaged
+    study plans set it). ``surecl report`` reads it to choose the unit of its intervals."""
+    allow_missing: bool = False
+    """Run the available tasks of an order when the folder lacks some, instead of failing."""
+    invalid_labels: str = "error"
+    """Rows whose label is not in the task's labels: ``error`` (default) or ``drop`` them (the
+    run prints how many per task; CL_Benchmark's MNLI test split has 131 rows labelled ``-``)."""
+
+    def __post_init__(self) -> None:
+        # From Python, a data.hf entry may be a plain path, as in YAML.
+        if isinstance(self.hf, list):
+            self.hf = [HFTaskConfig(path=e) if isinstance(e, str) else e for e in self.hf]
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapter shape (paper: rank 8, alpha 32, dropout 0.1 on Q and V)."""
+
+    r: int = 8
+    alpha: int = 32
+    dropout: float = 0.1
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+
+
+@dataclass
+class ReplayConfig:
+    """What the buffer keeps and how often it is replayed."""
+
+    policy: str = "none"
+    """``none``, ``reservoir`` (online, task-agnostic), ``random`` or ``surprise`` (per-task quota),
+    ``online_surprise`` (boundary-free: training-loss surprise, equal quota per answer label), or
+    a policy added with ``surecl.register_policy``. SuRe's options below are read by its plugin
+    (``surecl.plugins.sure.SureConfig``)."""
+    buffer_size: float = 0.02
+    """S: below 1 a fraction of all training examples of the stream (0.02 = 2 %), else a whole
+    count of examples (300). A number with a decimal point at or above 1 (``1.0``, ``2.5``)
+    stops with an error: it could mean either; write a count without the point, or the
+    fraction as ``replay.buffer_fraction``."""
+    buffer_fraction: float = 0.0
+    """S as a fraction of all training examples of the stream, in (0, 1] (1 = every example
+    kept); replaces ``buffer_size`` when above 0."""
+    score_time: str = "before"
+    """When surprise is computed for a task: ``before`` or ``after`` training on it."""
+    insert_time: str = "before"
+    """When a task's selection enters the buffer: ``before`` or ``after`` training on it."""
+    balance: str = "none"
+    """``none`` (the paper's): a task's share is its m highest-priority examples whatever their
+    labels; ``label``: the share is spread evenly over the task's answer labels, each label
+    giving its highest-priority examples in turn (floor(m/K) or one more of each of K labels).
+    Per-task quota policies only (``surprise``, ``random``; ``online_surprise`` partitions by
+    label already)."""
+    reduction: str = "mean"
+    """Token reduction of the NLL: ``mean`` (paper) or ``sum``."""
+    scope: str = "sequence"
+    """Tokens scored: ``sequence`` (prompt + answer; the paper's full-sequence surprise) or
+    ``label`` (answer only: -log p(y|x) with ``reduction=sum``, the paper's label surprise).
+    A causal model scores every token of prompt + answer after the first. An encoder-decoder
+    model predicts only its decoder side, so for ``sequence`` its decoder scores the whole
+    sequence (prompt tokens then answer tokens) as its target from an empty encoder input
+    (the end-of-sequence token alone): -1/T sum_t log p(z_t | z_<t), the model used as a
+    language model over the example; ``label`` scores the answer given the prompt.
+    ``input``: the paper's reference code's score (``get_ll`` in ``HHazard2002/continual-learning``
+    ``methods/buffer.py``: ``model(input_ids=x, labels=x)``, first label masked, mean): on a
+    causal model x is prompt + answer, so it equals ``sequence``; on an encoder-decoder x is
+    the encoder input (the prompt), and the score is the decoder's NLL of reconstructing the
+    prompt given the prompt. ``paper-t5`` keeps ``sequence`` (Eq. 1's surprise of the example;
+    docs/faithfulness.md says why); ``replay.scope=input`` reproduces the reference's."""
+    aging: bool = False
+    """Re-score replayed items with the loss of the step that replays them."""
+    every: int = 2
+    """Replay every k-th optimizer step (not read when ``ratio`` is set)."""
+    batch_size: int = 4
+    """Replayed examples joined to the current batch on a replay step (not read when ``ratio`` is set)."""
+    ratio: str = ""
+    """The replay ratio ``a:b``: a replayed examples per b new ones, counted over the task's
+    stream of new examples (after N new examples of a task, floor(N a / b) have been replayed),
+    so every step of B new examples replays about B a / b of them: ``1:2`` is the paper's
+    ratio (its reference replays one buffer example every second micro-batch of one example:
+    ``replay_frequency`` 2, ``buffer_sample_size`` 1), ``1:4`` ... ``1:16`` its ablation's.
+    Empty (default): ``batch_size`` examples every ``every``-th step."""
+    loss: str = "joint"
+    """How replayed examples enter the step's loss: ``joint`` (default): the token mean over the
+    whole mixed batch, so an example weighs by its answer tokens; ``pair`` (the reference's):
+    each example's own token-mean loss, each replayed example paired with a new one (in
+    turn), a pair's loss the mean of its members', and the step's loss the mean over the new
+    examples of their (pair) losses: ``(outputs.loss + replay_outputs.loss) / 2`` per
+    micro-batch, averaged over the accumulated micro-batches, as the reference's
+    ``training_step`` and the ``Trainer``'s accumulation do."""
+
+
+@dataclass
+class DualConfig:
+    """Fast/slow dual learner: slow = EMA(beta) of fast after every optimizer step."""
+
+    enabled: bool = False
+    beta: float | str = "auto"
+    """The EMA rate: ``auto`` (default), the rate whose window 1/(1-beta) is ``window_tasks``
+    tasks of this stream, beta = 1 - 1/(window_tasks x S) with S the first task's optimizer
+    steps; or a number in (0, 1) (the paper's 0.995, a 200-step window, which the ``paper-*``
+    presets pin). Whether the slow adapter helps or lags depends on the window against the
+    steps per task: half a task was the one rule measured at or above the fast adapter on
+    every stream measured from 15 to 150 steps per task, where bias-corrected 0.995 fell below
+    it at 15 to 50 steps per task, by up to 15 points (RESULTS.md §3, §4;
+    ``bench/ema_window.py`` measures slow - fast per rule)."""
+    bias_correction: bool = True
+    """Divide out the weight still on the initial adapter (Adam-style). Once a run has many
+    more than 1/(1-beta) steps this equals the paper's EMA; in short runs it stops the slow
+    adapter from sitting near its random start. ``false`` gives the paper's exact recursion
+    slow <- beta * slow + (1 - beta) * fast (the ``paper-*`` presets)."""
+    window_tasks: float = 0.5
+    """With ``beta: auto``: the EMA window in tasks (0.5: half a task). Not read when ``beta``
+    is a number."""
+    unit: str = "step"
+    """What one EMA update (one factor ``beta``) stands for: ``step`` (one update per optimizer
+    step: the paper's text, "after each step") or ``example`` (one update per new training
+    example, as the paper's reference code does it: ``HHazard2002/continual-learning`` updates
+    the slow model in ``training_step``, which the transformers ``Trainer`` calls once per
+    micro-batch of one example, 64 times per optimizer step of ``scripts/train.sh``; all
+    64 move toward the same fast weights, so surecl applies them as one exact update
+    ``slow <- beta^n slow + (1 - beta^n) fast`` after a step of n new examples; replayed
+    examples do not count, as they ride along inside a new example's micro-batch there). The
+    per-step rate is then beta^batch (0.995^64 = 0.73, a window of about 4 optimizer steps).
+    With ``beta: auto`` the window is counted in the same unit (``window_tasks`` tasks of the
+    first task's examples). The ``paper-*`` presets set ``example``; docs/faithfulness.md."""
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation of the fast adapter."""
+
+    epochs: int = 1
+    batch_size: int = 8
+    lr: float = 2e-3
+    """AdamW learning rate of the fast adapter (the default suits the embedded run's 30 steps
+    per task; the paper presets set 1e-3 for T5-large and 1e-4 for Llama-3.1-8B), or of what
+    the method trains instead (``seq_ft``: every base weight; its preset sets 5e-5)."""
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    scheduler: str = "constant"
+    """Learning-rate schedule over a task's steps, restarted per task, with the values of
+    ``transformers.get_scheduler``: ``constant``, ``constant_with_warmup``, ``linear`` (decay to
+    0 at the task's last step) or ``cosine`` (half a cosine to 0), each after ``warmup_steps``
+    of linear warmup from 0 (``constant`` with ``warmup_steps`` > 0 warms up as
+    ``constant_with_warmup``)."""
+    fresh_optimizer: bool = False
+    """Start every task with fresh AdamW state, as O-LoRA's protocol (one process per task)
+    does (the ``paper-*`` presets). Default off: carried-over moment estimates keep a new
+    task's first updates scaled by the gradient magnitudes seen so far, where fresh state
+    makes them about ``lr`` per weight whatever the gradient (Adam's first step)."""
+    batching: str = "uniform"
+    """``uniform``: batches drawn uniformly from a shuffled epoch, as in the paper (default).
+    ``bucketed``: shuffle, sort by length inside windows of 32 batches, shuffle the batches:
+    less padding, but each batch holds examples of similar length, which in a stream of
+    several tasks means mostly one task per batch: MTL lost 4 FP points to it against uniform
+    batches (README, bench/mtl_check.py)."""
+    epochs_per_task: list[str] = field(default_factory=list)
+    """Per-task epochs, ``"<task>:<epochs>"`` each (e.g. ``MNLI:2``, as O-LoRA's ``long.sh``
+    trains MNLI); a task not named trains ``epochs``."""
+    grad_clip: float = 1.0
+    max_steps_per_task: int = 0
+    """Cap on optimizer steps per task (0 = no cap)."""
+    checkpoint_every: int = 50
+    """Also checkpoint every this many steps inside a task (0 = only between tasks)."""
+    keep_checkpoints: int = 2
+    """Complete checkpoints kept in ``checkpoints/`` (the newest; one more lies there while the
+    next is written). 2 keeps a fallback should the newest be damaged; 1 halves the disk a run
+    holds, which matters for full fine-tuning (``seq_ft``: weights and both AdamW moments, 1.6
+    GB a checkpoint for SmolLM2-135M, against a few MB with LoRA)."""
+    micro_batch_tokens: int = 1024
+    """Run a step's mixed batch in slices of at most this many padded tokens, accumulating
+    gradients (same loss and update; the saved activations of one slice at a time bound the
+    memory). 0 = the whole batch in one forward."""
+
+
+@dataclass
+class EvalConfig:
+    """How accuracy is measured."""
+
+    mode: str = "generate"
+    """``generate`` (greedy decoding, normalised exact match; paper), ``rank`` (label
+    likelihood), or ``perplexity`` (the metric of ``data.kind=text`` streams; lower is better)."""
+    before: bool = True
+    """Also evaluate every task before any training (the "without fine-tuning" row), so a run
+    shows what training added."""
+    fast: bool = True
+    """In a dual run, also evaluate the fast adapter after every task: ``results.json`` gets
+    its matrix under ``fast`` beside the slow one's. The fast adapter is trained exactly as
+    the same method without the dual learner, so one run gives both rows on one trajectory
+    (paired comparison); costs a second evaluation."""
+    matrix: str = "full"
+    """Which cells of the accuracy matrix to fill: ``full`` (every task seen so far, after
+    every task: N(N+1)/2 evaluations) or ``fp_ap`` (only what FP, AP, forgetting and BWT need:
+    each task right after it is learned, and every task after the last: 2N-1 evaluations;
+    for long streams, where the full matrix costs more than training)."""
+    batch_size: int = 32
+    max_new_tokens: int = 0
+    """0 = longest label of the task plus one."""
