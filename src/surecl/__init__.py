@@ -23,7 +23,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
-    "ContinualRun", "Example", "Method", "MethodSpec", "Options", "Plugin", "PolicySpec", "ReplayPolicy", "RunConfig", "Stage", "StepRecord", "SureclError", "Task", "__version__",
+    "ContinualRun", "Example", "Method", "MethodSpec", "Options", "Plugin", "PolicySpec", "QuotaPolicy", "ReplayPolicy", "RunConfig", "Stage", "StepRecord", "SureclError", "Task", "__version__",
     "build_config", "register_method", "register_policy", "run",
 ]
 
@@ -45,6 +45,7 @@ _LAZY = {
     "StepRecord": "surecl.plugins.base",
     "Method": "surecl.methods.base",
     "ReplayPolicy": "surecl.replay.policies",
+    "QuotaPolicy": "surecl.replay.policies",
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these load on first use
@@ -54,7 +55,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time these load on first
     from surecl.options import Options
     from surecl.plugins.base import Plugin, Stage, StepRecord
     from surecl.registry import MethodSpec, PolicySpec, register_method, register_policy
-    from surecl.replay.policies import ReplayPolicy
+    from surecl.replay.policies import QuotaPolicy, ReplayPolicy
     from surecl.trainer import ContinualRun, run
 
 

@@ -290,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="surecl", description="Continual learning of language models with surprise-prioritised replay.",
                                 epilog=_registered())
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (repeatable): code that registers methods or replay policies with "
+                        "surecl.register_method / register_policy (installed packages are found through their entry points)")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="one continual run", epilog=_registered())
@@ -347,10 +350,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="methods, presets, benchmarks and orders")
     ls.set_defaults(func=cmd_list)
+    for command in (r, s, rep, ls):  # also accepted after the command (read by main before parsing)
+        command.add_argument("--import", dest="imports", action="append", default=argparse.SUPPRESS, metavar="MODULE",
+                             help="import MODULE first (repeatable), e.g. one that calls surecl.register_method")
     return p
 
 
+def _imports(argv: list[str]) -> list[str]:
+    """The modules named by ``--import MODULE`` (or ``--import=MODULE``) anywhere before ``--``."""
+    found = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--import" and i + 1 < len(argv):
+            found.append(argv[i + 1])
+        elif arg.startswith("--import="):
+            found.append(arg.split("=", 1)[1])
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    modules = _imports(argv)
+    if modules:  # before the parser: its help lists what they register
+        from surecl.registry import import_modules
+
+        try:
+            import_modules(modules)
+        except SureclError as exc:
+            print(f"surecl: error: {_bounded(str(exc))}", file=sys.stderr)
+            return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     from surecl.logs import console

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from surecl import registry
+import surecl.registry as registry
 from surecl.errors import SureclError
 from surecl.options import Options, per_task_values  # noqa: F401  (per_task_values: re-exported)
 from surecl.sections import (  # noqa: F401  (the core sections, re-exported)
@@ -452,6 +452,9 @@ def _apply_mapping(obj: Any, mapping: dict[str, Any], prefix: str, source: str) 
                 raise SureclError(f"{source}: {key} must be a mapping")
             _apply_mapping(obj.options[name], value, key + ".", source)
             continue
+        if isinstance(obj, RunConfig) and name not in types_ and (name in registry.method_names() or name in registry.policy_names()):
+            inner = next(iter(value), "") if isinstance(value, dict) and value else ""
+            raise SureclError(f"{source}: {key}{'.' + str(inner) if inner else ''}: {name} takes no options of its own")
         if name not in types_:
             known = ", ".join(list(types_) + (list(obj.options) if isinstance(obj, RunConfig) else []))
             hint = " (an outside method's options need its package installed, or --import of its module)" if isinstance(obj, RunConfig) else ""
@@ -568,9 +571,13 @@ def load_yaml(path_or_preset: str) -> tuple[dict[str, Any], str]:
         except UnicodeDecodeError:
             raise SureclError(f"{path}: not UTF-8 text") from None
     else:
+        if path_or_preset not in preset_names() and path_or_preset in registry.method_names():
+            # a registered method without a preset of its own (an outside one): run it as is
+            return {"kind": "method", "description": f"method {path_or_preset} with its defaults", "method": path_or_preset}, f"method {path_or_preset}"
         if path_or_preset not in preset_names():
             raise SureclError(
-                f"unknown preset {path_or_preset!r} (choose from {', '.join(preset_names())}, or give a .yaml path)"
+                f"unknown preset {path_or_preset!r} (choose from {', '.join(preset_names())}, a registered method "
+                f"({', '.join(sorted(registry.method_names()))}), or give a .yaml path)"
             )
         text_source = f"preset {path_or_preset}"
         text = (resources.files("surecl") / "presets" / f"{path_or_preset}.yaml").read_text(encoding="utf-8")

@@ -5,7 +5,7 @@ config_cls=, model_cls=)``).
 Where entries come from, in this order:
 
 * **Built-ins**: each package under :mod:`surecl.methods` declares ``METHODS``, a tuple of
-  :class:`MethodSpec`; :mod:`surecl.replay` declares ``POLICIES``. A spec names its class by
+  :class:`MethodSpec`; :mod:`surecl.replay.builtin` lists ``POLICIES``. A spec names its class by
   import path, so listing names and building a config (which needs the options classes,
   torch-free) imports no torch.
 * **Installed packages**: entry points in the groups ``surecl.methods`` and
@@ -151,7 +151,7 @@ def _spec_from_class(spec_type: type, name: str, cls: type) -> MethodSpec:
 
 def _builtin_specs(kind: str) -> list[MethodSpec]:
     if kind == "replay policy":
-        return list(importlib.import_module("surecl.replay").POLICIES)
+        return [PolicySpec(name, cls) for name, cls in importlib.import_module("surecl.replay.builtin").POLICIES]
     package = importlib.import_module("surecl.methods")
     specs: list[MethodSpec] = []
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):

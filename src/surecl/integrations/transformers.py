@@ -53,7 +53,7 @@ from surecl.checkpoint import write_json, write_tensors
 from surecl.config import DualConfig, LoraConfig, ReplayConfig, replay_ratio
 from surecl.errors import SureclError
 from surecl.plan import replay_count
-from surecl.registry import policy_class
+from surecl.registry import policy_class, policy_spec
 from surecl.replay.policies import check_scores
 
 STATE_JSON = "sure_state.json"
@@ -215,6 +215,8 @@ class SureTrainer(Trainer):
         self.is_seq2seq = is_seq2seq
         self.replay_cfg = self.sure.replay_config()
         self.policy = policy_class(self.sure.policy)(self.replay_cfg, self.sure.buffer_size if self.sure.policy != "none" else 0, args.seed)
+        spec = policy_spec(self.sure.policy)
+        self.policy.options = spec.config() if spec.config is not None else None
         super().__init__(self.dual.model, args, *trainer_args, **kwargs)
         self.root = Path(args.output_dir)
         self.task = 0
