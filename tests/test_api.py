@@ -45,7 +45,9 @@ def test_version_falls_back_to_pyproject(monkeypatch):
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    assert surecl._version() == declared
+    from surecl._version import version
+
+    assert version() == declared
 
 
 def test_import_surecl_loads_no_torch():

@@ -217,6 +217,8 @@ class ContinualRun:
         self._wall: float | None = None  # wall clock of the running part (``_clock``)
         self.stage: Stage | None = None
         """The stage being trained or evaluated (None before the first)."""
+        self.step_items: list[tuple[int, int]] = []
+        """(task, index) of the step being taken (set by the step before its ``loss`` hooks)."""
         self.eval_view: str | None = None
         """While evaluating: the adapter asked to answer (None: the evaluation adapter)."""
         self.eval_fast = cfg.dual.enabled and cfg.eval.fast and self.method.fast_eval

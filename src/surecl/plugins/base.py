@@ -10,7 +10,8 @@ these hooks (all optional; the defaults do nothing):
 * ``before_task(ctx, stage)``  - before training on a stage (fresh adapters, score and insert
   a task's selection into the buffer, reset the optimizer, ...).
 * ``loss(ctx, loss) -> loss``  - once per optimizer step, on the first micro-batch slice's
-  share of the loss, before backward: add a penalty (EWC), inject a fault.
+  share of the loss, before backward: add a penalty (EWC), inject a fault. The step's examples
+  are ``ctx.step_items`` (a consistency term on them: I-LoRA).
 * ``after_step(ctx, record)``   - after each optimizer step, with its :class:`StepRecord`
   (EMA of the slow adapter, buffer insertion and aging, the step log).
 * ``after_task(ctx, stage)``   - after training on a stage, before it is evaluated (Fisher
@@ -151,6 +152,10 @@ class RunContext(Protocol):
     being taken (inside ``loss``) or the next one, ``state.global_step`` the steps taken."""
     stage: Stage | None
     """The stage being trained or evaluated (None before the first: the ``eval.before`` row)."""
+    step_items: list[tuple[int, int]]
+    """(task, index) of every example of the step being taken, the current batch then the
+    replayed entries (as :attr:`StepRecord.items`), set before its ``loss`` hooks run: a method
+    may build its own forward on them (``ctx.batch([ctx.train_sets[t][i] for t, i in ...])``)."""
     eval_view: str | None
     """While evaluating: the adapter asked to answer (None: the run's own answer, slow if dual;
     ``"fast"``: the fast adapter's row of a dual run)."""
