@@ -1,0 +1,73 @@
+"""I-LoRA on surecl's dual learner: the fast adapter is I-LoRA's plastic LoRA, the slow (EMA)
+adapter its stable LoRA, the replay policy its memory; this method adds the consistency loss.
+
+At each optimizer step (in the ``loss`` hook, once per step) the step's rows, new and replayed
+(``ctx.step_items``), are run twice more: with the fast adapter (with gradients) and with the
+slow one (without), both returning their hidden states; the mean squared error between the two
+at each of ``ilora.layers``, averaged over the layers and weighted by
+``ilora.consistency_weight``, joins the loss. As in EasyCL's ``ILORA.compute_consistency_loss``
+(``src/easycl/cl/ilora/ilora.py``), every position counts, padding included, and the stable side
+is the EMA adapter the dual learner updates after every optimizer step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from surecl.adapters import FAST, SLOW
+from surecl.errors import SureclError
+from surecl.methods.base import Method
+from surecl.methods.ilora.config import ILoRAConfig
+
+
+class ILoRA(Method):
+    name = "ilora"
+    Config = ILoRAConfig
+
+    @classmethod
+    def validate_config(cls, cfg) -> None:
+        if not cfg.dual.enabled:
+            raise SureclError("dual.enabled: method ilora needs the dual learner (its stable LoRA is the slow EMA adapter); use --config ilora or set dual.enabled=true")
+
+    def __init__(self, config: ILoRAConfig | None = None) -> None:
+        super().__init__(config)
+        self.last = 0.0
+        """The consistency term of the last step (unweighted), for logs and tests."""
+
+    def hidden(self, ctx, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The model's hidden states on ``batch`` with the adapter active now."""
+        if ctx.is_seq2seq:
+            out = ctx.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
+                            output_hidden_states=True, use_cache=False)
+            return out.decoder_hidden_states
+        out = ctx.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
+                        output_hidden_states=True, use_cache=False, logits_to_keep=1)
+        return out.hidden_states
+
+    def consistency(self, ctx, items: list[tuple[int, int]]) -> torch.Tensor:
+        """Mean over ``ilora.layers`` of the MSE between the fast and the slow adapter's hidden
+        states on ``items`` (gradients through the fast side only)."""
+        batch = ctx.batch([ctx.train_sets[t][i] for t, i in items])
+        plastic = self.hidden(ctx, batch)
+        ctx.adapters.activate(SLOW)
+        try:
+            with torch.no_grad():
+                stable = self.hidden(ctx, batch)
+        finally:
+            ctx.adapters.activate(FAST)
+        n = len(plastic)
+        picks = [k if k >= 0 else n + k for k in self.config.indices()]
+        bad = [k for k in picks if not 0 <= k < n]
+        if bad:
+            raise SureclError(f"ilora.layers: {self.config.layers} names a hidden state this model does not have (it has {n}, embeddings first)")
+        return torch.stack([F.mse_loss(plastic[k].float(), stable[k].float()) for k in picks]).mean()
+
+    def loss(self, ctx, loss: torch.Tensor) -> torch.Tensor:
+        weight = self.config.consistency_weight
+        items = ctx.step_items[ctx.rank :: ctx.world] if ctx.world > 1 else ctx.step_items
+        if not weight or not items:
+            return loss
+        term = self.consistency(ctx, items)
+        self.last = float(term.detach())
+        return loss + weight * term

@@ -1,0 +1,80 @@
+"""I-LoRA (``methods/ilora``): its consistency term against an independent computation, its
+gradients, its settings from EasyCL, and its outcome (the term holds the plastic adapter near
+the stable one). Config round trip, dry run, option errors, kill -9 resume and exports: the
+method contract battery (tests/test_method_contract.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from surecl.adapters import FAST, SLOW
+from surecl.config import build_config
+from surecl.errors import SureclError
+from surecl.trainer import ContinualRun
+
+SMALL = ["data.tasks=[colors,animals]", "data.n_train=24", "data.n_test=8", "train.epochs=3"]
+
+
+def test_preset_carries_easycl_settings():
+    cfg = build_config("tiny,ilora")
+    assert (cfg.method, cfg.dual.enabled, cfg.dual.beta, cfg.dual.unit, cfg.dual.bias_correction) == ("ilora", True, 0.75, "step", False)
+    assert (cfg.ilora.consistency_weight, cfg.ilora.indices(), cfg.replay.policy) == (1.0, [-1, -2, -3], "random")
+    with pytest.raises(SureclError, match=r"^dual.enabled: method ilora needs the dual learner"):
+        build_config("tiny,ilora", ["dual.enabled=false"])
+    with pytest.raises(SureclError, match=r"^--config: paper-t5 sets dual.beta=0.995 over ilora's essential"):
+        build_config("tiny,ilora,paper-t5")
+    with pytest.raises(SureclError, match=r"^ilora.layers: 'x' must be comma-separated whole numbers"):
+        build_config("tiny,ilora", ["ilora.layers=x"])
+
+
+def hidden(run: ContinualRun, adapter: str, items) -> tuple[torch.Tensor, ...]:
+    """Hidden states of ``items`` under ``adapter``, by a plain forward of the PEFT model."""
+    batch = run.batch([run.train_sets[t][i] for t, i in items])
+    run.model.set_adapter(adapter)
+    try:
+        out = run.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
+                        output_hidden_states=True)
+    finally:
+        run.adapters.activate(FAST)
+    return out.hidden_states
+
+
+def test_consistency_term_is_the_mean_layer_mse_with_gradients_on_the_fast_side_only(tmp_path, tiny_cache):
+    run = ContinualRun(build_config("tiny,ilora", [*SMALL, "ilora.layers=-1,-3", "ilora.consistency_weight=2.5", "lora.dropout=0"]),
+                       tmp_path / "r", progress=False, cache_dir=tiny_cache)
+    run.step_items = [(0, 0), (0, 3), (1, 5)]
+    zero = run.method.loss(run, torch.zeros(()))
+    assert float(zero) == 0.0  # the slow adapter starts as the fast one
+    with torch.no_grad():
+        for p in run.adapters.fast_params:
+            p.add_(torch.randn_like(p) * 0.05)
+    term = run.method.loss(run, torch.zeros(()))
+    with torch.no_grad():
+        fast, slow = hidden(run, FAST, run.step_items), hidden(run, SLOW, run.step_items)
+        expect = sum(((fast[k] - slow[k]) ** 2).mean() for k in (len(fast) - 1, len(fast) - 3)) / 2
+    assert float(term) == pytest.approx(2.5 * float(expect), rel=1e-4) and float(term) > 0
+    term.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in run.adapters.fast_params)
+    assert all(p.grad is None for p in run.adapters.slow_params)
+
+
+def gap(run: ContinualRun) -> float:
+    """The fast and slow adapters' last hidden states apart on the first task's rows (MSE)."""
+    items = [(0, i) for i in range(8)]
+    with torch.no_grad():
+        return float(((hidden(run, FAST, items)[-1] - hidden(run, SLOW, items)[-1]) ** 2).mean())
+
+
+def test_the_term_holds_the_plastic_adapter_near_the_stable_one(tmp_path, tiny_cache):
+    gaps = {}
+    for weight in (0.0, 50.0):
+        run = ContinualRun(build_config("tiny,ilora", [*SMALL, f"ilora.consistency_weight={weight}", "dual.beta=0.95"]),
+                           tmp_path / f"w{weight}", progress=False, cache_dir=tiny_cache)
+        run.run()
+        gaps[weight] = gap(run)
+        losses = [json.loads(line)["loss"] for line in (tmp_path / f"w{weight}" / "log.jsonl").read_text().splitlines()]
+        assert losses[-1] < 0.5 * losses[0]  # the plastic adapter trained
+    assert gaps[50.0] < 0.5 * gaps[0.0]
