@@ -89,7 +89,11 @@ class HFTaskConfig:
     ``ClassLabel`` names, else the sorted distinct labels of both splits. A row whose label is
     not among them is an error (or dropped with ``data.invalid_labels=drop``)."""
     instruction: str = ""
-    """The task's instruction; default: the generic one of ``data.jsonl`` tasks."""
+    """The task's instruction; default: the generic one of ``data.jsonl`` tasks (none for a
+    generation task)."""
+    metric: str = ""
+    """A generation task's metric (``data.kind=generate``: ``text_column`` is the prompt,
+    ``label_column`` the target text): ``rouge_l`` (default) or ``exact_match``."""
 
 
 @dataclass
@@ -109,9 +113,17 @@ class DataConfig:
     entry: a path or hub id, or a mapping of :class:`HFTaskConfig` fields (column names,
     splits, labels); appended after the JSONL tasks."""
     kind: str = "classify"
-    """``classify`` (instruction + options -> label) or ``text``: continual pre-training on raw
+    """``classify`` (instruction + options -> label), ``generate`` (free-form answers:
+    ``data.jsonl`` files and ``data.hf`` entries are read as generation tasks, prompt -> target
+    text, scored by ROUGE-L or exact match; the ``tiny`` benchmark becomes its generation
+    twin; a CL_Benchmark's tasks stay classification) or ``text``: continual pre-training on raw
     documents (benchmark tasks keep their inputs only), next-token loss on every token,
     evaluated by perplexity (needs eval.mode=perplexity; preset ``cpt`` sets both)."""
+    template: str = "auto"
+    """How a generation task's prompt/response rows are put to the model: ``auto`` (through the
+    tokenizer's chat template, as a user turn and the assistant's answer, where the tokenizer
+    has one; else plain) or ``plain`` (``instruction + prompt + "\nAnswer:"``, the answer
+    after a space, then EOS). Chat rows (``messages``) always use the chat template."""
     n_train: int = 240
     """Training examples kept per task (0 = all). The default sizes keep the embedded run
     within 10 minutes on a 2-core CPU while every task is learned well above its zero-shot
@@ -334,7 +346,14 @@ class EvalConfig:
     for long streams, where the full matrix costs more than training)."""
     batch_size: int = 32
     max_new_tokens: int = 0
-    """0 = longest label of the task plus one."""
+    """0 = longest label of the task plus one (a generation task: its longest target, in
+    tokens, plus one, at most ``eval.max_new_cap``)."""
+    max_new_cap: int = 256
+    """The most new tokens a generation task's answers get when ``eval.max_new_tokens`` is 0."""
+    ahead: bool = False
+    """After each task also evaluate the next one, not yet trained (the matrix's cell above the
+    diagonal): with the before-training row, what forward transfer (``fwt`` in results.json)
+    is computed from. One more evaluation per task."""
 
 
 @dataclass
@@ -524,7 +543,8 @@ CHOICES: dict[str, tuple[str, ...] | None] = {
     "dual.unit": ("step", "example"),
     "train.scheduler": ("constant", "constant_with_warmup", "linear", "cosine"),
     "eval.mode": ("generate", "rank", "perplexity"),
-    "data.kind": ("classify", "text"),
+    "data.kind": ("classify", "text", "generate"),
+    "data.template": ("auto", "plain"),
     "data.invalid_labels": ("error", "drop"),
     "data.train_sampling": ("balanced", "random"),
     "data.draw": ("shared", "order"),
@@ -639,6 +659,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("model.max_length", cfg.model.max_length >= 8, "must be >= 8"),
         ("eval.batch_size", cfg.eval.batch_size >= 1, "must be >= 1"),
         ("eval.max_new_tokens", cfg.eval.max_new_tokens >= 0, "must be >= 0"),
+        ("eval.max_new_cap", cfg.eval.max_new_cap >= 1, "must be >= 1"),
         ("log_every", cfg.log_every >= 1, "must be >= 1"),
         ("prompts.length", cfg.prompts.length >= 1, "must be >= 1"),
         ("prompts.lr", cfg.prompts.lr > 0 and math.isfinite(cfg.prompts.lr), "must be > 0"),
@@ -678,8 +699,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         )
     if cfg.replay.balance != "none" and not policy.per_task_quota:
         raise SureclError(f"replay.balance: {cfg.replay.balance!r} needs a per-task quota policy (surprise, random), not {cfg.replay.policy}")
-    if cfg.replay.balance == "label" and cfg.data.kind == "text":
-        raise SureclError("replay.balance: 'label' needs labelled tasks; a text stream (data.kind=text) has none")
+    if cfg.replay.balance == "label" and cfg.data.kind in ("text", "generate"):
+        raise SureclError(f"replay.balance: 'label' needs labelled tasks; a {cfg.data.kind} stream (data.kind={cfg.data.kind}) has none")
     if cfg.replay.aging and cfg.replay.policy != "none" and not policy.uses_scores:
         raise SureclError(f"replay.aging: policy {cfg.replay.policy} keeps no scores to age; use policy=surprise")
     registry.method_class(cfg.method).validate_config(cfg)  # combinations the method cannot run
