@@ -66,6 +66,26 @@ def test_chat_rows(tmp_path):
     assert other.fingerprint() != task.fingerprint()
 
 
+def test_hf_columns_as_a_generation_task(tmp_path, monkeypatch):
+    """data.hf with data.kind=generate: text_column is the prompt, label_column the target text."""
+    datasets = pytest.importorskip("datasets")
+    from surecl.config import HFTaskConfig
+    from surecl.data.hf import load_hf_task
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    datasets.disable_progress_bars()
+    rows = {"question": ["q1", "q2", "q3"], "answer": ["a one", "a two", "a three"]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows), "test": datasets.Dataset.from_dict(rows)}).save_to_disk(tmp_path / "qa")
+    spec = HFTaskConfig(path=str(tmp_path / "qa"), text_column="question", label_column="answer", metric="exact_match")
+    task = load_hf_task(spec, "data.hf[0]", kind="generate")
+    assert task.kind == "generate" and task.labels == [] and task.score_metric == "exact_match" and task.instruction == ""
+    assert task.train[1] == Example("q2", "a two")
+    numbers = {"question": ["q1"], "answer": [3]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(numbers), "test": datasets.Dataset.from_dict(numbers)}).save_to_disk(tmp_path / "n")
+    with pytest.raises(SureclError, match=r"data.hf\[0\].label_column: .* a generation target must be text"):
+        load_hf_task(HFTaskConfig(path=str(tmp_path / "n"), text_column="question", label_column="answer"), "data.hf[0]", kind="generate")
+
+
 MALFORMED = {
     "missing target": ({"prompt": "q"}, ["missing target 'response'"]),
     "missing alpaca output": ({"instruction": "q", "input": "x"}, ["missing target 'output'"]),
@@ -236,6 +256,22 @@ def test_rouge_needs_no_nltk_data(tmp_path, monkeypatch):
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "no-nltk-data")])
     monkeypatch.setenv("NLTK_DATA", str(tmp_path / "no-nltk-data"))
     assert rouge_l(["running dogs"], ["the dog runs"]) > 0
+
+
+def test_rouge_leaves_the_root_logger_alone(monkeypatch):
+    """Building rouge-score's scorer logs through absl, which would give the root logger a
+    handler and print every ``surecl`` line twice."""
+    import logging
+
+    import surecl.evaluate as ev
+
+    monkeypatch.setattr(ev, "_SCORER", None)
+    root = logging.getLogger()
+    before = list(root.handlers)
+    monkeypatch.setattr(root, "handlers", [])
+    rouge_l(["a"], ["a"])
+    assert root.handlers == []
+    monkeypatch.setattr(root, "handlers", before)
 
 
 # A hand-worked 3-task matrix: zero-shot row z, the cells above the diagonal from eval.ahead.

@@ -205,14 +205,37 @@ def rouge_l(predictions: list[str], gold: list[str]) -> float:
     scores 0; Porter stemming)."""
     if not gold:
         return 0.0
-    try:
-        from rouge_score import rouge_scorer
-    except ImportError:
-        from surecl.errors import SureclError
-
-        raise SureclError("ROUGE-L needs the rouge-score package: pip install rouge-score") from None
-    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    scorer = _rouge_scorer()
     return 100.0 * sum(scorer.score(g, p)["rougeL"].fmeasure for p, g in zip(predictions, gold)) / len(gold)
+
+
+_SCORER = None
+
+
+def _rouge_scorer():
+    """rouge-score's ROUGE-L scorer, built once. Building it logs through absl, which gives
+    Python's root logger a handler when it has none (every ``surecl`` line would then be
+    printed twice): the root logger is left as it was."""
+    global _SCORER
+    if _SCORER is None:
+        import logging
+
+        root = logging.getLogger()
+        handlers, level = list(root.handlers), root.level
+        try:
+            from rouge_score import rouge_scorer
+
+            _SCORER = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+        except ImportError:
+            from surecl.errors import SureclError
+
+            raise SureclError("ROUGE-L needs the rouge-score package: pip install rouge-score") from None
+        finally:
+            for h in root.handlers[:]:
+                if h not in handlers:
+                    root.removeHandler(h)
+            root.setLevel(level)
+    return _SCORER
 
 
 def task_score(metric: str, predictions: list[str], gold: list[str]) -> float:
