@@ -358,6 +358,7 @@ def test_tiny_generation_stream_learns_and_seq_lora_forgets(learn_forget):
     report = (out / "report.md").read_text()
     assert "## Score matrix (ROUGE-L (F, x100))" in report and "FWT" in report
     assert (out / "heatmap.png").stat().st_size > 0
+    assert "FP, final performance (ROUGE-L (F, x100)" in (out / "adapters" / "fast" / "README.md").read_text()  # the model card
     saved = json.loads((out / "results.json").read_text())
     assert saved["metrics"] == results["metrics"] and saved["fwt"] == results["fwt"]
 
