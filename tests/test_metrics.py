@@ -27,7 +27,8 @@ AVG_INC = (80 + (70 + 90) / 2 + (60 + 75 + 85) / 3) / 3  # mean over rows of the
 
 def test_summarise_3x3_by_hand():
     s = summarise(LOWER)
-    assert set(s) == {"fp", "ap", "forgetting", "bwt", "avg_incremental"}
+    assert set(s) == {"fp", "ap", "forgetting", "bwt", "avg_incremental", "fwt"}
+    assert s["fwt"] is None  # no zero-shot row given
     assert s["fp"] == pytest.approx(FP)
     assert s["ap"] == pytest.approx(AP)
     assert s["forgetting"] == pytest.approx(AP - FP)
@@ -88,7 +89,7 @@ def test_none_cells_are_skipped():
 
 def test_all_none_matrix():
     s = summarise([[None, None], [None, None]])
-    assert s == {"fp": None, "ap": None, "forgetting": None, "bwt": None, "avg_incremental": None}
+    assert s == {"fp": None, "ap": None, "forgetting": None, "bwt": None, "avg_incremental": None, "fwt": None}
 
 
 def test_one_by_one():
@@ -99,4 +100,4 @@ def test_one_by_one():
 
 
 def test_empty_matrix():
-    assert summarise([]) == {"fp": None, "ap": None, "forgetting": None, "bwt": None, "avg_incremental": None}
+    assert summarise([]) == {"fp": None, "ap": None, "forgetting": None, "bwt": None, "avg_incremental": None, "fwt": None}

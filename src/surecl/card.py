@@ -63,7 +63,14 @@ def _run_table(results: dict, scores: dict) -> list[str]:
     tasks = results["tasks"]
     ppl = results.get("metric") == "perplexity"
     digits = 2 if ppl else 1
-    unit = "perplexity, lower is better" if ppl else "accuracy %"
+    if ppl:
+        unit = "perplexity, lower is better"
+    elif results.get("metric", "accuracy") == "accuracy":
+        unit = "accuracy %"
+    else:  # generation tasks: ROUGE-L / exact match, or each task's own metric
+        from surecl.metrics import metric_words
+
+        unit = metric_words(results["metric"], results.get("metrics"))
     buffer = results.get("buffer") or {}
     per_task = ", ".join(f"{k} {v}" for k, v in (buffer.get("per_task") or {}).items()) or "empty"
     last = scores["accuracy_matrix"][-1] if scores.get("accuracy_matrix") else []

@@ -174,7 +174,8 @@ CHOICES: dict[str, tuple[str, ...] | None] = {
     "dual.unit": ("step", "example"),
     "train.scheduler": ("constant", "constant_with_warmup", "linear", "cosine"),
     "eval.mode": ("generate", "rank", "perplexity"),
-    "data.kind": ("classify", "text"),
+    "data.kind": ("classify", "text", "generate"),
+    "data.template": ("auto", "plain"),
     "data.invalid_labels": ("error", "drop"),
     "data.train_sampling": ("balanced", "random"),
     "data.draw": ("shared", "order"),
@@ -271,6 +272,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("model.max_length", cfg.model.max_length >= 8, "must be >= 8"),
         ("eval.batch_size", cfg.eval.batch_size >= 1, "must be >= 1"),
         ("eval.max_new_tokens", cfg.eval.max_new_tokens >= 0, "must be >= 0"),
+        ("eval.max_new_cap", cfg.eval.max_new_cap >= 1, "must be >= 1"),
         ("log_every", cfg.log_every >= 1, "must be >= 1"),
     ]
     for key, ok, why in checks:
@@ -307,8 +309,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         )
     if cfg.replay.balance != "none" and not policy.per_task_quota:
         raise SureclError(f"replay.balance: {cfg.replay.balance!r} needs a per-task quota policy (surprise, random), not {cfg.replay.policy}")
-    if cfg.replay.balance == "label" and cfg.data.kind == "text":
-        raise SureclError("replay.balance: 'label' needs labelled tasks; a text stream (data.kind=text) has none")
+    if cfg.replay.balance == "label" and cfg.data.kind in ("text", "generate"):
+        raise SureclError(f"replay.balance: 'label' needs labelled tasks; a {cfg.data.kind} stream (data.kind={cfg.data.kind}) has none")
     if cfg.replay.aging and cfg.replay.policy != "none" and not policy.uses_scores:
         raise SureclError(f"replay.aging: policy {cfg.replay.policy} keeps no scores to age; use policy=surprise")
     registry.method_class(cfg.method).validate_config(cfg)  # combinations the method cannot run

@@ -1,5 +1,7 @@
 """Accuracy of the current model on a task: greedy generation with normalised exact match
-(the paper's protocol) or ranking the label options by likelihood; perplexity for text streams.
+(the paper's protocol) or ranking the label options by likelihood; perplexity for text streams;
+a generation task's free-form answers scored by ROUGE-L (``rouge-score``'s, F-measure, Porter
+stemming, as Super-NaturalInstructions scores) or exact match after SQuAD's normalisation.
 
 Generation is greedy, batched over length-sorted, left-padded prompts with the KV cache, for at
 most (longest answer + 1) new tokens, stopping when every row emitted EOS; for causal models
@@ -15,6 +17,7 @@ import string
 import torch
 
 from surecl.data.encode import Encoded, collate
+from surecl.metrics import METRIC_NAMES  # noqa: F401  (re-exported: how reports name each metric)
 from surecl.nll import prefixed, token_nll
 
 _PUNCT = re.compile(f"[{re.escape(string.punctuation)}]")
@@ -28,8 +31,13 @@ def normalise(text: str) -> str:
 
 @torch.inference_mode()
 def generate_answers(
-    model, tokenizer, items: list[Encoded], *, is_seq2seq: bool, max_new_tokens: int, batch_size: int, device, share_prefix: bool = True
+    model, tokenizer, items: list[Encoded], *, is_seq2seq: bool, max_new_tokens: int, batch_size: int, device, share_prefix: bool = True,
+    stop_ids: list[int] | None = None,
 ) -> list[str]:
+    """Greedy answers, decoded without special tokens. ``stop_ids`` (a generation task: EOS and
+    a chat template's end-of-turn token): a row stops at the first of them and its answer is
+    what came before it, stripped."""
+    stop = stop_ids if stop_ids else tokenizer.eos_token_id
     order = sorted(range(len(items)), key=lambda i: len(items[i].prompt))
     answers = [""] * len(items)
     for start in range(0, len(order), batch_size):
@@ -43,29 +51,44 @@ def generate_answers(
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
                 num_beams=1,
-                eos_token_id=tokenizer.eos_token_id,
+                eos_token_id=stop,
                 pad_token_id=tokenizer.pad_token_id,
             )
         else:
             batch = {k: v.to(device) for k, v in collate(rows, tokenizer.pad_token_id, False, with_answer=False, share_prefix=share_prefix).items()}
-            new = greedy(model, batch, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+            new = greedy(model, batch, max_new_tokens=max_new_tokens, eos_id=stop, pad_id=tokenizer.pad_token_id)
+        if stop_ids:
+            rows_ids = [_until(row, set(stop_ids)) for row in new.tolist()]
+            for i, text in zip(idx, tokenizer.batch_decode(rows_ids, skip_special_tokens=True)):
+                answers[i] = text.strip()
+            continue
         for i, text in zip(idx, tokenizer.batch_decode(new, skip_special_tokens=True)):
             answers[i] = text
     return answers
 
 
-def greedy(model, batch: dict[str, torch.Tensor], *, max_new_tokens: int, eos_id: int, pad_id: int) -> torch.Tensor:
+def _until(row: list[int], stop: set[int]) -> list[int]:
+    """A generated row up to (not including) its first stop token."""
+    for k, t in enumerate(row):
+        if t in stop:
+            return row[:k]
+    return row
+
+
+def greedy(model, batch: dict[str, torch.Tensor], *, max_new_tokens: int, eos_id: int | list[int], pad_id: int) -> torch.Tensor:
     """Greedy decoding of a causal batch (left-padded prompts, optionally behind a shared
     prefix) with the KV cache: [rows, <= max_new_tokens] new tokens, ``pad_id`` after a row's
-    EOS, stopping as soon as every row has emitted EOS (``generate``'s greedy search)."""
+    EOS, stopping as soon as every row has emitted EOS (``generate``'s greedy search).
+    ``eos_id`` may list several tokens, any of which ends a row."""
     out, mask = _prompt_pass(model, batch)
+    stops = torch.tensor(eos_id, device=mask.device) if isinstance(eos_id, (list, tuple)) else None
     pos = batch["position_ids"][:, -1:]
     done = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
     new = []
     for step in range(max_new_tokens):
         token = out.logits[:, -1].argmax(-1).masked_fill(done, pad_id)
         new.append(token)
-        done |= token == eos_id
+        done |= (token == eos_id) if stops is None else torch.isin(token, stops)
         if bool(done.all()) or step == max_new_tokens - 1:
             break
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
@@ -156,3 +179,68 @@ def accuracy(predictions: list[str], gold: list[str]) -> float:
         return 0.0
     hits = sum(normalise(p) == normalise(g) for p, g in zip(predictions, gold))
     return 100.0 * hits / len(gold)
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalise_answer(text: str) -> str:
+    """SQuAD's answer normalisation (as Super-NaturalInstructions' exact match): lower case,
+    punctuation and the articles a / an / the removed, whitespace collapsed."""
+    text = _PUNCT.sub(" ", text.lower())
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match(predictions: list[str], gold: list[str]) -> float:
+    """Percent of answers equal to their target after :func:`normalise_answer`."""
+    if not gold:
+        return 0.0
+    return 100.0 * sum(normalise_answer(p) == normalise_answer(g) for p, g in zip(predictions, gold)) / len(gold)
+
+
+def rouge_l(predictions: list[str], gold: list[str]) -> float:
+    """Mean ROUGE-L F-measure (x100) of each answer against its target, by ``rouge-score``
+    (its default tokenizer: lower-cased ASCII letters and digits, so text in other scripts
+    scores 0; Porter stemming)."""
+    if not gold:
+        return 0.0
+    scorer = _rouge_scorer()
+    return 100.0 * sum(scorer.score(g, p)["rougeL"].fmeasure for p, g in zip(predictions, gold)) / len(gold)
+
+
+_SCORER = None
+
+
+def _rouge_scorer():
+    """rouge-score's ROUGE-L scorer, built once. Building it logs through absl, which gives
+    Python's root logger a handler when it has none (every ``surecl`` line would then be
+    printed twice): the root logger is left as it was."""
+    global _SCORER
+    if _SCORER is None:
+        import logging
+
+        root = logging.getLogger()
+        handlers, level = list(root.handlers), root.level
+        try:
+            from rouge_score import rouge_scorer
+
+            _SCORER = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+        except ImportError:
+            from surecl.errors import SureclError
+
+            raise SureclError("ROUGE-L needs the rouge-score package: pip install rouge-score") from None
+        finally:
+            for h in root.handlers[:]:
+                if h not in handlers:
+                    root.removeHandler(h)
+            root.setLevel(level)
+    return _SCORER
+
+
+def task_score(metric: str, predictions: list[str], gold: list[str]) -> float:
+    """A task's score in its metric (``accuracy``, ``exact_match``, ``rouge_l``), in percent."""
+    if metric == "rouge_l":
+        return rouge_l(predictions, gold)
+    if metric == "exact_match":
+        return exact_match(predictions, gold)
+    return accuracy(predictions, gold)

@@ -1,7 +1,8 @@
-"""Continual-learning metrics from the accuracy matrix.
+"""Continual-learning metrics from the score matrix.
 
-``a[i][j]`` is the accuracy (percent) on task ``j`` after training on task ``i`` (``None``
-where not evaluated). With N tasks:
+``a[i][j]`` is the score on task ``j`` after training on task ``i`` (``None`` where not
+evaluated), in task ``j``'s metric: accuracy (percent) for classification, ROUGE-L or exact
+match (x100) for generation, perplexity for text streams. With N tasks:
 
 * FP (final performance)  = mean_j a[N-1][j]                       (paper, Sec. 4.1)
 * AP (average performance) = mean_j a[j][j], each task right after it was learned
@@ -9,6 +10,10 @@ where not evaluated). With N tasks:
 * BWT = mean_{j<N-1} (a[N-1][j] - a[j][j])  (Lopez-Paz & Ranzato), i.e. -forgetting over
   the first N-1 tasks
 * average incremental accuracy = mean_i mean_{j<=i} a[i][j]
+* FWT (forward transfer, Lopez-Paz & Ranzato) = mean_{j>0} (a[j-1][j] - z[j]), where z is the
+  zero-shot row (every task before any training, ``eval.before``) and a[j-1][j] the score on
+  task j after training up to task j-1 (``eval.ahead``): what earlier tasks did for a task
+  before it was trained; None without those cells
 
 For a lower-is-better metric (perplexity of a text stream) the signs flip so that the names
 keep their meaning: forgetting = FP - AP and BWT = mean_{j<N-1} (a[j][j] - a[N-1][j]), both
@@ -58,11 +63,35 @@ def average_incremental_accuracy(a: Matrix) -> float | None:
     return _mean(rows)
 
 
-def summarise(a: Matrix, higher_is_better: bool = True) -> dict[str, float | None]:
+def forward_transfer(a: Matrix, initial: list[float | None] | None, higher_is_better: bool = True) -> float | None:
+    """Mean over the tasks j > 0 with both cells of (a[j-1][j] - initial[j]) (sign flipped for a
+    lower-is-better metric, so positive = earlier tasks helped); None when no task has both."""
+    if not initial:
+        return None
+    sign = 1.0 if higher_is_better else -1.0
+    diffs = [sign * (a[j - 1][j] - initial[j]) for j in range(1, min(len(a), len(initial)))
+             if a[j - 1][j] is not None and initial[j] is not None]
+    return fmean(diffs) if diffs else None
+
+
+def summarise(a: Matrix, higher_is_better: bool = True, initial: list[float | None] | None = None) -> dict[str, float | None]:
     return {
         "fp": final_performance(a),
         "ap": average_performance(a),
         "forgetting": forgetting(a, higher_is_better),
         "bwt": backward_transfer(a, higher_is_better),
         "avg_incremental": average_incremental_accuracy(a),
+        "fwt": forward_transfer(a, initial, higher_is_better),
     }
+
+
+METRIC_NAMES = {"accuracy": "accuracy (%)", "exact_match": "exact match (%)", "rouge_l": "ROUGE-L (F, x100)", "perplexity": "perplexity"}
+"""How reports name each metric."""
+
+
+def metric_words(metric: str, per_task: dict[str, str] | None = None) -> str:
+    """A run's metric as a report says it: ``accuracy (%)``, ``ROUGE-L (F, x100)``, ... or,
+    for a stream whose tasks differ (``mixed``), each task's."""
+    if metric == "mixed" and per_task:
+        return "each task's metric: " + ", ".join(f"{t} {METRIC_NAMES.get(m, m)}" for t, m in per_task.items())
+    return METRIC_NAMES.get(metric, metric)

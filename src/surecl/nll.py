@@ -5,7 +5,8 @@ runs once and the rows attend to its KV cache; the result is the same as for the
 
 Returns, for each row of a collated batch, the summed NLL and the number of tokens scored, so
 callers choose the reduction (mean = the paper's surprise, sum = its ablation) and scope
-(``label``: answer tokens only; ``sequence``: every real token after the first). Virtual
+(``label``: answer tokens only, those its ``answer_mask`` marks where the batch has one (a
+chat row's assistant turns); ``sequence``: every real token after the first). Virtual
 tokens (negative ids: a method's soft prompt, see :meth:`surecl.methods.Method.input_prefix`)
 are read, never scored.
 """
@@ -31,6 +32,8 @@ def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_se
         targets = ids[:, ids.shape[1] - k :]
         offsets = torch.arange(k, device=ids.device).unsqueeze(0)
         valid = (offsets >= (k - batch["n_answer"].to(ids.device)).unsqueeze(1)).float()
+        if "answer_mask" in batch:  # a conversation's user turns between assistant turns: read, not scored
+            valid = valid * batch["answer_mask"].to(valid.device)
     else:
         ids, mask = batch["input_ids"], batch["attention_mask"]
         kwargs, prefix_logits = prefixed(model, batch, want_logits=True)

@@ -17,6 +17,7 @@ from statistics import fmean, median, stdev
 
 from surecl.checkpoint import write_text
 from surecl.errors import SureclError
+from surecl.metrics import metric_words
 
 
 def _fmt(v: float | None, digits: int = 1) -> str:
@@ -69,7 +70,8 @@ def _png(fig, **savefig) -> bytes:
     return buf.getvalue()
 
 
-def heatmap(path: Path, tasks: list[str], a: list[list[float | None]], title: str, metric: str = "accuracy") -> None:
+def heatmap(path: Path, tasks: list[str], a: list[list[float | None]], title: str, metric: str = "accuracy",
+            per_task: dict[str, str] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,8 +79,9 @@ def heatmap(path: Path, tasks: list[str], a: list[list[float | None]], title: st
 
     size = max(4.0, 0.55 * len(tasks) + 2)
     fig, ax = plt.subplots(figsize=(size + 1, size))
-    im = _draw_matrix(ax, tasks, a, title, metric)
-    fig.colorbar(im, ax=ax, label="perplexity" if metric == "perplexity" else "accuracy (%)")
+    shown = [f"{t} ({per_task[t]})" for t in tasks] if metric == "mixed" and per_task else tasks
+    im = _draw_matrix(ax, shown, a, title, metric)
+    fig.colorbar(im, ax=ax, label="score (each task's metric)" if metric == "mixed" else metric_words(metric))
     fig.tight_layout()
     from surecl.checkpoint import _atomic_write_bytes
 
@@ -167,7 +170,9 @@ def write_run_report(out_dir: Path, results: dict) -> None:
         "|---|---|---|---|",
         f"| {_fmt(results['fp'], digits)} | {_fmt(results['ap'], digits)} | {_fmt(results['forgetting'], digits)} | {_fmt(results['bwt'], digits)} |",
         "",
-        "## Perplexity matrix (lower is better)" if ppl else "## Accuracy matrix (%)",
+        *_fwt_lines(results, digits),
+        "## Perplexity matrix (lower is better)" if ppl else "## Accuracy matrix (%)" if metric == "accuracy"
+        else f"## Score matrix ({metric_words(metric, results.get('metrics'))})",
         "",
         matrix_markdown(results["tasks"], results["accuracy_matrix"], results.get("initial"), digits),
         "",
@@ -183,7 +188,15 @@ def write_run_report(out_dir: Path, results: dict) -> None:
         "",
     ]
     write_text(out_dir / "report.md", "\n".join(lines))
-    heatmap(out_dir / "heatmap.png", results["tasks"], results["accuracy_matrix"], f"{name}: FP {_fmt(results['fp'], digits)}", metric)
+    heatmap(out_dir / "heatmap.png", results["tasks"], results["accuracy_matrix"], f"{name}: FP {_fmt(results['fp'], digits)}", metric,
+            results.get("metrics"))
+
+
+def _fwt_lines(results: dict, digits: int) -> list[str]:
+    """Forward transfer, where the run measured it (``eval.before`` and ``eval.ahead``)."""
+    if results.get("fwt") is None:
+        return []
+    return [f"FWT (score on each next task before training it, minus its score before any training): {_fmt(results['fwt'], digits)}", ""]
 
 
 # --------------------------------------------------------------------------- aggregation

@@ -68,7 +68,11 @@ class HFTaskConfig:
     ``ClassLabel`` names, else the sorted distinct labels of both splits. A row whose label is
     not among them is an error (or dropped with ``data.invalid_labels=drop``)."""
     instruction: str = ""
-    """The task's instruction; default: the generic one of ``data.jsonl`` tasks."""
+    """The task's instruction; default: the generic one of ``data.jsonl`` tasks (none for a
+    generation task)."""
+    metric: str = ""
+    """A generation task's metric (``data.kind=generate``: ``text_column`` is the prompt,
+    ``label_column`` the target text): ``rouge_l`` (default) or ``exact_match``."""
 
 
 @dataclass
@@ -88,9 +92,17 @@ class DataConfig:
     entry: a path or hub id, or a mapping of :class:`HFTaskConfig` fields (column names,
     splits, labels); appended after the JSONL tasks."""
     kind: str = "classify"
-    """``classify`` (instruction + options -> label) or ``text``: continual pre-training on raw
+    """``classify`` (instruction + options -> label), ``generate`` (free-form answers:
+    ``data.jsonl`` files and ``data.hf`` entries are read as generation tasks, prompt -> target
+    text, scored by ROUGE-L or exact match; the ``tiny`` benchmark becomes its generation
+    twin; a CL_Benchmark's tasks stay classification) or ``text``: continual pre-training on raw
     documents (benchmark tasks keep their inputs only), next-token loss on every token,
     evaluated by perplexity (needs eval.mode=perplexity; preset ``cpt`` sets both)."""
+    template: str = "auto"
+    """How a generation task's prompt/response rows are put to the model: ``auto`` (through the
+    tokenizer's chat template, as a user turn and the assistant's answer, where the tokenizer
+    has one; else plain) or ``plain`` (``instruction + prompt + "\nAnswer:"``, the answer
+    after a space, then EOS). Chat rows (``messages``) always use the chat template."""
     n_train: int = 240
     """Training examples kept per task (0 = all). The default sizes keep the embedded run
     within 10 minutes on a 2-core CPU while every task is learned well above its zero-shot
@@ -309,4 +321,11 @@ class EvalConfig:
     for long streams, where the full matrix costs more than training)."""
     batch_size: int = 32
     max_new_tokens: int = 0
-    """0 = longest label of the task plus one."""
+    """0 = longest label of the task plus one (a generation task: its longest target, in
+    tokens, plus one, at most ``eval.max_new_cap``)."""
+    max_new_cap: int = 256
+    """The most new tokens a generation task's answers get when ``eval.max_new_tokens`` is 0."""
+    ahead: bool = False
+    """After each task also evaluate the next one, not yet trained (the matrix's cell above the
+    diagonal): with the before-training row, what forward transfer (``fwt`` in results.json)
+    is computed from. One more evaluation per task."""

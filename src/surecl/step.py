@@ -119,7 +119,7 @@ class TrainStep(Plugin):
         accelerator, world, rank = ctx.accelerator, ctx.world, ctx.rank
         items = [ctx.train_sets[t][i] for t, i in current] + [ctx.train_sets[e.task][e.index] for e in replayed]
         ctx.step_items = list(current) + [(e.task, e.index) for e in replayed]  # what the loss hooks may read
-        n_tokens = sum(len(e.answer) for e in items)
+        n_tokens = sum(e.scored for e in items)
         local = items[rank::world] if world > 1 else items
         weight = float(world) if local else 0.0
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
@@ -132,7 +132,7 @@ class TrainStep(Plugin):
         slices = micro_batch_positions(rows, self.config.micro_batch_tokens, tasks)
         coef = None
         if self.config.replay_loss == "pair" and replayed:
-            coef = pair_weights(len(current), [len(e.answer) for e in items])
+            coef = pair_weights(len(current), [e.scored for e in items])
             coef = coef[rank::world] if local else coef[:1]
         parts, loss_total = [], 0.0
         for k, positions in enumerate(slices):

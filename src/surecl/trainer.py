@@ -47,7 +47,7 @@ from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, 
 from surecl.data.loading import caller_stream, load_stream
 from surecl.data.task import Task
 from surecl.errors import SureclError
-from surecl.evaluate import accuracy, generate_answers, perplexity, rank_answers
+from surecl.evaluate import generate_answers, perplexity, rank_answers, task_score
 from surecl.logs import logger
 from surecl.model import default_cache_dir, host_info, load_model, prepare_model
 from surecl.plan import ema_units, planned_steps, replay_count, stage_epochs
@@ -56,6 +56,7 @@ from surecl.plugins.faults import FaultInjection, fault_point
 from surecl.plugins.steplog import StepLog
 from surecl.plugins.tracking import Tracking, check_trackers
 from surecl.registry import method_class, method_config, policy_class, policy_options
+from surecl.replay.buffer import OnlineQuotaBuffer
 from surecl.replay.policies import buffer_capacity, check_scores, quota_warning
 from surecl.replay.surprise import score_examples
 from surecl.step import TrainStep
@@ -109,7 +110,7 @@ class InputSets:
         view = self._views.get(task)
         if view is None or view[0] != prefix:
             head = list(prefix)
-            view = self._views[task] = (prefix, [Encoded(head + e.prompt, e.answer, e.label) for e in self.encoded[task]])
+            view = self._views[task] = (prefix, [dataclasses.replace(e, prompt=head + e.prompt) for e in self.encoded[task]])
         return view[1]
 
 
@@ -182,14 +183,18 @@ class ContinualRun:
             self.log(f"warning: {loaded.note}")
         if cfg.data.kind == "text" and self.is_seq2seq:
             raise SureclError(f"data.kind=text (continual pre-training) needs a causal LM; {cfg.model.name} is encoder-decoder")
-        encoder = TaskEncoder(self.tokenizer, cfg.model.max_length, end_eos=self.is_seq2seq and cfg.model.encoder_eos, task_prefix=cfg.data.task_prefix)
+        encoder = TaskEncoder(self.tokenizer, cfg.model.max_length, end_eos=self.is_seq2seq and cfg.model.encoder_eos, task_prefix=cfg.data.task_prefix,
+                              template=cfg.data.template)
         # Tokenised once per dataset; the hot loop only indexes these lists. The run reads them
         # through InputSets, which puts the method's input prefix (if any) before each prompt.
         self.method = None
         self._method_inputs = True
         self.train_sets = InputSets([encoder.encode(t, t.train) for t in self.tasks], self._input_prefix)
-        self.test_sets = InputSets([encoder.encode(t, t.test) for t in self.tasks], self._input_prefix)
+        self.test_sets = InputSets([encoder.encode(t, t.test, split="test") for t in self.tasks], self._input_prefix)
         self.label_answers = [{lab: encoder.answer_ids(lab) for lab in t.labels} for t in self.tasks]
+        generation = [t.name for t in self.tasks if t.kind == "generate"]
+        self.stop_ids = encoder.stop_ids() if generation else None
+        """The tokens that end a generation task's answer (EOS, a chat template's end of turn)."""
         # Seeded right before the adapters are drawn, so a cold cache (which builds or converts
         # the base model first) gives the same LoRA init as a warm one.
         torch.manual_seed(cfg.seed)
@@ -200,6 +205,9 @@ class ContinualRun:
         policy_name = cfg.replay.policy if self.method.continual else "none"
         self.policy = policy_class(policy_name)(cfg.replay, buffer_capacity(cfg.replay, total), cfg.seed)
         self.policy.options = policy_options(cfg, policy_name)
+        if generation and (cfg.replay.balance == "label" or isinstance(self.policy.buffer, OnlineQuotaBuffer)):
+            what = "replay.balance=label" if cfg.replay.balance == "label" else f"replay.policy={policy_name} (a quota per answer label)"
+            raise SureclError(f"{what} needs labelled tasks; {', '.join(generation)} generate free text (no label set)")
         self.method.setup(self)
         self.train_step = TrainStep(TrainStep.config_from(cfg), self.method.parameters(self))
         self.trained_params = self.train_step.params
@@ -578,7 +586,15 @@ class ContinualRun:
                 items,
             )
             return perplexity(nll, [len(e.answer) for e in items])
-        if self.cfg.eval.mode == "rank":
+        task = self.tasks[j]
+        if task.kind == "generate":  # free text, whatever eval.mode says of the labelled tasks
+            longest = max((len(e.answer) for e in items), default=0) + 1
+            new_tokens = self.cfg.eval.max_new_tokens or min(longest, self.cfg.eval.max_new_cap)
+            predict = lambda part: generate_answers(  # noqa: E731
+                model, self.tokenizer, part, is_seq2seq=self.is_seq2seq, max_new_tokens=new_tokens, batch_size=bs, device=self.device,
+                share_prefix=self.share_prefix, stop_ids=self.stop_ids,
+            )
+        elif self.cfg.eval.mode == "rank":
             answers = self.label_answers[j]
             predict = lambda part: rank_answers(  # noqa: E731
                 model, part, answers, pad_id=pad, is_seq2seq=self.is_seq2seq, batch_size=bs, device=self.device, share_prefix=self.share_prefix,
@@ -589,7 +605,7 @@ class ContinualRun:
                 model, self.tokenizer, part, is_seq2seq=self.is_seq2seq, max_new_tokens=new_tokens, batch_size=bs, device=self.device,
                 share_prefix=self.share_prefix,
             )
-        return accuracy(self.sharded(predict, items), [e.label for e in items])
+        return task_score(task.score_metric, self.sharded(predict, items), [e.label for e in items])
 
     def evaluate_before(self) -> None:
         """The before-training row: every task under the initial weights (base + zero LoRA)."""
@@ -620,21 +636,37 @@ class ContinualRun:
         """The tasks evaluated after ``stage``: all it names, or with ``eval.matrix=fp_ap`` only
         its own task until the last stage (the diagonal and the final row)."""
         if self.cfg.eval.matrix == "fp_ap" and stage is not self.stages[-1]:
-            return [j for j in stage.evaluate if j == stage.row] or list(stage.evaluate)
-        return list(stage.evaluate)
+            wanted = [j for j in stage.evaluate if j == stage.row] or list(stage.evaluate)
+        else:
+            wanted = list(stage.evaluate)
+        ahead = stage.row + 1
+        if self.cfg.eval.ahead and self.method.continual and ahead < len(self.tasks) and ahead not in wanted:
+            wanted.append(ahead)  # the next task, not trained yet: forward transfer's cell
+        return wanted
+
+    def metrics_of_tasks(self) -> dict[str, str]:
+        """Each task's metric, the unit of its column of the score matrix."""
+        if self.cfg.eval.mode == "perplexity":
+            return {t.name: "perplexity" for t in self.tasks}
+        return {t.name: t.score_metric for t in self.tasks}
 
     def results(self) -> dict:
         a = self.state.accuracy
         lower = self.cfg.eval.mode == "perplexity"
-        summary = metrics.summarise(a, higher_is_better=not lower)
+        summary = metrics.summarise(a, higher_is_better=not lower, initial=self.state.initial)
         if not self.method.continual:
-            summary.update(ap=None, forgetting=None, bwt=None, avg_incremental=None)
+            summary.update(ap=None, forgetting=None, bwt=None, avg_incremental=None, fwt=None)
         extra = {}
         if self.state.accuracy_fast is not None:
-            extra["fast"] = {"accuracy_matrix": self.state.accuracy_fast, **metrics.summarise(self.state.accuracy_fast, higher_is_better=not lower)}
+            extra["fast"] = {"accuracy_matrix": self.state.accuracy_fast,
+                             **metrics.summarise(self.state.accuracy_fast, higher_is_better=not lower, initial=self.state.initial)}
+        per_task = self.metrics_of_tasks()
+        kinds = set(per_task.values())
         return {
             "tasks": [t.name for t in self.tasks],
-            "metric": "perplexity" if lower else "accuracy",
+            # one name when every task shares it (accuracy, perplexity, rouge_l, exact_match), else "mixed"
+            "metric": kinds.pop() if len(kinds) == 1 else "mixed",
+            "metrics": per_task,
             "accuracy_matrix": a,
             "initial": self.state.initial,
             "majority": None if lower else {t.name: majority_rate(t) for t in self.tasks},
@@ -717,7 +749,7 @@ def run(
 def majority_rate(task) -> float | None:
     """The share (%) of the task's test rows whose gold label is its most frequent one: the
     accuracy of always answering that label, against which "learned" is judged."""
-    if not task.test or task.kind == "text":
+    if not task.test or task.kind != "classify":
         return None
     counts: dict[str, int] = {}
     for ex in task.test:

@@ -3,6 +3,12 @@
 Prompt (O-LoRA): ``instruction + "Option: " + ", ".join(labels) + " \\n" + sentence + "\\nAnswer:"``.
 For a causal model a training sequence is prompt + " " + label + EOS and the loss is on the
 answer; for a seq2seq model the prompt is the encoder input and label + EOS the target.
+A ``generate`` task's prompt is the same without options (``instruction + prompt +
+"\nAnswer:"``, the target after a space, then EOS), or, through the tokenizer's chat template,
+the conversation up to the assistant's answer (``data.template``; chat rows always): a chat
+row's training sequence is the whole conversation, its "answer" everything from the first
+assistant turn on, with a ``mask`` that scores only the assistant turns' tokens; its test
+prompt ends where the last assistant turn begins and the answer is that turn.
 A ``text`` task (continual pre-training) has no prompt: a document is one start token (BOS,
 or EOS for tokenizers without one) as the "prompt" and its tokens as the "answer", so the same
 loss, scorer and buffer train on, and score, every token of the document.
@@ -38,21 +44,32 @@ def build_prompt(task: Task, sentence: str, task_prefix: bool = False) -> str:
 
 @dataclass
 class Encoded:
-    """One tokenised example: ``prompt`` ids and ``answer`` ids (label + EOS)."""
+    """One tokenised example: ``prompt`` ids and ``answer`` ids (label + EOS); ``mask`` (a
+    chat conversation's training row) marks which answer tokens are scored (1) and which are
+    read only (0: a user turn between two assistant turns); None scores every answer token."""
 
     prompt: list[int]
     answer: list[int]
     label: str
+    mask: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.prompt) + len(self.answer)
+
+    @property
+    def scored(self) -> int:
+        """How many answer tokens the loss and the label-scope surprise score."""
+        return len(self.answer) if self.mask is None else sum(self.mask)
 
 
 class TaskEncoder:
     """Tokenises a task's examples once; truncates the sentence, never the instruction or answer."""
 
-    def __init__(self, tokenizer, max_length: int, end_eos: bool = False, task_prefix: bool = False):
+    def __init__(self, tokenizer, max_length: int, end_eos: bool = False, task_prefix: bool = False, template: str = "auto"):
         self.tok = tokenizer
+        self.template = template
+        """``auto``: a generation task's prompt/response rows go through the tokenizer's chat
+        template where it has one; ``plain``: never (chat rows always do)."""
         self.max_length = max_length
         self.task_prefix = task_prefix
         """Put O-LoRA's ``Task:...\nDataset:...\n`` before every prompt (``data.task_prefix``)."""
@@ -79,7 +96,10 @@ class TaskEncoder:
         start = self.tok.bos_token_id if self.tok.bos_token_id is not None else self.tok.eos_token_id
         return Encoded([start], self._ids(text)[: self.max_length - 1], "")
 
-    def encode(self, task: Task, rows: list[Example]) -> list[Encoded]:
+    def encode(self, task: Task, rows: list[Example], split: str = "train") -> list[Encoded]:
+        """``split`` ``test``: a chat row is encoded as its last turn's generation prompt and answer."""
+        if task.kind == "generate":
+            return [self.generation(task, ex, split, i) for i, ex in enumerate(rows)]
         if task.kind == "text":
             out = [self.document(ex.sentence) for ex in rows]
             for i, e in enumerate(out):
@@ -87,6 +107,97 @@ class TaskEncoder:
                     raise SureclError(f"task {task.name} row {i}: the text has no tokens")
             return out
         return [Encoded(self.prompt_ids(task, ex.sentence), self.answer_ids(ex.label), ex.label) for ex in rows]
+
+
+    # ------------------------------------------------------------------ generation tasks
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tok, "chat_template", None))
+
+    def generation(self, task: Task, ex: Example, split: str, row: int) -> Encoded:
+        """One generation example (see the module docstring)."""
+        where = f"task {task.name} {split} row {row}"
+        if ex.messages or (self.template == "auto" and self.has_chat_template):
+            if not self.has_chat_template:
+                raise SureclError(f"{where}: a chat row (messages) needs a tokenizer with a chat template; this one has none")
+            turns = ex.messages or (("user", task.instruction + ex.sentence), ("assistant", ex.label))
+            return self._chat(turns, ex.label, split == "test", where)
+        head = ([self.tok.bos_token_id] if getattr(self.tok, "add_bos_token", False) and self.tok.bos_token_id is not None else []) + self._ids(task.instruction)
+        tail = self._ids("\nAnswer:")
+        body = self._ids(ex.sentence)
+        answer = self._ids(" " + ex.label) + [self.tok.eos_token_id]
+        answer = self._fit_answer(answer, len(head) + len(body) + len(tail))
+        room = max(self.max_length - len(answer) - len(head) - len(tail), 1)
+        return Encoded(head + body[:room] + tail, answer, ex.label)
+
+    def _fit_answer(self, answer: list, prompt_len: int) -> list:
+        """A long target keeps what ``max_length`` leaves beside the prompt, at least half of it
+        (the prompt is then cut to the rest)."""
+        if prompt_len + len(answer) <= self.max_length:
+            return answer
+        return answer[: max(self.max_length - prompt_len, self.max_length // 2)]
+
+    def render(self, turns, generation_prompt: bool, where: str) -> str:
+        try:
+            return self.tok.apply_chat_template([{"role": r, "content": c} for r, c in turns], tokenize=False,
+                                                add_generation_prompt=generation_prompt)
+        except Exception as exc:  # jinja's TemplateError (e.g. roles that must alternate), a template that needs other keys
+            text = str(exc).strip().splitlines()
+            raise SureclError(f"{where}: the chat template refuses the conversation ({type(exc).__name__}: {text[0][:160] if text else ''})") from None
+
+    def chat_segments(self, turns, where: str) -> list[tuple[str, bool]]:
+        """The rendered conversation cut into (text, is an assistant turn) pieces: an assistant
+        turn is what rendering it adds after the generation prompt of the turns before it
+        (its content and the template's end of turn)."""
+        full = self.render(turns, False, where)
+        out: list[tuple[str, bool]] = []
+        pos = 0
+        for i, (role, _) in enumerate(turns):
+            if role != "assistant":
+                continue
+            asked = self.render(turns[:i], True, where) if i else ""
+            said = self.render(turns[: i + 1], False, where)
+            if len(asked) < pos or not said.startswith(asked) or not full.startswith(said):
+                raise SureclError(f"{where}: the chat template does not render the conversation turn by turn (each turn's "
+                                  "prefix unchanged), so its assistant turns cannot be marked")
+            out += [(full[pos : len(asked)], False), (full[len(asked) : len(said)], True)]
+            pos = len(said)
+        out.append((full[pos:], False))
+        return [(text, a) for text, a in out if text]
+
+    def _chat(self, turns, target: str, test: bool, where: str) -> Encoded:
+        pieces = [(self._ids(text), a) for text, a in self.chat_segments(turns, where)]
+        turns_at = [k for k, (_, a) in enumerate(pieces) if a]
+        if not turns_at:
+            raise SureclError(f"{where}: the assistant turn renders to no text")
+        # test: the last turn's generation prompt and the turn; train: every assistant turn scored
+        at = turns_at[-1] if test else turns_at[0]
+        prompt = [t for ids, _ in pieces[:at] for t in ids]
+        rest = pieces[at : at + 1] if test else pieces[at:]
+        answer = [t for ids, _ in rest for t in ids]
+        mask = [int(a) for ids, a in rest for _ in ids]
+        if not any(mask):
+            raise SureclError(f"{where}: the assistant turn has no tokens")
+        answer = self._fit_answer(answer, len(prompt))
+        mask = mask[: len(answer)]
+        return Encoded(prompt[-max(self.max_length - len(answer), 1) :], answer, target, None if all(mask) else mask)
+
+    def stop_ids(self) -> list[int]:
+        """The tokens that end a generated answer: EOS and, with a chat template, the first token
+        of what the template puts after an assistant turn's content (its end-of-turn token)."""
+        ids = [self.tok.eos_token_id]
+        if self.has_chat_template:
+            marker = "\u2063surecl\u2063"
+            try:
+                pieces = self.chat_segments((("user", "hi"), ("assistant", marker)), "")
+                turn = next(text for text, a in pieces if a)
+                after = turn[turn.index(marker) + len(marker) :]
+                end = self._ids(after)[:1] if after.strip() else []
+            except (SureclError, ValueError, StopIteration):
+                end = []
+            ids += [t for t in end if t not in ids]
+        return ids
 
 
 def bucketed_batches(lengths: list[int], batch_size: int, rng: random.Random, bucket: int = 32) -> list[list[int]]:
@@ -203,7 +314,7 @@ def collate(items: list[Encoded], pad_id: int, is_seq2seq: bool, with_answer: bo
             aw = max(len(e.answer) for e in items)
             labels = torch.full((len(items), aw), -100, dtype=torch.long)
             for r, e in enumerate(items):
-                labels[r, : len(e.answer)] = torch.tensor(e.answer)
+                labels[r, : len(e.answer)] = torch.tensor(e.answer if e.mask is None else [t if m else -100 for t, m in zip(e.answer, e.mask)])
             out["labels"] = labels
             out["n_answer"] = torch.tensor([len(e.answer) for e in items])
         return out
@@ -222,4 +333,11 @@ def collate(items: list[Encoded], pad_id: int, is_seq2seq: bool, with_answer: bo
         out["prefix_ids"] = torch.tensor([shared])
     if with_answer:
         out["n_answer"] = torch.tensor([len(e.answer) for e in items])
+        if any(e.mask is not None for e in items):  # [rows, longest answer], right-aligned as the answers are
+            k = max(len(e.answer) for e in items)
+            scored = torch.ones((len(items), k))
+            for r, e in enumerate(items):
+                if e.mask is not None:
+                    scored[r, k - len(e.answer) :] = torch.tensor(e.mask, dtype=torch.float)
+            out["answer_mask"] = scored
     return out

@@ -173,6 +173,18 @@ def _texts(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str) -> list[
     return values
 
 
+def _targets(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str) -> list[str]:
+    """A generation task's target texts (``label_column``): strings, none null."""
+    col = spec.label_column
+    values = _column(ds, col, f"{key}.label_column", src, split)
+    if getattr(ds.features[col], "dtype", None) not in _STRINGS:
+        raise SureclError(f"{key}.label_column: column {col!r} of {src} holds {_describe(ds.features[col])}; a generation target must be text")
+    for i, v in enumerate(values):
+        if v is None:
+            raise SureclError(f"{key}.label_column: {src} {split} row {i}: no target (null)")
+    return values
+
+
 def _describe(feature: Any) -> str:
     dtype = getattr(feature, "dtype", None)
     return f"{dtype} values" if isinstance(dtype, str) and dtype != "list" else f"{type(feature).__name__} values"
@@ -225,6 +237,9 @@ def load_hf_task(spec: HFTaskConfig, key: str = "data.hf[0]", kind: str = "class
             if kind == "text":
                 rows[split] = [Example(sentence=t, label="") for t in texts]
                 continue
+            if kind == "generate":
+                rows[split] = [Example(sentence=t, label=y) for t, y in zip(texts, _targets(ds, spec, key, src, label_of))]
+                continue
             labels, names = _labels(ds, spec, key, src, label_of)
             class_names = class_names or names
             rows[split] = [Example(sentence=t, label=lab) for t, lab in zip(texts, labels)]
@@ -239,6 +254,11 @@ def load_hf_task(spec: HFTaskConfig, key: str = "data.hf[0]", kind: str = "class
     where = f"{key} ({src})"
     if kind == "text":
         task = Task(name=name, instruction="", labels=[], train=rows["train"], test=rows["test"], group="hf", kind="text")
+        task.check(where)
+        return task
+    if kind == "generate":
+        task = Task(name=name, instruction=spec.instruction, labels=[], train=rows["train"], test=rows["test"], group="hf",
+                    kind="generate", metric=spec.metric)
         task.check(where)
         return task
     labels = list(spec.labels) or class_names or sorted({ex.label for ex in rows["train"] + rows["test"]})

@@ -7,6 +7,14 @@ instruction is a generic one.
 
 For continual pre-training (``data.kind=text``) a line is ``{"text": str, "split": ...}``
 (``sentence`` is accepted too) and there are no labels.
+
+For generation tasks (``data.kind=generate``, or ``"kind": "generate"`` in the header) a line
+is one of ``{"prompt": str, "response": str}`` (``completion`` for ``response`` too),
+Alpaca's ``{"instruction": str, "input": str, "output": str}`` (``input`` optional) or a chat
+``{"messages": [{"role": ..., "content": ...}, ...]}`` whose last turn is the assistant's
+(rendered with the tokenizer's chat template, loss on every assistant turn); each with an
+optional ``split``. The header may name the task's ``metric`` (``rouge_l``, the default, or
+``exact_match``).
 """
 
 from __future__ import annotations
@@ -33,6 +41,60 @@ def _text_rows(items: list[tuple[int, dict]], path: Path) -> list[Example]:
             raise SureclError(f"{path} line {lineno}: empty text")
         out.append(Example(sentence=text, label=""))
     return out
+
+
+ROW_KEYS = ("sentence", "text", "prompt", "response", "completion", "output", "messages")
+"""A line holding any of these is a row, never the header."""
+
+
+def generation_example(obj: dict, where: str) -> Example:
+    """A generation row (prompt/response, Alpaca instruction/input/output, or chat messages)
+    as an :class:`Example`; anything malformed is a one-line error naming ``where``."""
+    if "messages" in obj:
+        return chat_example(obj["messages"], where)
+    if "prompt" in obj:
+        prompt, target_key = obj["prompt"], "completion" if "completion" in obj and "response" not in obj else "response"
+        if not isinstance(prompt, str):
+            raise SureclError(f"{where}: 'prompt' must be a string")
+    elif "instruction" in obj:
+        prompt, target_key = obj["instruction"], "output"
+        extra = obj.get("input", "")
+        if not isinstance(prompt, str) or not isinstance(extra, str):
+            raise SureclError(f"{where}: 'instruction' and 'input' must be strings")
+        if extra.strip():
+            prompt = f"{prompt}\n\n{extra}"
+    else:
+        raise SureclError(f"{where}: a generation row needs 'prompt' and 'response', 'instruction' and 'output', or 'messages'")
+    if not prompt.strip():
+        raise SureclError(f"{where}: empty prompt")
+    if target_key not in obj:
+        raise SureclError(f"{where}: missing target {target_key!r}")
+    target = obj[target_key]
+    if not isinstance(target, str):
+        raise SureclError(f"{where}: {target_key!r} must be a string")
+    if not target.strip():
+        raise SureclError(f"{where}: empty target {target_key!r}")
+    return Example(sentence=prompt, label=target)
+
+
+def chat_example(messages, where: str) -> Example:
+    """A conversation (a list of ``{"role", "content"}`` turns ending with the assistant's) as
+    an :class:`Example` whose target is the last assistant turn."""
+    if not isinstance(messages, list) or not messages:
+        raise SureclError(f"{where}: 'messages' must be a non-empty list of turns")
+    turns = []
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise SureclError(f"{where}: message {k} must be an object with string 'role' and 'content'")
+        turns.append((m["role"], m["content"]))
+    if not any(role == "assistant" for role, _ in turns):
+        raise SureclError(f"{where}: the conversation has no assistant turn (nothing to learn)")
+    if turns[-1][0] != "assistant":
+        raise SureclError(f"{where}: the last turn is {turns[-1][0]!r}; it must be the assistant's (the target)")
+    if not turns[-1][1].strip():
+        raise SureclError(f"{where}: the last assistant turn is empty")
+    asked = next((c for role, c in reversed(turns[:-1]) if role != "assistant"), "")
+    return Example(sentence=asked, label=turns[-1][1], messages=tuple(turns))
 
 
 def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: str = "error") -> Task:
@@ -62,7 +124,7 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
             raise SureclError(f"{path} line {lineno}: malformed JSON ({exc.msg})") from None
         if not isinstance(obj, dict):
             raise SureclError(f"{path} line {lineno}: expected a JSON object")
-        if "task" in obj and "sentence" not in obj and "text" not in obj:
+        if "task" in obj and not any(k in obj for k in ROW_KEYS):
             if header:
                 raise SureclError(f"{path} line {lineno}: a second header line")
             header = obj
@@ -71,6 +133,26 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
         if split not in rows:
             raise SureclError(f"{path} line {lineno}: split must be 'train' or 'test', got {split!r}")
         rows[split].append((lineno, obj))
+    declared = header.get("kind")
+    if declared is not None:
+        if declared not in ("classify", "generate"):
+            raise SureclError(f"{path}: header 'kind' must be 'classify' or 'generate', got {declared!r}")
+        if kind != "text":
+            kind = declared
+    metric = header.get("metric", "")
+    if not isinstance(metric, str):
+        raise SureclError(f"{path}: header 'metric' must be a string")
+    if kind == "generate":
+        instruction = header.get("instruction", "")
+        if not isinstance(instruction, str):
+            raise SureclError(f"{path}: header 'instruction' must be a string")
+        task = Task(
+            name=str(header.get("task", path.stem)), instruction=instruction, labels=[], group="jsonl", kind="generate", metric=metric,
+            train=[generation_example(o, f"{path} line {n}") for n, o in rows["train"]],
+            test=[generation_example(o, f"{path} line {n}") for n, o in rows["test"]],
+        )
+        task.check(str(path))
+        return task
     if kind == "text":
         task = Task(
             name=str(header.get("task", path.stem)), instruction="", labels=[],
@@ -97,6 +179,7 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
         train=splits["train"],
         test=splits["test"],
         group="jsonl",
+        metric=metric,
     )
     task.check(str(path), invalid_labels)
     return task

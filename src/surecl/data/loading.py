@@ -9,14 +9,14 @@ from surecl.config import RunConfig
 from surecl.data.cl_benchmark import load_benchmark
 from surecl.data.jsonl import load_jsonl_task
 from surecl.data.task import Task, prepare_stream
-from surecl.data.tiny import tiny_stream
+from surecl.data.tiny import tiny_generation_stream, tiny_stream
 from surecl.errors import SureclError
 
 
 def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
     data = cfg.data
     if data.benchmark == "tiny":
-        tasks = tiny_stream()
+        tasks = tiny_generation_stream() if data.kind == "generate" else tiny_stream()
         if data.tasks:
             by_name = {t.name: t for t in tasks}
             unknown = [n for n in data.tasks if n not in by_name]

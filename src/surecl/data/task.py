@@ -14,16 +14,28 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 @dataclass(frozen=True)
 class Example:
-    """One labelled input; ``sentence`` is the task input, ``label`` one of the task's labels."""
+    """One labelled input; ``sentence`` is the task input, ``label`` one of the task's labels
+    (a generation task's: the prompt and its target text). A chat example of a generation task
+    carries its conversation in ``messages`` ((role, content) pairs, the last the assistant's,
+    whose content is ``label``); it is rendered with the tokenizer's chat template."""
 
     sentence: str
     label: str
+    messages: tuple[tuple[str, str], ...] = ()
+
+
+KINDS = ("classify", "text", "generate")
+METRICS = {"classify": ("accuracy",), "text": ("perplexity",), "generate": ("rouge_l", "exact_match")}
+"""The metrics a task of each kind may be scored with; the first is its default."""
 
 
 @dataclass
 class Task:
     """A named task with two splits: ``classify`` (instruction, label options, labelled
-    examples) or ``text`` (raw documents in ``sentence``, no labels: continual pre-training)."""
+    examples), ``text`` (raw documents in ``sentence``, no labels: continual pre-training) or
+    ``generate`` (free-form answers: a prompt in ``sentence``, or a conversation in
+    ``messages``, and the target text in ``label``; no label set). ``metric`` names what its
+    score is (``METRICS``; empty: the kind's default, ``rouge_l`` for generation)."""
 
     name: str
     instruction: str
@@ -33,6 +45,12 @@ class Task:
     group: str = ""
     meta: dict = field(default_factory=dict)
     kind: str = "classify"
+    metric: str = ""
+
+    @property
+    def score_metric(self) -> str:
+        """The metric its scores are in: ``metric``, else its kind's default."""
+        return self.metric or METRICS.get(self.kind, ("accuracy",))[0]
 
     def fingerprint(self) -> str:
         """SHA-256 of what a run reads of the task: its kind, instruction, labels and every
@@ -42,6 +60,10 @@ class Task:
 
         rows = {"kind": self.kind, "instruction": self.instruction, "labels": list(self.labels),
                 "train": [[e.sentence, e.label] for e in self.train], "test": [[e.sentence, e.label] for e in self.test]}
+        if self.kind == "generate":  # (only here, so the classification and text fingerprints stay as they were)
+            rows["metric"] = self.score_metric
+            for split in ("train", "test"):
+                rows[split] = [[e.sentence, e.label, [list(m) for m in e.messages]] for e in getattr(self, split)]
         return hashlib.sha256(json.dumps(rows, ensure_ascii=False, separators=(",", ":")).encode("utf-8")).hexdigest()
 
     def check(self, source: str = "", invalid_labels: str = "error") -> None:
@@ -53,6 +75,20 @@ class Task:
         where = f"{source}: " if source else ""
         if not _SAFE_NAME.match(self.name) or ".." in self.name:
             raise SureclError(f"{where}task name {self.name!r} must be letters, digits, '.', '_', '+', '-' (no path separators)")
+        if self.kind not in KINDS:
+            raise SureclError(f"{where}task {self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.metric and self.metric not in METRICS[self.kind]:
+            raise SureclError(f"{where}task {self.name}: metric {self.metric!r} does not fit a {self.kind} task "
+                              f"(choose from {', '.join(METRICS[self.kind])})")
+        if self.kind == "generate":
+            self._check_splits(where)
+            for split in ("train", "test"):
+                for i, ex in enumerate(getattr(self, split)):
+                    if not ex.label.strip():
+                        raise SureclError(f"{where}task {self.name} {split} row {i}: empty target")
+                    if ex.messages and (ex.messages[-1][0] != "assistant" or ex.messages[-1][1] != ex.label):
+                        raise SureclError(f"{where}task {self.name} {split} row {i}: a conversation must end with the assistant turn that is its target")
+            return
         if self.kind == "text":
             self._check_splits(where)
             for split, rows in (("train", self.train), ("test", self.test)):
@@ -90,7 +126,11 @@ class Task:
         pre-training domain."""
         if self.kind == "text":
             return self
-        strip = lambda rows: [Example(ex.sentence, "") for ex in rows if ex.sentence.strip()]  # noqa: E731
+        if self.kind == "generate":  # a conversation's turns, or prompt and target, as one document
+            doc = lambda ex: "\n".join(c for _, c in ex.messages) if ex.messages else f"{ex.sentence}\n{ex.label}".strip()  # noqa: E731
+            strip = lambda rows: [Example(doc(ex), "") for ex in rows]  # noqa: E731
+        else:
+            strip = lambda rows: [Example(ex.sentence, "") for ex in rows if ex.sentence.strip()]  # noqa: E731
         task = Task(self.name, "", [], strip(self.train), strip(self.test), self.group, dict(self.meta), kind="text")
         task.check()
         return task
@@ -140,11 +180,14 @@ def prepare_stream(tasks: list[Task], n_train: int, n_test: int, balanced: bool,
                 name=task.name,
                 instruction=task.instruction,
                 labels=list(task.labels),
-                train=subsample(task.train, n_train, rng, balanced),
-                test=subsample(task.test, n_test, rng, test_balanced),
+                # a generation task's targets are no classes: a uniform draw (round-robin over
+                # distinct targets would take them in sorted order)
+                train=subsample(task.train, n_train, rng, balanced and task.kind != "generate"),
+                test=subsample(task.test, n_test, rng, test_balanced and task.kind != "generate"),
                 group=task.group,
                 meta=dict(task.meta),
                 kind=task.kind,
+                metric=task.metric,
             )
         )
     return out

@@ -53,6 +53,34 @@ def tiny_stream(n_train: int = 96, n_test: int = 24, seed: int = 1234) -> list[T
     return tasks
 
 
+TINY_GENERATE_INSTRUCTION = "Which class fits the cue word in the text?\n"
+
+
+def tiny_generation_stream(n_train: int = 96, n_test: int = 24, seed: int = 1234, cues: int = 1) -> list[Task]:
+    """The generation twin of :func:`tiny_stream` (``data.benchmark=tiny data.kind=generate``):
+    a sentence ends with ``cues`` cue words of the task and the target is their classes in
+    order (``"warm"``; ``"warm cool"`` with two cues), generated freely (no label options in
+    the prompt) and ended by EOS; scored by ROUGE-L. The tiny model learns one cue in a few
+    dozen steps; two cues it does not learn in a test's budget (it answers the same pair
+    whatever the input)."""
+    tasks = []
+    for name, table in TINY_TASKS.items():
+        rng = random.Random(f"{seed}:generate:{name}")
+        train, test = (_cue_rows(table, n, cues, rng) for n in (n_train, n_test))
+        tasks.append(Task(name=name, instruction=TINY_GENERATE_INSTRUCTION, labels=[], train=train, test=test, group="tiny", kind="generate"))
+    return tasks
+
+
+def _cue_rows(table: dict[str, str], n: int, cues: int, rng: random.Random) -> list[Example]:
+    words = sorted(table)
+    out = []
+    for _ in range(n):
+        picked = [rng.choice(words) for _ in range(cues)]
+        filler = [rng.choice(FILLER) for _ in range(rng.randint(2, 5))]
+        out.append(Example(sentence=" ".join(filler + picked), label=" ".join(table[w] for w in picked)))
+    return out
+
+
 def tiny_vocabulary() -> list[str]:
     """Every word the tiny stream and its prompts can contain (for the word-level tokenizer)."""
     words = set(FILLER) | {"Option", "Answer", ":", ",", "?", "."}

@@ -1,0 +1,380 @@
+"""Generation tasks (issue 28): readers, chat rendering with assistant-only loss, ROUGE-L and
+exact match, FWT, surprise on generation targets, and a tiny generation stream that learns and
+that SeqLoRA forgets."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from surecl.cli import main
+from surecl.config import build_config
+from surecl.data.encode import Encoded, TaskEncoder, collate
+from surecl.data.jsonl import load_jsonl_task
+from surecl.data.task import Example, Task
+from surecl.data.tiny import tiny_generation_stream
+from surecl.errors import SureclError
+from surecl.evaluate import exact_match, normalise_answer, rouge_l
+from surecl.metrics import forward_transfer, summarise
+from surecl.nll import token_nll
+from surecl.replay.surprise import score_examples
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+# ----------------------------------------------------------------------------- readers
+
+
+def test_prompt_response_and_alpaca_rows(tmp_path):
+    f = write_jsonl(tmp_path / "qa.jsonl", [
+        {"task": "qa", "kind": "generate", "metric": "exact_match", "instruction": "Answer briefly.\n"},
+        {"prompt": "Capital of France?", "response": "Paris"},
+        {"instruction": "Rewrite politely.", "input": "give me that", "output": "Could you give me that, please?"},
+        {"instruction": "Say hi.", "output": "hi", "split": "test"},
+        {"prompt": "2+2?", "completion": "4", "split": "test"},
+    ])
+    task = load_jsonl_task(f)  # data.kind=classify: the header makes it a generation task
+    assert task.kind == "generate" and task.labels == [] and task.score_metric == "exact_match"
+    assert task.instruction == "Answer briefly.\n"
+    assert task.train == [Example("Capital of France?", "Paris"), Example("Rewrite politely.\n\ngive me that", "Could you give me that, please?")]
+    assert task.test == [Example("Say hi.", "hi"), Example("2+2?", "4")]
+    # without a header, data.kind=generate reads the same rows; the metric defaults to ROUGE-L
+    g = write_jsonl(tmp_path / "plain.jsonl", [{"prompt": "a", "response": "b"}, {"prompt": "c", "response": "d", "split": "test"}])
+    plain = load_jsonl_task(g, kind="generate")
+    assert plain.name == "plain" and plain.kind == "generate" and plain.score_metric == "rouge_l"
+
+
+def test_chat_rows(tmp_path):
+    turns = [{"role": "system", "content": "Be short."}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+             {"role": "user", "content": "bye?"}, {"role": "assistant", "content": "bye"}]
+    f = write_jsonl(tmp_path / "chat.jsonl", [{"messages": turns}, {"messages": turns[1:3], "split": "test"}])
+    task = load_jsonl_task(f, kind="generate")
+    ex = task.train[0]
+    assert ex.label == "bye" and ex.sentence == "bye?"
+    assert ex.messages == tuple((t["role"], t["content"]) for t in turns)
+    assert task.test[0].label == "hello"
+    # a conversation's turns are part of the data's fingerprint
+    other = copy.deepcopy(task)
+    other.train = [Example(ex.sentence, ex.label, ex.messages[:1] + (("user", "hey"),) + ex.messages[2:])]
+    assert other.fingerprint() != task.fingerprint()
+
+
+def test_hf_columns_as_a_generation_task(tmp_path, monkeypatch):
+    """data.hf with data.kind=generate: text_column is the prompt, label_column the target text."""
+    datasets = pytest.importorskip("datasets")
+    from surecl.config import HFTaskConfig
+    from surecl.data.hf import load_hf_task
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    datasets.disable_progress_bars()
+    rows = {"question": ["q1", "q2", "q3"], "answer": ["a one", "a two", "a three"]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows), "test": datasets.Dataset.from_dict(rows)}).save_to_disk(tmp_path / "qa")
+    spec = HFTaskConfig(path=str(tmp_path / "qa"), text_column="question", label_column="answer", metric="exact_match")
+    task = load_hf_task(spec, "data.hf[0]", kind="generate")
+    assert task.kind == "generate" and task.labels == [] and task.score_metric == "exact_match" and task.instruction == ""
+    assert task.train[1] == Example("q2", "a two")
+    numbers = {"question": ["q1"], "answer": [3]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(numbers), "test": datasets.Dataset.from_dict(numbers)}).save_to_disk(tmp_path / "n")
+    with pytest.raises(SureclError, match=r"data.hf\[0\].label_column: .* a generation target must be text"):
+        load_hf_task(HFTaskConfig(path=str(tmp_path / "n"), text_column="question", label_column="answer"), "data.hf[0]", kind="generate")
+
+
+MALFORMED = {
+    "missing target": ({"prompt": "q"}, ["missing target 'response'"]),
+    "missing alpaca output": ({"instruction": "q", "input": "x"}, ["missing target 'output'"]),
+    "empty target": ({"prompt": "q", "response": "  "}, ["empty target"]),
+    "empty messages": ({"messages": []}, ["'messages' must be a non-empty list"]),
+    "no assistant turn": ({"messages": [{"role": "user", "content": "hi"}]}, ["no assistant turn"]),
+    "ends with the user": ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                          {"role": "user", "content": "c"}]}, ["last turn is 'user'"]),
+    "turn without content": ({"messages": [{"role": "user"}, {"role": "assistant", "content": "b"}]}, ["message 0", "'content'"]),
+    "neither form": ({"question": "q", "answer": "a"}, ["'prompt' and 'response'", "'messages'"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_row_is_one_line_naming_file_and_row(case, tmp_path, capsys, monkeypatch):
+    row, words = MALFORMED[case]
+    f = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "fine", "response": "ok"}, row, {"prompt": "t", "response": "u", "split": "test"}])
+    with pytest.raises(SureclError) as err:
+        load_jsonl_task(f, kind="generate")
+    assert f"{f} line 2" in str(err.value) and "\n" not in str(err.value)
+    for word in words:
+        assert word in str(err.value)
+    # through the CLI: one line, exit 2, no traceback
+    monkeypatch.setenv("SURECL_CACHE", str(tmp_path / "cache"))
+    code = main(["run", "--config", "tiny", "--out", str(tmp_path / "out"), "--quiet", "data.benchmark=none", "data.kind=generate",
+                 f"data.jsonl=[{f}]"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("surecl: error: ") and f"{f} line 2" in lines[0]
+
+
+def test_generation_config_refusals():
+    with pytest.raises(SureclError, match="replay.balance"):
+        build_config("tiny,surprise", ["data.kind=generate", "replay.balance=label"])
+    with pytest.raises(SureclError, match="eval.max_new_cap"):
+        build_config("tiny", ["data.kind=generate", "eval.max_new_cap=0"])
+    with pytest.raises(SureclError, match="data.template"):
+        build_config("tiny", ["data.kind=generate", "data.template=chatml"])
+    bad = Task("t", "", [], [Example("p", "y")], [Example("p", "y")], kind="generate", metric="accuracy")
+    with pytest.raises(SureclError, match="metric 'accuracy' does not fit a generate task"):
+        bad.check()
+
+
+def test_online_label_quota_refused_on_generation_tasks(tmp_path, tiny_cache):
+    from surecl.trainer import ContinualRun
+
+    cfg = build_config("tiny,online_surprise", ["data.kind=generate", "data.tasks=[colors]", "data.n_train=4", "data.n_test=2"])
+    with pytest.raises(SureclError, match="online_surprise.*colors generate free text"):
+        ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+
+
+# ----------------------------------------------------------------------------- chat template, token by token
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_tok():
+    """A word-level tokenizer with ChatML's turn markers as special tokens and a ChatML-like template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<eos>", "<unk>", "<|im_start|>", "<|im_end|>", "system", "user", "assistant",
+             "be", "short", "hi", "hello", "bye", "?", "see", "you"]
+    core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
+                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok.chat_template = CHATML
+    return tok
+
+
+def ids(tok, words: str) -> list[int]:
+    return [tok.convert_tokens_to_ids(w) for w in words.split()]
+
+
+CONVERSATION = (("system", "be short"), ("user", "hi"), ("assistant", "hello"), ("user", "bye ?"), ("assistant", "see you"))
+
+
+def test_chat_rows_render_with_the_template_and_score_only_assistant_tokens(chat_tok):
+    task = Task("chat", "", [], [Example("bye ?", "see you", CONVERSATION)], [Example("bye ?", "see you", CONVERSATION)], kind="generate")
+    task.check()
+    enc = TaskEncoder(chat_tok, max_length=64)
+    [train] = enc.encode(task, task.train)
+    [test] = enc.encode(task, task.test, split="test")
+    # training: the prompt is everything before the first assistant turn; the "answer" runs to the
+    # end, scored only on the assistant turns (content + the template's end of turn)
+    assert train.prompt == ids(chat_tok, "<|im_start|> system be short <|im_end|> <|im_start|> user hi <|im_end|> <|im_start|> assistant")
+    assert train.answer == ids(chat_tok, "hello <|im_end|> <|im_start|> user bye ? <|im_end|> <|im_start|> assistant see you <|im_end|>")
+    assert train.mask == [1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1]
+    assert train.scored == 5 and train.label == "see you"
+    # the same tokens as the template renders the whole conversation at once
+    whole = chat_tok.apply_chat_template([{"role": r, "content": c} for r, c in CONVERSATION], tokenize=False)
+    assert train.prompt + train.answer == chat_tok(whole, add_special_tokens=False)["input_ids"]
+    # test: the last turn's generation prompt, the last turn as the answer
+    assert test.prompt == train.prompt + train.answer[:9]
+    assert test.answer == ids(chat_tok, "see you <|im_end|>") and test.mask is None
+    # generation stops at EOS or the template's end of turn
+    assert enc.stop_ids() == [chat_tok.eos_token_id, chat_tok.convert_tokens_to_ids("<|im_end|>")]
+    # prompt/response rows go through the template too (data.template=auto) unless plain
+    qa = Task("qa", "", [], [Example("hi", "hello")], [Example("hi", "hello")], kind="generate")
+    [row] = enc.encode(qa, qa.train)
+    assert row.prompt == ids(chat_tok, "<|im_start|> user hi <|im_end|> <|im_start|> assistant")
+    assert row.answer == ids(chat_tok, "hello <|im_end|>") and row.mask is None
+    [plain] = TaskEncoder(chat_tok, max_length=64, template="plain").encode(qa, qa.train)
+    assert plain.answer[-1] == chat_tok.eos_token_id and "<|im_start|>" not in chat_tok.convert_ids_to_tokens(plain.prompt)
+
+
+def test_masked_answer_nll_counts_assistant_tokens_only(chat_tok, tiny_loaded):
+    """token_nll over a chat row's answer (with its mask) equals a plain loop over the
+    assistant tokens; the collated mask is right-aligned with the answers."""
+    task = Task("chat", "", [], [Example("bye ?", "see you", CONVERSATION), Example("hi", "hello", CONVERSATION[1:3])],
+                [Example("hi", "hello", CONVERSATION[1:3])], kind="generate")
+    rows = TaskEncoder(chat_tok, max_length=64).encode(task, task.train)
+    model = tiny_loaded.model  # its vocabulary is larger than the chat tokenizer's: the ids are valid inputs
+    batch = collate(rows, chat_tok.pad_token_id, False)
+    assert batch["answer_mask"].shape == (2, 12) and batch["answer_mask"][1].tolist() == [1.0] * 12
+    with torch.no_grad():
+        nll, count = token_nll(model, batch, scope="label")
+        for r, e in enumerate(rows):
+            seq = torch.tensor([e.prompt + e.answer])
+            logp = torch.log_softmax(model(input_ids=seq).logits[0].float(), -1)
+            mask = e.mask or [1] * len(e.answer)
+            want = -sum(logp[len(e.prompt) + t - 1, tok].item() for t, (tok, m) in enumerate(zip(e.answer, mask)) if m)
+            assert count[r].item() == sum(mask)
+            assert nll[r].item() == pytest.approx(want, rel=1e-4, abs=1e-4)
+
+
+def test_chat_errors_are_one_line(chat_tok, tiny_loaded):
+    task = Task("chat", "", [], [Example("hi", "hello", CONVERSATION[1:3])], [Example("hi", "hello", CONVERSATION[1:3])], kind="generate")
+    with pytest.raises(SureclError, match="task chat train row 0: a chat row .* needs a tokenizer with a chat template"):
+        TaskEncoder(tiny_loaded.tokenizer, max_length=64).encode(task, task.train)
+    strict = copy.deepcopy(chat_tok)
+    strict.chat_template = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('a system turn must come first') }}{% endif %}x"
+    with pytest.raises(SureclError, match="chat template refuses the conversation .*a system turn must come first") as err:
+        TaskEncoder(strict, max_length=64).encode(task, task.train)
+    assert "\n" not in str(err.value)
+    odd = copy.deepcopy(chat_tok)  # a template that renders earlier turns differently once a later one exists
+    odd.chat_template = "{% for m in messages %}{% if loop.last %}{{ m['content'] }}{% else %}user{% endif %} {% endfor %}"
+    with pytest.raises(SureclError, match="does not render the conversation turn by turn"):
+        TaskEncoder(odd, max_length=64).encode(task, task.train)
+
+
+# ----------------------------------------------------------------------------- metrics
+
+PREDICTIONS = ["The cat sat on the mat.", "paris", "Running quickly to the store", "", "a b c d"]
+TARGETS = ["the cat is on the mat", "Paris", "ran quick to a store", "nothing", "a b c d"]
+
+
+def test_rouge_l_is_rouge_scores_and_exact_match_normalises():
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    want = 100 * sum(scorer.score(t, p)["rougeL"].fmeasure for p, t in zip(PREDICTIONS, TARGETS)) / len(TARGETS)
+    assert rouge_l(PREDICTIONS, TARGETS) == pytest.approx(want)
+    # a hand check of the first pair: LCS "the cat on the mat" = 5 of 6 and 6 words -> F = 5/6
+    assert rouge_l(PREDICTIONS[:1], TARGETS[:1]) == pytest.approx(100 * 5 / 6)
+    assert normalise_answer("The  Cat, sat!") == "cat sat"
+    assert exact_match(PREDICTIONS, TARGETS) == pytest.approx(100 * 2 / 5)  # "paris" and "a b c d" (articles dropped)
+
+
+def test_rouge_needs_no_nltk_data(tmp_path, monkeypatch):
+    """rouge-score's default tokenizer and Porter stemmer run without any nltk data download."""
+    import nltk
+
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "no-nltk-data")])
+    monkeypatch.setenv("NLTK_DATA", str(tmp_path / "no-nltk-data"))
+    assert rouge_l(["running dogs"], ["the dog runs"]) > 0
+
+
+def test_rouge_leaves_the_root_logger_alone(monkeypatch):
+    """Building rouge-score's scorer logs through absl, which would give the root logger a
+    handler and print every ``surecl`` line twice."""
+    import logging
+
+    import surecl.evaluate as ev
+
+    monkeypatch.setattr(ev, "_SCORER", None)
+    root = logging.getLogger()
+    before = list(root.handlers)
+    monkeypatch.setattr(root, "handlers", [])
+    rouge_l(["a"], ["a"])
+    assert root.handlers == []
+    monkeypatch.setattr(root, "handlers", before)
+
+
+# A hand-worked 3-task matrix: zero-shot row z, the cells above the diagonal from eval.ahead.
+Z = [10.0, 20.0, 30.0]
+A = [[80.0, 25.0, None], [60.0, 90.0, 45.0], [50.0, 70.0, 85.0]]
+
+
+def test_fwt_on_a_hand_worked_matrix():
+    # FWT = mean(a[0][1] - z[1], a[1][2] - z[2]) = mean(25 - 20, 45 - 30) = 10
+    assert forward_transfer(A, Z) == pytest.approx(10.0)
+    s = summarise(A, initial=Z)
+    assert s["fwt"] == pytest.approx(10.0)
+    assert s["fp"] == pytest.approx((50 + 70 + 85) / 3) and s["ap"] == pytest.approx((80 + 90 + 85) / 3)
+    assert s["bwt"] == pytest.approx(((50 - 80) + (70 - 90)) / 2)
+    # lower is better (perplexity): positive still means the earlier tasks helped
+    assert forward_transfer(A, Z, higher_is_better=False) == pytest.approx(-10.0)
+    # no zero-shot row, or no cell above the diagonal: not measured
+    assert forward_transfer(A, None) is None
+    assert forward_transfer([[80.0, None], [60.0, 90.0]], [10.0, 20.0]) is None
+
+
+# ----------------------------------------------------------------------------- SuRe on generation targets
+
+
+def loop_nll(model, e: Encoded, scope: str) -> tuple[float, int]:
+    """Summed NLL and token count of one example, row by row, no padding, no batching."""
+    seq = e.prompt + e.answer
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0].float(), -1)
+    first = len(e.prompt) if scope == "label" else 1
+    mask = (e.mask or [1] * len(e.answer)) if scope == "label" else [1] * (len(seq) - 1)
+    terms = [-logp[p - 1, seq[p]].item() for p, m in zip(range(first, len(seq)), mask) if m]
+    return sum(terms), len(terms)
+
+
+@pytest.mark.parametrize("scope", ["label", "sequence"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_surprise_on_generation_targets_equals_a_plain_nll_loop(scope, reduction, tiny_loaded):
+    task = tiny_generation_stream(n_train=12, n_test=1, cues=2)[0]
+    items = TaskEncoder(tiny_loaded.tokenizer, max_length=64).encode(task, task.train)
+    assert all(e.answer[-1] == tiny_loaded.tokenizer.eos_token_id and len(e.answer) == 3 for e in items)  # two words + EOS
+    got = score_examples(tiny_loaded.model, items, pad_id=tiny_loaded.tokenizer.pad_token_id, is_seq2seq=False, scope=scope,
+                         reduction=reduction, batch_size=5, share_prefix=True)
+    for e, g in zip(items, got):
+        total, n = loop_nll(tiny_loaded.model, e, scope)
+        assert g == pytest.approx(total / n if reduction == "mean" else total, rel=1e-4, abs=1e-4)
+
+
+def test_long_targets_keep_their_room(tiny_loaded):
+    """A target longer than model.max_length leaves keeps at least half of it; the prompt is cut."""
+    long = " ".join(["warm"] * 80)
+    task = Task("t", "", [], [Example(" ".join(["the"] * 80), long)], [Example("the", "warm")], kind="generate")
+    [e] = TaskEncoder(tiny_loaded.tokenizer, max_length=64).encode(task, task.train)
+    assert len(e) <= 64 and len(e.answer) == 32 and e.label == long
+
+
+# ----------------------------------------------------------------------------- a tiny generation stream
+
+
+@pytest.fixture(scope="module")
+def learn_forget(tmp_path_factory, tiny_cache):
+    from surecl.trainer import run
+
+    out = tmp_path_factory.mktemp("gen") / "run"
+    cfg = build_config("tiny,seq_lora", ["data.kind=generate", "data.tasks=[colors,animals]", "data.n_train=64", "data.n_test=16",
+                                         "train.epochs=8", "eval.before=true", "eval.ahead=true"])
+    return out, run(cfg, out, progress=False, cache_dir=tiny_cache)
+
+
+def test_tiny_generation_stream_learns_and_seq_lora_forgets(learn_forget):
+    """The colors task is learned from ~0 (free generation: no options in the prompt) and,
+    trained next on animals without replay, SeqLoRA forgets it. Seeds 0-1 on an AMD EPYC (one
+    thread) gave [[100, 0], [0, 87.5-100]] from zero-shot [0, 0]."""
+    out, results = learn_forget
+    a, z = results["accuracy_matrix"], results["initial"]
+    assert results["metric"] == "rouge_l" and results["metrics"] == {"colors": "rouge_l", "animals": "rouge_l"}
+    assert z[0] <= 20 and a[0][0] >= 70  # learned: score rises after training its task
+    assert a[1][1] >= 60  # the second task too
+    assert a[1][0] <= a[0][0] - 50  # forgotten after the next task
+    assert results["forgetting"] == pytest.approx(results["ap"] - results["fp"])
+    # FWT from the zero-shot row and the cell above the diagonal (eval.ahead)
+    assert a[0][1] is not None and results["fwt"] == pytest.approx(a[0][1] - z[1])
+    assert results["majority"] == {"colors": None, "animals": None}
+    report = (out / "report.md").read_text()
+    assert "## Score matrix (ROUGE-L (F, x100))" in report and "FWT" in report
+    assert (out / "heatmap.png").stat().st_size > 0
+    assert "FP, final performance (ROUGE-L (F, x100)" in (out / "adapters" / "fast" / "README.md").read_text()  # the model card
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["metrics"] == results["metrics"] and saved["fwt"] == results["fwt"]
+
+
+def test_a_chat_stream_trains_through_the_template(tmp_path, tiny_cache, tiny_loaded):
+    """Chat rows end to end on the tiny model, whose tokenizer gets a template made of its own
+    words: training (assistant-only loss), the buffer, and evaluation by generation."""
+    from surecl.trainer import run
+
+    tok = copy.deepcopy(tiny_loaded.tokenizer)
+    tok.chat_template = "{% for m in messages %}{% if m['role'] == 'assistant' %} {{ m['content'] }} <eos>{% else %}{{ m['content'] }} Answer :{% endif %}{% endfor %}"
+    rows = tiny_generation_stream(n_train=32, n_test=8)[:2]
+    tasks = [Task(t.name, "", [], [Example(e.sentence, e.label, (("user", e.sentence), ("assistant", e.label))) for e in t.train],
+                  [Example(e.sentence, e.label, (("user", e.sentence), ("assistant", e.label))) for e in t.test], kind="generate",
+                  metric="exact_match") for t in rows]
+    cfg = build_config("tiny,surprise", ["data.benchmark=none", "train.epochs=2", "eval.before=true"])
+    results = run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache, model=copy.deepcopy(tiny_loaded.model), tokenizer=tok, tasks=tasks)
+    assert results["metric"] == "exact_match" and results["buffer"]["size"] > 0
+    assert all(v is not None for v in results["accuracy_matrix"][1])
