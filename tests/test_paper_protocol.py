@@ -19,6 +19,7 @@ from surecl.config import build_config, load_yaml
 from surecl.data.encode import TaskEncoder, bucketed_batches, uniform_batches
 from surecl.data.task import Example, Task, prepare_stream
 from surecl.errors import SureclError
+from surecl.registry import policy_class
 from surecl.replay.policies import quota_warning
 from surecl.replay.surprise import score_examples
 from surecl.trainer import run
@@ -226,11 +227,11 @@ def test_trainer_plans_uniform_batches_when_asked(tmp_path, monkeypatch, tiny_ca
 
 
 def test_quota_warning_fires_when_the_buffer_is_smaller_than_the_stream():
-    assert quota_warning("surprise", 3, 4) is not None and "from task 4" in quota_warning("surprise", 3, 4)
-    assert quota_warning("random", 0, 2) is not None
-    assert quota_warning("surprise", 4, 4) is None
-    assert quota_warning("none", 0, 4) is None
-    assert quota_warning("reservoir", 3, 4) is None  # online: no per-task quota
+    assert quota_warning(policy_class("surprise"), 3, 4) is not None and "from task 4" in quota_warning(policy_class("surprise"), 3, 4)
+    assert quota_warning(policy_class("random"), 0, 2) is not None
+    assert quota_warning(policy_class("surprise"), 4, 4) is None
+    assert quota_warning(policy_class("none"), 0, 4) is None
+    assert quota_warning(policy_class("reservoir"), 3, 4) is None  # online: no per-task quota
 
 
 def test_quota_warning_is_printed_by_a_run(tmp_path, caplog, tiny_cache):
