@@ -182,6 +182,10 @@ class ContinualRun:
         if cfg.data.kind == "text" and self.is_seq2seq:
             raise SureclError(f"data.kind=text (continual pre-training) needs a causal LM; {cfg.model.name} is encoder-decoder")
         encoder = TaskEncoder(self.tokenizer, cfg.model.max_length, end_eos=self.is_seq2seq and cfg.model.encoder_eos, task_prefix=cfg.data.task_prefix)
+        for t in self.tasks:  # labels the tokenizer cannot tell apart stop here, before any training
+            for warning in encoder.check_labels(t):
+                if cfg.eval.mode == "generate":
+                    self.log(f"warning: {warning}")
         # Tokenised once per dataset; the hot loop only indexes these lists. The run reads them
         # through InputSets, which puts the method's input prefix (if any) before each prompt.
         self.method = None
