@@ -60,3 +60,54 @@ def test_labels_of_the_tiny_stream_pass_the_check(tiny_loaded):
 
     encoder = TaskEncoder(tiny_loaded.tokenizer, 64)
     assert all(encoder.check_labels(t) == [] for t in tiny_stream())
+
+
+# ----------------------------------------------------------------------------- (b) provenance
+
+
+@pytest.fixture(scope="module")
+def python_run(tiny_loaded, tmp_path_factory):
+    """A run given a model (loaded with plain transformers from a folder it was saved to) and
+    tasks built in Python, as a user of the Python API would; dual, so both adapters export."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from surecl.data.tiny import tiny_stream
+
+    root = tmp_path_factory.mktemp("python_run")
+    base = root / "my-base"
+    tiny_loaded.model.save_pretrained(base)
+    tiny_loaded.tokenizer.save_pretrained(base)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(base), AutoTokenizer.from_pretrained(base)
+    tasks = tiny_stream(n_train=24, n_test=8)[:2]
+    cfg = surecl.build_config("tiny,slow_surprise", ["train.epochs=2", "data.n_train=0", "data.n_test=0"])
+    results = surecl.run(cfg, root / "run", progress=False, model=model, tokenizer=tokenizer, tasks=tasks)
+    return base, root / "run", results, tasks
+
+
+def test_python_run_records_the_real_model_and_data(python_run):
+    base, out, results, tasks = python_run
+    prov = json.loads((out / "results.json").read_text())["provenance"]
+    assert prov["model"] == {"source": "python", "name_or_path": str(base), "class": "LlamaForCausalLM"}
+    assert prov["data"]["source"] == "python" and prov["data"]["given"] == {t.name: t.fingerprint() for t in tasks}
+    assert list(prov["data"]["fingerprints"]) == [t.name for t in tasks]  # the sampled rows', as checkpoints record
+    assert "supplied in Python: config.yaml alone does not rerun it" in prov["note"]
+    config = (out / "config.yaml").read_text()
+    head = config.split("\nseed:")[0] if "\nseed:" in config else config[:2000]
+    assert "supplied in Python: config.yaml alone does not rerun it" in head and str(base) in head
+    assert "runs it again" not in config.splitlines()[0]
+    assert all(t.fingerprint() in config for t in tasks)
+    assert surecl.build_config(str(out / "config.yaml")) == surecl.build_config("tiny,slow_surprise", ["train.epochs=2", "data.n_train=0", "data.n_test=0"])
+    for name in ("fast", "slow"):
+        card = (out / "adapters" / name / "README.md").read_text()
+        assert str(base) in card and "supplied in Python" in card and "tiny random Llama" not in card, card
+        assert "`tiny` / " not in card  # not the benchmark the config names
+        adapter = json.loads((out / "adapters" / name / "adapter_config.json").read_text())
+        assert adapter["base_model_name_or_path"] == str(base)
+
+
+def test_config_run_records_its_provenance_without_the_note(tmp_path, tiny_cache):
+    cfg = surecl.build_config("tiny,seq_lora", ["data.tasks=[colors]", "data.n_train=8", "data.n_test=4", "train.epochs=1"])
+    results = surecl.run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    assert results["provenance"]["model"]["source"] == "config" and results["provenance"]["model"]["name_or_path"] == "tiny"
+    assert "note" not in results["provenance"] and list(results["provenance"]["data"]["fingerprints"]) == ["colors"]
+    assert "runs it again" in (tmp_path / "run" / "config.yaml").read_text().splitlines()[0]

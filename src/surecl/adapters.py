@@ -254,10 +254,10 @@ class DualLoRA(Plugin):
         if self.bypassed or not self.fast_trainable:
             return
         from surecl import __version__
-        from surecl.card import model_card, portable_base
+        from surecl.card import model_card, run_base
         from surecl.checkpoint import save_adapter
 
-        base_model, note = portable_base(ctx.cfg.model.name, ctx.model_path)
+        base_model, note = run_base(ctx)
         for name in [FAST, SLOW] if self.dual.enabled else [FAST]:
             summed = (*self.merged_shape(name), self.always_on) if self.always_on else None
             card = model_card(results, name, base_model, note, __version__, summed)

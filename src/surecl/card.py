@@ -49,6 +49,24 @@ def portable_base(model_name: str, model_path: str, whole: bool = False) -> tupl
     return model_name, f"The base is {where} `{model_name}`, named as the run was given it."
 
 
+def run_base(ctx, whole: bool = False) -> tuple[str, str]:
+    """:func:`portable_base` of a run (``ctx``, the :class:`~surecl.trainer.ContinualRun`); a
+    model the caller passed (``ContinualRun(model=...)``) is named by its own ``name_or_path``."""
+    if not getattr(ctx, "supplied_model", False):
+        return portable_base(ctx.cfg.model.name, ctx.model_path, whole)
+    return supplied_base(ctx.model_name_or_path, ctx.model_class, whole)
+
+
+def supplied_base(name_or_path: str, cls: str, whole: bool = False) -> tuple[str, str]:
+    """``(base_model_name_or_path, note)`` for a model passed from Python: its ``name_or_path``
+    (empty when it was built in code), and a note that config.yaml alone does not rerun the run."""
+    if name_or_path:
+        return name_or_path, (f"a `{cls}` supplied in Python (`ContinualRun(model=...)`), whose `name_or_path` is "
+                              f"`{name_or_path}`; the run's config.yaml names another `model.name`: config.yaml alone does not rerun it.")
+    return "", (f"a `{cls}` supplied in Python (`ContinualRun(model=...)`), built in code with no `name_or_path`: load "
+                "it as you built it; config.yaml alone does not rerun it.")
+
+
 def _fmt(value, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -67,11 +85,17 @@ def _run_table(results: dict, scores: dict) -> list[str]:
     buffer = results.get("buffer") or {}
     per_task = ", ".join(f"{k} {v}" for k, v in (buffer.get("per_task") or {}).items()) or "empty"
     last = scores["accuracy_matrix"][-1] if scores.get("accuracy_matrix") else []
+    prov = results.get("provenance") or {}
+    if (prov.get("data") or {}).get("source") == "python":
+        data = ("| data | supplied in Python (`ContinualRun(tasks=...)`): config.yaml alone does not rerun it; each task's "
+                "fingerprint is in results.json `provenance` |")
+    else:
+        data = f"| benchmark / order | `{cfg['data']['benchmark']}` / `{cfg['data']['order']}` |"
     return [
         "| | |",
         "|---|---|",
         f"| tasks, in training order | {', '.join(tasks)} |",
-        f"| benchmark / order | `{cfg['data']['benchmark']}` / `{cfg['data']['order']}` |",
+        data,
         f"| method / preset | `{cfg['method']}` / `{cfg.get('preset') or '-'}` (replay `{cfg['replay']['policy']}`, "
         f"dual {'on' if cfg['dual']['enabled'] else 'off'}) |",
         f"| replay buffer | {buffer.get('size', 0)} of {buffer.get('capacity', 0)} examples ({per_task}) |",
@@ -93,7 +117,7 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
     :meth:`surecl.adapters.DualLoRA.save_pretrained`)."""
     cfg = results["config"]
     front = ["---", "library_name: peft"]
-    if _is_hub(base_model):
+    if base_model and _is_hub(base_model):
         front.append(f"base_model: {base_model}")
     front += ["tags:", "- lora", "- continual-learning", "- surecl", "---", ""]
     role = {
@@ -115,7 +139,7 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
         f"# surecl LoRA adapter: {cfg.get('preset') or cfg['method']} ({adapter})",
         "",
         f"A LoRA adapter (rank {rank}, alpha {alpha}, on {', '.join(cfg['lora']['target_modules'])}) "
-        f"for `{base_model}`, {role}, written by surecl {version} at the end of a continual run.",
+        f"for `{base_model or 'the base model'}`, {role}, written by surecl {version} at the end of a continual run.",
         "",
         f"Base model: {note}",
         "",
@@ -128,7 +152,7 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
         "```python",
         "from peft import PeftModel",
         "from transformers import AutoModelForCausalLM",
-        f'base = AutoModelForCausalLM.from_pretrained("{base_model}")  # AutoModelForSeq2SeqLM for an encoder-decoder',
+        f'base = AutoModelForCausalLM.from_pretrained("{base_model or "path/to/the/base"}")  # AutoModelForSeq2SeqLM for an encoder-decoder',
         'model = PeftModel.from_pretrained(base, "path/to/this/folder")',
         "```",
         "",
@@ -140,14 +164,14 @@ def full_model_card(results: dict, base_model: str, note: str, version: str) -> 
     """The ``README.md`` of a whole fine-tuned model (``seq_ft``'s ``model/``), from a run's results."""
     cfg = results["config"]
     front = ["---", "library_name: transformers"]
-    if _is_hub(base_model):
+    if base_model and _is_hub(base_model):
         front.append(f"base_model: {base_model}")
     front += ["tags:", "- full-fine-tuning", "- continual-learning", "- surecl", "---", ""]
     lines = [
         *front,
         f"# surecl fine-tuned model: {cfg.get('preset') or cfg['method']}",
         "",
-        f"`{base_model}` with every weight fine-tuned by AdamW (lr {cfg['train']['lr']}) on each task in turn, no adapter, "
+        f"`{base_model or 'The base model'}` with every weight fine-tuned by AdamW (lr {cfg['train']['lr']}) on each task in turn, no adapter, "
         f"written by surecl {version} at the end of a continual run: a whole model, loaded without the base.",
         "",
         f"Fine-tuned from: {note}",

@@ -473,9 +473,13 @@ def clear_run(out: Path) -> list[Path]:
     return Manifest(out).clear()
 
 
-def write_config(out: Path, cfg) -> None:
-    """The resolved config as ``config.yaml``: ``surecl run --config <it>`` runs it again."""
-    write_text(Path(out) / "config.yaml", cfg.to_yaml())
+def write_config(out: Path, cfg, header: str | None = None) -> None:
+    """The resolved config as ``config.yaml``: ``surecl run --config <it>`` runs it again (unless
+    the model or tasks came from Python: then ``header``, a comment saying so, replaces the first line)."""
+    text = cfg.to_yaml()
+    if header:
+        text = header + text.split("\n", 1)[1]
+    write_text(Path(out) / "config.yaml", text)
 
 
 # --------------------------------------------------------------------------- run checkpoints

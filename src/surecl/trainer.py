@@ -164,16 +164,23 @@ class ContinualRun:
         self.device = self.accelerator.device
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.rng = random.Random(f"batches:{cfg.seed}")
+        self._given_fingerprints = {t.name: t.fingerprint() for t in tasks} if isinstance(tasks, (list, tuple)) and all(
+            isinstance(t, Task) for t in tasks) else None
+        """Each task passed from Python as it was passed (before checks and sampling)."""
         self.tasks: list[Task] = load_stream(cfg, cache_dir=cache_dir) if tasks is None else caller_stream(tasks, cfg)
         for t in self.tasks:
             for split, n in t.meta.get("dropped", {}).items():
                 self.log(f"{t.name}: dropped {n} {split} rows whose label is not one of {t.labels} (data.invalid_labels=drop)")
         if (model is None) != (tokenizer is None):
             raise SureclError("model and tokenizer: pass both (a model the caller built) or neither (model.name)")
+        self.supplied_model, self.supplied_tasks = model is not None, tasks is not None
+        """The base model / the tasks came from the caller, not from the config (:meth:`provenance`)."""
         if model is None:
             loaded = load_model(cfg.model, self.device, cache_dir or default_cache_dir())
         else:
             loaded = prepare_model(model, tokenizer, self.device)
+        self.model_name_or_path = str(getattr(loaded.model.config, "_name_or_path", "") or "") if model is not None else cfg.model.name
+        self.model_class = type(loaded.model).__name__
         self.tokenizer, self.is_seq2seq, self.model_path = loaded.tokenizer, loaded.is_seq2seq, loaded.path
         self.base_dtype = loaded.dtype
         self.share_prefix = cfg.model.share_prefix and not self.is_seq2seq
@@ -401,7 +408,7 @@ class ContinualRun:
                                   "write it again; rerun with --fresh to train it again, or choose another --out")
         if self.accelerator.is_main_process:  # after the checkpoint check: another run's config stays
             self.outputs.claim("config.yaml")
-            checkpoint.write_config(self.out_dir, self.cfg)
+            checkpoint.write_config(self.out_dir, self.cfg, header=self.config_header())
             self.outputs.claim("log.jsonl")
             if "tensorboard" in self.trackers:
                 self.outputs.claim("tensorboard/surecl")
@@ -527,6 +534,40 @@ class ContinualRun:
                 setattr(self.state, f.name, saved[f.name])
         return found.folder
 
+    def provenance(self) -> dict:
+        """Where the run's model and tasks came from (results.json ``provenance``): the model's
+        class and ``name_or_path`` (the config's ``model.name`` unless the caller passed a
+        model), each task's data fingerprint (``fingerprints``: of its sampled rows, as checkpoints
+        record them; ``given``: of each task passed from Python as passed, its
+        :meth:`~surecl.data.task.Task.fingerprint`), and with a model or tasks passed from Python a
+        ``note`` that config.yaml alone does not rerun the run."""
+        supplied = [what for what, yes in (("model", self.supplied_model), ("tasks", self.supplied_tasks)) if yes]
+        out = {
+            "model": {"source": "python" if self.supplied_model else "config", "name_or_path": self.model_name_or_path,
+                      "class": self.model_class},
+            "data": {"source": "python" if self.supplied_tasks else "config", "fingerprints": self._fingerprints()},
+        }
+        if self.supplied_tasks:
+            out["data"]["given"] = self._given_fingerprints
+        if supplied:
+            out["note"] = f"{' and '.join(supplied)} {SUPPLIED_NOTE}"
+        return out
+
+    def config_header(self) -> str | None:
+        """The comment config.yaml starts with when the model or tasks came from Python (None: the
+        config alone reruns the run)."""
+        prov = self.provenance()
+        if "note" not in prov:
+            return None
+        lines = ["# surecl run config, resolved (presets and overrides applied)", f"# NOTE: {prov['note']}:"]
+        if self.supplied_model:
+            lines.append(f"#   model: a {self.model_class} with name_or_path {self.model_name_or_path or '(none: built in code)'!s}; "
+                         "model.name below is not the model that ran")
+        if self.supplied_tasks:
+            lines.append("#   tasks (data.* below is not the data that ran), SHA-256 fingerprints (Task.fingerprint()) as passed:")
+            lines += [f"#     {name}: {digest}" for name, digest in prov["data"]["given"].items()]
+        return "\n".join(lines) + "\n"
+
     def _fingerprints(self) -> dict[str, str]:
         """Each task's :meth:`~surecl.data.task.Task.fingerprint` (computed once)."""
         if getattr(self, "_data_fingerprints", None) is None:
@@ -650,6 +691,7 @@ class ContinualRun:
             "model_path": self.model_path,
             "base_dtype": self.base_dtype,
             "device": str(self.device),
+            "provenance": self.provenance(),
             "host": self.state.hosts[-1],  # _run added this machine before any results
             "hosts": self.state.hosts,
         }
@@ -713,6 +755,10 @@ def run(
         return ContinualRun(
             cfg, out_dir, progress=progress, cache_dir=cache_dir, plugins=plugins, log_with=log_with, model=model, tokenizer=tokenizer, tasks=tasks,
         ).run(resume=resume, fresh=fresh)
+
+
+SUPPLIED_NOTE = "supplied in Python: config.yaml alone does not rerun it"
+"""What results.json, config.yaml and the model cards say of a model or tasks passed to the run."""
 
 
 def majority_rate(task) -> float | None:

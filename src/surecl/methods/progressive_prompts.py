@@ -243,14 +243,14 @@ class ProgressivePrompts(Method):
         """``adapters/prompts/`` in the run folder: ``prompts.safetensors`` (``prefix``: the vectors put before the
         input embeddings at test time, newest prompt first, fp32) and ``prompts.json``."""
         from surecl import __version__, checkpoint
-        from surecl.card import portable_base
+        from surecl.card import run_base
 
         if not self.learned:
             return
         n = self.config.length
         k = len(self.learned)
         names = [ctx.tasks[t].name for t in self.learned]
-        base_model, _ = portable_base(ctx.cfg.model.name, getattr(ctx, "model_path", None))
+        base_model, _ = run_base(ctx)
         out = ctx.out_dir / "adapters" / "prompts"
         checkpoint.write_tensors(out / "prompts.safetensors", {"prefix": self.module.frozen.float()})
         checkpoint.write_json(out / "prompts.json", {

@@ -128,6 +128,10 @@ class RunContext(Protocol):
     tokenizer: Any
     model_path: str
     """The folder (or hub name) the base model was loaded from."""
+    supplied_model: bool
+    """The base model and tokenizer were built by the caller (``ContinualRun(model=, tokenizer=)``)."""
+    supplied_tasks: bool
+    """The tasks were built by the caller (``ContinualRun(tasks=)``)."""
     trained_params: list
     """The parameters the optimizer trains (the method's ``parameters(ctx)``; by default the
     fast adapter's)."""
