@@ -79,7 +79,7 @@ def python_run(tiny_loaded, tmp_path_factory):
     tiny_loaded.tokenizer.save_pretrained(base)
     model, tokenizer = AutoModelForCausalLM.from_pretrained(base), AutoTokenizer.from_pretrained(base)
     tasks = tiny_stream(n_train=24, n_test=8)[:2]
-    cfg = surecl.build_config("tiny,slow_surprise", ["train.epochs=2", "data.n_train=0", "data.n_test=0"])
+    cfg = surecl.build_config("tiny,slow_surprise", ["train.epochs=16", "data.n_train=0", "data.n_test=0"])
     results = surecl.run(cfg, root / "run", progress=False, model=model, tokenizer=tokenizer, tasks=tasks)
     return base, root / "run", results, tasks
 
@@ -96,7 +96,7 @@ def test_python_run_records_the_real_model_and_data(python_run):
     assert "supplied in Python: config.yaml alone does not rerun it" in head and str(base) in head
     assert "runs it again" not in config.splitlines()[0]
     assert all(t.fingerprint() in config for t in tasks)
-    assert surecl.build_config(str(out / "config.yaml")) == surecl.build_config("tiny,slow_surprise", ["train.epochs=2", "data.n_train=0", "data.n_test=0"])
+    assert surecl.build_config(str(out / "config.yaml")) == surecl.build_config("tiny,slow_surprise", ["train.epochs=16", "data.n_train=0", "data.n_test=0"])
     for name in ("fast", "slow"):
         card = (out / "adapters" / name / "README.md").read_text()
         assert str(base) in card and "supplied in Python" in card and "tiny random Llama" not in card, card
@@ -111,3 +111,66 @@ def test_config_run_records_its_provenance_without_the_note(tmp_path, tiny_cache
     assert results["provenance"]["model"]["source"] == "config" and results["provenance"]["model"]["name_or_path"] == "tiny"
     assert "note" not in results["provenance"] and list(results["provenance"]["data"]["fingerprints"]) == ["colors"]
     assert "runs it again" in (tmp_path / "run" / "config.yaml").read_text().splitlines()[0]
+
+
+# ----------------------------------------------------------------------------- (c) prompt.json, predictions.jsonl
+
+
+def answer_with_plain_transformers(adapter_folder: Path, predictions: list[dict]) -> list[str]:
+    """What a user's script does with an exported adapter and nothing of surecl: read its
+    prompt.json, load the base it names and the adapter with transformers + peft, and ask it
+    each row's input as prompt.json says (template, tokenisation, greedy decoding)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = json.loads((adapter_folder / "prompt.json").read_text())
+    assert spec["decoding"]["mode"] == "generate" and spec["decoding"]["greedy"] and spec["model_type"] == "causal"
+    tok = AutoTokenizer.from_pretrained(spec["base_model"])
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(spec["base_model"]), str(adapter_folder)).eval()
+    tasks = {t["name"]: t for t in spec["tasks"]}
+    t = spec["template"]
+
+    def ids(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    out = []
+    for row in predictions:
+        task = tasks[row["task"]]
+        head, tail = ([t["bos_token_id"]] if t["bos_token_id"] is not None else []) + ids(task["prompt_head"]), ids(task["prompt_tail"])
+        body = ids(row["input"])[: max(t["max_length"] - len(head) - len(tail), 1)]
+        prompt = torch.tensor([head + body + tail])
+        with torch.no_grad():
+            new = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=task["max_new_tokens"],
+                                 do_sample=False, eos_token_id=t["eos_token_id"], pad_token_id=t["pad_token_id"])
+        out.append(tok.decode(new[0, prompt.shape[1]:], skip_special_tokens=True))
+    return out
+
+
+def normalised(text: str, spec: dict) -> str:
+    """prompt.json's normalisation, as written there."""
+    text = text.strip().split("\n", 1)[0].lower()
+    for ch in spec["normalisation"]["punctuation"]:
+        text = text.replace(ch, " ")
+    return " ".join(text.split())
+
+
+def test_exported_adapter_reproduces_predictions_with_plain_transformers_and_peft(python_run):
+    base, out, results, tasks = python_run
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    # every test row of every task (in the run's sampled order)
+    assert sorted((r["task"], r["input"], r["gold"]) for r in rows) == sorted((t.name, ex.sentence, ex.label) for t in tasks for ex in t.test)
+    # the final row of the matrix is the share of correct rows
+    for j, t in enumerate(tasks):
+        mine = [r for r in rows if r["task"] == t.name]
+        assert 100.0 * sum(r["correct"] for r in mine) / len(mine) == pytest.approx(results["accuracy_matrix"][-1][j])
+    manifest = json.loads((out / ".surecl-manifest.json").read_text())
+    assert "predictions.jsonl" in manifest["final"] and "predictions.jsonl" in manifest["paths"]
+    spec = json.loads((out / "adapters" / "slow" / "prompt.json").read_text())
+    assert spec["predictions"]["answered_by"] == "slow" and spec["predictions"]["this_adapter_answered"]
+    assert {t["name"]: t["labels"] for t in spec["tasks"]} == {t.name: t.labels for t in tasks}
+    assert json.loads((out / "adapters" / "fast" / "prompt.json").read_text())["predictions"]["this_adapter_answered"] is False
+    assert any(r["correct"] for r in rows) and not all(r["correct"] for r in rows)  # it learned the last task, forgot some
+    got = answer_with_plain_transformers(out / "adapters" / "slow", rows)
+    assert got == [r["prediction"] for r in rows]
+    assert [normalised(g, spec) == normalised(r["gold"], spec) for g, r in zip(got, rows)] == [r["correct"] for r in rows]

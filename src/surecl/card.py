@@ -190,3 +190,80 @@ def full_model_card(results: dict, base_model: str, note: str, version: str) -> 
         "",
     ]
     return "\n".join(lines)
+
+
+PROMPT_FORMAT = 1
+"""The version of ``prompt.json``'s layout."""
+
+
+def prompt_spec(ctx, adapter: str, base_model: str) -> str:
+    """``prompt.json`` of an exported adapter (or whole model): everything needed to ask it as
+    the run did without surecl: the prompt template and its tokenisation, each task's labels
+    and prompt text, decoding, and the normalisation exact match compares answers under. The
+    run's ``predictions.jsonl`` holds the evaluation adapter's answers it reproduces."""
+    import json
+    import string
+
+    from surecl.data.encode import prompt_parts
+
+    cfg = ctx.cfg
+    tok = ctx.tokenizer
+    bos = tok.bos_token_id if getattr(tok, "add_bos_token", False) and tok.bos_token_id is not None else None
+    mode = cfg.eval.mode
+    tasks = []
+    for j, task in enumerate(ctx.tasks):
+        entry = {"name": task.name, "group": task.group, "kind": task.kind}
+        if task.kind != "text":
+            head, _, tail = prompt_parts(task, "", cfg.data.task_prefix)
+            answers = ctx.label_answers[j]
+            entry.update(instruction=task.instruction, labels=list(task.labels), prompt_head=head, prompt_tail=tail,
+                         max_new_tokens=cfg.eval.max_new_tokens or max(len(a) for a in answers.values()) + 1,
+                         answer_ids={lab: list(ids) for lab, ids in answers.items()})
+        tasks.append(entry)
+    evaluated = getattr(ctx.adapters, "eval_adapter", None) if not getattr(ctx.adapters, "bypassed", False) else None
+    spec = {
+        "format": PROMPT_FORMAT,
+        "adapter": adapter,
+        "base_model": base_model,
+        "model_type": "seq2seq" if ctx.is_seq2seq else "causal",
+        "predictions": {
+            "file": "predictions.jsonl in the run folder: per task the last stage evaluated, each test row's task, input, "
+                    "prediction, gold and correct (under the normalisation below)",
+            "answered_by": evaluated or adapter,
+            "this_adapter_answered": evaluated in (None, adapter),
+        },
+        "template": {
+            "prompt": "prompt_head + input + prompt_tail (per task below); prompt_head = [task_prefix] + instruction + "
+                      "'Option: ' + ', '.join(labels) + ' \\n', prompt_tail = '\\nAnswer:'",
+            "task_prefix": "Task:{group}\\nDataset:{name}\\n" if cfg.data.task_prefix else None,
+            "answer": "' ' + label, then the EOS token",
+            "tokenisation": "prompt_head, input and prompt_tail each tokenised alone with add_special_tokens=False and the ids "
+                            "concatenated; bos_token_id (when not null) first; eos_token_id last when encoder_eos",
+            "bos_token_id": bos,
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+            "encoder_eos": bool(ctx.is_seq2seq and cfg.model.encoder_eos),
+            "max_length": cfg.model.max_length,
+            "truncation": "the input's ids are cut to max(max_length - len(head ids) - len(tail ids), 1); never the head or tail",
+        },
+        "decoding": {
+            "mode": mode,
+            "eval_mode": "model.eval(): no dropout",
+            "greedy": mode == "generate",
+            "max_new_tokens": "per task below (eval.max_new_tokens, else the longest answer_ids + 1)",
+            "stop": "at the EOS token",
+            "decode": "tokenizer.decode(new_ids, skip_special_tokens=True)",
+            "rank": "the label whose answer_ids have the highest summed log-likelihood after the prompt (first on ties)"
+                    if mode == "rank" else None,
+        },
+        "normalisation": {
+            "steps": ["strip, keep the first line", "lower-case", "each character of punctuation replaced by a space",
+                      "whitespace runs collapsed to one space, ends stripped"],
+            "punctuation": string.punctuation,
+            "exact_match": "normalised prediction == normalised label",
+        },
+        "input_prefix": "Progressive Prompts: the soft prompts of adapters/prompts go before every prompt (see its prompts.json)"
+                        if cfg.method == "progressive_prompts" else None,
+        "tasks": tasks,
+    }
+    return json.dumps(spec, indent=2, ensure_ascii=False) + "\n"

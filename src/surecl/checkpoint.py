@@ -79,10 +79,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def save_adapter(adapters, folder: Path, name: str, base_model: str | None = None, card: str | None = None) -> None:
+def save_adapter(adapters, folder: Path, name: str, base_model: str | None = None, card: str | None = None,
+                 files: dict[str, str] | None = None) -> None:
     """PEFT-format adapter folder ``folder/name``, replaced atomically; ``base_model`` replaces
-    the ``base_model_name_or_path`` PEFT records (the folder the base was loaded from) and
-    ``card`` is written as the folder's ``README.md``."""
+    the ``base_model_name_or_path`` PEFT records (the folder the base was loaded from),
+    ``card`` is written as the folder's ``README.md`` and ``files`` (name -> text, e.g.
+    ``prompt.json``) beside it."""
     folder.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=folder))
     try:
@@ -95,6 +97,8 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
             config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         if card is not None:
             (written / "README.md").write_text(card, encoding="utf-8")
+        for file, text in (files or {}).items():
+            (written / file).write_text(text, encoding="utf-8")
         target = folder / name
         old = None
         if target.exists():
@@ -108,7 +112,7 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tensor], card: str) -> None:
+def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tensor], card: str, files: dict[str, str] | None = None) -> None:
     """A whole model as a transformers folder (``config.json``, ``model.safetensors``, the
     tokenizer, ``card`` as ``README.md``), loadable with ``AutoModel*.from_pretrained(folder)``,
     replaced atomically: built beside ``folder`` under a ``.``-prefixed temporary name and
@@ -122,6 +126,8 @@ def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tenso
         model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "README.md").write_text(card, encoding="utf-8")
+        for file, text in (files or {}).items():
+            (tmp / file).write_text(text, encoding="utf-8")
         if folder.exists():
             shutil.rmtree(old, ignore_errors=True)
             os.replace(folder, old)
@@ -133,7 +139,7 @@ def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tenso
 
 # --------------------------------------------------------------------------- a run directory
 
-RUN_FILES = ("config.yaml", "results.json", "buffer.json", "log.jsonl", "report.md", "heatmap.png")
+RUN_FILES = ("config.yaml", "results.json", "buffer.json", "log.jsonl", "report.md", "heatmap.png", "predictions.jsonl")
 """The files ``surecl run`` writes at the top of its output directory."""
 CONTAINERS = ("checkpoints", "adapters", "tensorboard")
 """The folders it writes its entries into (created when missing; shared with what the user

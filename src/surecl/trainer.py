@@ -27,6 +27,7 @@ or several processes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 import time
@@ -76,6 +77,9 @@ class RunState:
     """Every task evaluated before any training (``eval.before``)."""
     accuracy_fast: list[list[float | None]] | None = None
     """A dual run's matrix under its fast adapter (``eval.fast``), beside the slow one's."""
+    predictions: dict[str, list[str]] | None = None
+    """The last stage's answers per task (its test rows, in order), under the evaluation
+    adapter: ``predictions.jsonl`` (None before the last stage's evaluation)."""
     hosts: list[dict] = field(default_factory=list)
     """Where the run ran (:func:`surecl.model.host_info`), in order: a resumed run adds the
     machine it resumes on where that differs from the last, so results name every one."""
@@ -229,6 +233,8 @@ class ContinualRun:
         """The stage being trained or evaluated (None before the first)."""
         self.eval_view: str | None = None
         """While evaluating: the adapter asked to answer (None: the evaluation adapter)."""
+        self._predictions: dict[int, list[str]] = {}
+        """Per task, the answers of its latest evaluation under the evaluation adapter."""
         self.eval_fast = cfg.dual.enabled and cfg.eval.fast and self.method.fast_eval
         if self.eval_fast:
             self.state.accuracy_fast = [[None] * len(self.tasks) for _ in self.tasks]
@@ -631,7 +637,10 @@ class ContinualRun:
                 model, self.tokenizer, part, is_seq2seq=self.is_seq2seq, max_new_tokens=new_tokens, batch_size=bs, device=self.device,
                 share_prefix=self.share_prefix,
             )
-        return accuracy(self.sharded(predict, items), [e.label for e in items])
+        predictions = self.sharded(predict, items)
+        if self.eval_view is None and self._method_inputs:  # the run's evaluation adapter: what predictions.jsonl records
+            self._predictions[j] = predictions
+        return accuracy(predictions, [e.label for e in items])
 
     def evaluate_before(self) -> None:
         """The before-training row: every task under the initial weights (base + zero LoRA)."""
@@ -646,6 +655,8 @@ class ContinualRun:
         wanted = self.evaluated(stage)
         for j in tqdm(wanted, desc="eval", disable=not self.progress or not self.accelerator.is_main_process, leave=False):
             row[j] = round(self.evaluate_task(j), 4)
+        if stage is self.stages[-1] and self.cfg.eval.mode != "perplexity":
+            self.state.predictions = {self.tasks[j].name: self._predictions[j] for j in wanted}
         fast = None
         if self.eval_fast:  # the same trajectory's fast adapter: the non-dual method's row
             fast = self.state.accuracy_fast[stage.row]
@@ -716,19 +727,48 @@ class ContinualRun:
             counts[label] = counts.get(label, 0) + 1
         return {self.tasks[t].name: held[t] for t in sorted(held)}
 
+    def final_predictions(self) -> list[dict] | None:
+        """``predictions.jsonl``'s rows: per task the last stage evaluated, each test row's task,
+        input, prediction (the evaluation adapter's answer as decoded, or the ranked label),
+        gold label and whether they match under the exact-match normalisation; None for text
+        streams. A run resumed from a checkpoint written before predictions were kept evaluates
+        those tasks again (every process: evaluation is sharded)."""
+        if self.cfg.eval.mode == "perplexity":
+            return None
+        wanted = self.evaluated(self.stages[-1])
+        kept = self.state.predictions or {}
+        if any(self.tasks[j].name not in kept for j in wanted):
+            for j in wanted:
+                self.evaluate_task(j)
+            kept = self.state.predictions = {self.tasks[j].name: self._predictions[j] for j in wanted}
+        from surecl.evaluate import normalise
+
+        rows = []
+        for j in wanted:
+            task = self.tasks[j]
+            for ex, pred in zip(task.test, kept[task.name]):
+                rows.append({"task": task.name, "input": ex.sentence, "prediction": pred, "gold": ex.label,
+                             "correct": normalise(pred) == normalise(ex.label)})
+        return rows
+
     def finish(self) -> dict:
         from surecl.report import write_run_report
 
         results = self.results()
+        predictions = self.final_predictions()
         if self.accelerator.is_main_process:
             # a transaction: every other final output first, results.json (the run's "finished") last, so an
             # interruption anywhere before it leaves a resumable run whose rerun writes them all again
-            final = ["buffer.json", *self.plugins.outputs(self), "report.md", "heatmap.png", "results.json"]
+            final = ["buffer.json", *(["predictions.jsonl"] if predictions is not None else []), *self.plugins.outputs(self),
+                     "report.md", "heatmap.png", "results.json"]
             for rel in final:
                 self.outputs.claim(rel)
             (self.out_dir / "results.json").unlink(missing_ok=True)  # a rerun completing a finish: unfinished until it is done
             self.outputs.set_final(None)
             checkpoint.write_json(self.out_dir / "buffer.json", self.policy.buffer.state_dict())
+            if predictions is not None:
+                checkpoint.write_text(self.out_dir / "predictions.jsonl",
+                                      "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in predictions))
             self.plugins.export(self, results)  # the learner's adapters, a full fine-tuned model, prompts, ...
             write_run_report(self.out_dir, results)
             fault_point("finish:results")

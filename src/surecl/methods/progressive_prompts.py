@@ -241,9 +241,9 @@ class ProgressivePrompts(Method):
 
     def export(self, ctx, results: dict) -> None:
         """``adapters/prompts/`` in the run folder: ``prompts.safetensors`` (``prefix``: the vectors put before the
-        input embeddings at test time, newest prompt first, fp32) and ``prompts.json``."""
+        input embeddings at test time, newest prompt first, fp32), ``prompts.json`` and ``prompt.json`` (the text template, :func:`surecl.card.prompt_spec`)."""
         from surecl import __version__, checkpoint
-        from surecl.card import run_base
+        from surecl.card import prompt_spec, run_base
 
         if not self.learned:
             return
@@ -269,3 +269,4 @@ class ProgressivePrompts(Method):
             ),
             "surecl_version": __version__,
         })
+        checkpoint.write_text(out / "prompt.json", prompt_spec(ctx, "prompts", base_model))  # the text template, labels, decoding
