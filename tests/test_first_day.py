@@ -174,3 +174,29 @@ def test_exported_adapter_reproduces_predictions_with_plain_transformers_and_pef
     got = answer_with_plain_transformers(out / "adapters" / "slow", rows)
     assert got == [r["prediction"] for r in rows]
     assert [normalised(g, spec) == normalised(r["gold"], spec) for g, r in zip(got, rows)] == [r["correct"] for r in rows]
+
+
+# ----------------------------------------------------------------------------- (d) umask
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_outputs_follow_the_umask(mask, tmp_path, tiny_cache):
+    """Atomic writes (temporary name, then rename) gave 0600 files and 0700 folders under any
+    umask; every file and folder of a run now has the mode open() / mkdir() would give."""
+    import os
+    import stat
+
+    cfg = surecl.build_config("tiny,slow_surprise", ["data.tasks=[colors]", "data.n_train=8", "data.n_test=4", "train.epochs=1"])
+    old = os.umask(mask)
+    try:
+        surecl.run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    finally:
+        os.umask(old)
+    seen = {"file": 0, "dir": 0}
+    for path in [tmp_path / "run", *(tmp_path / "run").rglob("*")]:
+        mode = stat.S_IMODE(path.lstat().st_mode)
+        kind = "dir" if path.is_dir() else "file"
+        want = (0o777 if kind == "dir" else 0o666) & ~mask
+        assert mode == want, f"{path.relative_to(tmp_path)}: {mode:o}, not {want:o}"
+        seen[kind] += 1
+    assert seen["file"] > 10 and seen["dir"] >= 4  # results, checkpoints, adapters, their folders

@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from surecl.files import follow_umask, temp_dir, temp_file
 from surecl.plugins.faults import fault_point
 
 try:
@@ -43,7 +43,7 @@ tensors). Format 1 checkpoints (one layout for the whole run) are still read."""
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = temp_file(f".{path.name}.", path.parent)  # the umask's mode, as open() would give
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -86,7 +86,7 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
     ``card`` is written as the folder's ``README.md`` and ``files`` (name -> text, e.g.
     ``prompt.json``) beside it."""
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=folder))
+    tmp = temp_dir(f".{name}.", folder)
     try:
         adapters.save_pretrained(tmp, name)
         written = tmp / name if (tmp / name).is_dir() else tmp
@@ -99,6 +99,7 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
             (written / "README.md").write_text(card, encoding="utf-8")
         for file, text in (files or {}).items():
             (written / file).write_text(text, encoding="utf-8")
+        follow_umask(written)
         target = folder / name
         old = None
         if target.exists():
@@ -120,7 +121,7 @@ def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tenso
     names (tied weights once: transformers ties them again on load)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    tmp = temp_dir(f".{folder.name}.", folder.parent)
     old = folder.parent / f".{folder.name}.old"
     try:
         model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
@@ -128,6 +129,7 @@ def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tenso
         (tmp / "README.md").write_text(card, encoding="utf-8")
         for file, text in (files or {}).items():
             (tmp / file).write_text(text, encoding="utf-8")
+        follow_umask(tmp)
         if folder.exists():
             shutil.rmtree(old, ignore_errors=True)
             os.replace(folder, old)
@@ -504,7 +506,7 @@ def save(root: Path, name: str, components: dict[str, ComponentState], meta: dic
     it is written ``keep`` + 1 checkpoints lie on disk."""
     root.mkdir(parents=True, exist_ok=True)
     tensors = {f"{key}/{k}": v.detach().cpu().contiguous() for key, (_, part) in components.items() for k, v in part.items()}
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+    tmp = temp_dir(f".{name}.", root)
     try:
         save_file(tensors, str(tmp / "tensors.safetensors"))
         full = {
@@ -515,6 +517,7 @@ def save(root: Path, name: str, components: dict[str, ComponentState], meta: dic
         }
         fault_point(f"checkpoint:{name}")
         write_json(tmp / "meta.json", full)
+        follow_umask(tmp)
         target = root / name
         if target.exists():
             shutil.rmtree(target)
