@@ -200,3 +200,42 @@ def test_outputs_follow_the_umask(mask, tmp_path, tiny_cache):
         assert mode == want, f"{path.relative_to(tmp_path)}: {mode:o}, not {want:o}"
         seen[kind] += 1
     assert seen["file"] > 10 and seen["dir"] >= 4  # results, checkpoints, adapters, their folders
+
+
+# ----------------------------------------------------------------------------- (e) trackers on resume
+
+
+def test_tensorboard_gets_each_step_once_across_a_resume(tmp_path, tiny_cache, monkeypatch):
+    """Killed after the first task's evaluation was logged but before its checkpoint: the rerun
+    resumes from the mid-task checkpoint and trains (and evaluates) again what it had logged;
+    TensorBoard gets every step and every matrix row once."""
+    pytest.importorskip("tensorboardX")
+    from test_tracking import scalars
+
+    from surecl import trainer
+
+    cfg = surecl.build_config("tiny,slow_surprise", ["data.tasks=[colors,animals]", "data.n_train=16", "data.n_test=4",
+                                                     "train.epochs=4", "train.checkpoint_every=3", "eval.before=true"])
+    out = tmp_path / "run"
+    real = trainer.fault_point
+
+    def stop(point):
+        if point == "stage_end:0":
+            raise KeyboardInterrupt
+        real(point)
+
+    monkeypatch.setattr(trainer, "fault_point", stop)
+    with pytest.raises(KeyboardInterrupt):
+        surecl.run(cfg, out, progress=False, cache_dir=tiny_cache, log_with=["tensorboard"])
+    before = scalars(out / "tensorboard")
+    assert [s for s, _ in before["train/loss"]] == list(range(1, 9))
+    monkeypatch.setattr(trainer, "fault_point", real)
+    results = surecl.run(cfg, out, progress=False, cache_dir=tiny_cache, log_with=["tensorboard"])
+    got = scalars(out / "tensorboard")
+    assert [s for s, _ in got["train/loss"]] == list(range(1, results["steps"] + 1))  # steps 7-8 trained twice, logged once
+    assert [s for s, _ in got["accuracy/colors"]] == [0, 8, results["steps"]]  # before, after colors, after animals
+    assert len(got["matrix/row0/colors"]) == 1 and len(got["summary/fp"]) == 1
+    logged = [json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [v for _, v in got["train/loss"]] == pytest.approx(logged, abs=1e-6)  # the values the resumed run computed
+    manifest = json.loads((out / ".surecl-manifest.json").read_text())
+    assert "tracking.json" in manifest["paths"]

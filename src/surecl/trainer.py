@@ -54,7 +54,7 @@ from surecl.plan import ema_units, planned_steps, replay_count, stage_epochs
 from surecl.plugins.base import Plugin, Plugins, Stage
 from surecl.plugins.faults import FaultInjection, fault_point
 from surecl.plugins.steplog import StepLog
-from surecl.plugins.tracking import Tracking, check_trackers
+from surecl.plugins.tracking import MARK, Tracking, check_trackers
 from surecl.registry import method_class, policy_class
 from surecl.replay.policies import buffer_capacity, check_scores, quota_warning
 from surecl.replay.surprise import score_examples
@@ -384,7 +384,7 @@ class ContinualRun:
 
     def planned_outputs(self) -> list[str]:
         """Every path the run writes in its folder, relative to it (the containers first)."""
-        extra = ["tensorboard/surecl"] if "tensorboard" in self.trackers else []
+        extra = (["tensorboard/surecl"] if "tensorboard" in self.trackers else []) + ([MARK] if self.trackers else [])
         return [*checkpoint.CONTAINERS, *checkpoint.RUN_FILES, *self.plugins.outputs(self), *extra]
 
     def _run(self, resume: bool, fresh: bool) -> dict:
@@ -404,6 +404,8 @@ class ContinualRun:
                     self.log(f"--fresh: removed {', '.join(str(p.relative_to(self.out_dir)) for p in removed)} from {self.out_dir}")
             self.accelerator.wait_for_everyone()
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.continuing = resume and not fresh
+        """A rerun may continue what an earlier process began (its checkpoint, what it sent to trackers)."""
         if resume and not fresh:
             restored = self.restore()
             if restored:
@@ -418,6 +420,8 @@ class ContinualRun:
             self.outputs.claim("log.jsonl")
             if "tensorboard" in self.trackers:
                 self.outputs.claim("tensorboard/surecl")
+            if self.trackers:
+                self.outputs.claim(MARK)
         here = host_info(self.device)
         if not self.state.hosts or self.state.hosts[-1] != here:
             self.state.hosts.append(here)
