@@ -239,3 +239,68 @@ def test_tensorboard_gets_each_step_once_across_a_resume(tmp_path, tiny_cache, m
     assert [v for _, v in got["train/loss"]] == pytest.approx(logged, abs=1e-6)  # the values the resumed run computed
     manifest = json.loads((out / ".surecl-manifest.json").read_text())
     assert "tracking.json" in manifest["paths"]
+
+
+# ----------------------------------------------------------------------------- (f) in-memory datasets
+
+
+def test_task_from_hf_reads_an_in_memory_dataset_as_data_hf_does(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from surecl.config import HFTaskConfig
+    from surecl.data.hf import load_hf_task
+    from surecl.data.tiny import tiny_stream
+
+    colors = tiny_stream(n_train=24, n_test=8)[0]
+    cols = lambda rows: {"review": [e.sentence for e in rows], "stars": [e.label for e in rows]}  # noqa: E731
+    dd = datasets.DatasetDict(fit=datasets.Dataset.from_dict(cols(colors.train)), held=datasets.Dataset.from_dict(cols(colors.test)))
+    got = Task.from_hf(dd, "colors", text_column="review", label_column="stars", train_split="fit", test_split="held",
+                       instruction="Warm or cool? ")
+    assert (got.name, got.labels, got.instruction, got.train, got.test) == ("colors", ["cool", "warm"], "Warm or cool? ", colors.train, colors.test)
+    # the same rows saved to disk and read as a data.hf entry give the same task
+    dd.save_to_disk(str(tmp_path / "colors"))
+    spec = HFTaskConfig(path=str(tmp_path / "colors"), text_column="review", label_column="stars", train_split="fit", test_split="held",
+                        instruction="Warm or cool? ")
+    assert load_hf_task(spec).fingerprint() == got.fingerprint()
+    # one Dataset with integer ClassLabel labels and a held-out fraction
+    names = ["cool", "warm"]
+    one = datasets.Dataset.from_dict({"text": [e.sentence for e in colors.train], "label": [names.index(e.label) for e in colors.train]})
+    one = one.cast_column("label", datasets.ClassLabel(names=names))
+    held = Task.from_hf(one, "colors", test_fraction=0.25)
+    assert held.labels == names and len(held.test) == 6 and sorted(held.train + held.test, key=colors.train.index) == colors.train
+
+
+@pytest.mark.parametrize(
+    "dataset, kwargs, words",
+    [
+        ("dict", {"text_column": "body"}, ["Task.from_hf.text_column", "no column 'body'"]),
+        ("one", {}, ["Task.from_hf.test_split", "no split 'test'", "test_fraction"]),
+        ("dict", {"test_fraction": 1.5}, ["Task.from_hf", "test_fraction must be a number in [0, 1)"]),
+        ("dict", {"labels": ["warm"]}, ["'cool' is not in its labels"]),
+        ("list", {}, ["Task.from_hf", "expected a datasets.Dataset or DatasetDict, got list"]),
+        ("dict", {"name": "../x"}, ["Task.from_hf", "task name '../x'"]),
+    ],
+)
+def test_task_from_hf_bad_input_is_one_line(dataset, kwargs, words):
+    datasets = pytest.importorskip("datasets")
+    rows = {"text": ["the red", "the blue"] * 3, "label": ["warm", "cool"] * 3}
+    source = {"dict": datasets.DatasetDict(train=datasets.Dataset.from_dict(rows), test=datasets.Dataset.from_dict(rows)),
+              "one": datasets.Dataset.from_dict(rows), "list": [rows]}[dataset]
+    name = kwargs.pop("name", "mine")
+    with pytest.raises(SureclError) as err:
+        Task.from_hf(source, name, **kwargs)
+    message = str(err.value)
+    assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_python_api_takes_in_memory_datasets(tmp_path, tiny_cache):
+    datasets = pytest.importorskip("datasets")
+    from surecl.data.tiny import tiny_stream
+
+    colors, animals = tiny_stream(n_train=16, n_test=4)[:2]
+    cols = lambda rows: {"text": [e.sentence for e in rows], "label": [e.label for e in rows]}  # noqa: E731
+    dd = datasets.DatasetDict(train=datasets.Dataset.from_dict(cols(colors.train)), test=datasets.Dataset.from_dict(cols(colors.test)))
+    mixed = [dd, Task.from_hf(datasets.Dataset.from_dict(cols(animals.train + animals.test)), "animals", test_fraction=0.2)]
+    cfg = surecl.build_config("tiny,seq_lora", ["data.n_train=0", "data.n_test=0", "train.epochs=1"])
+    results = surecl.run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache, tasks=mixed)
+    assert results["tasks"] == ["task0", "animals"]
+    assert results["provenance"]["data"]["source"] == "python" and set(results["provenance"]["data"]["given"]) == {"task0", "animals"}

@@ -44,7 +44,7 @@ from surecl import checkpoint, metrics
 from surecl.adapters import DualLoRA, beta_per_step, resolve_beta
 from surecl.config import RunConfig
 from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, uniform_batches
-from surecl.data.loading import caller_stream, load_stream
+from surecl.data.loading import caller_stream, caller_tasks, load_stream
 from surecl.data.task import Task
 from surecl.errors import SureclError
 from surecl.evaluate import accuracy, generate_answers, perplexity, rank_answers
@@ -168,8 +168,9 @@ class ContinualRun:
         self.device = self.accelerator.device
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.rng = random.Random(f"batches:{cfg.seed}")
-        self._given_fingerprints = {t.name: t.fingerprint() for t in tasks} if isinstance(tasks, (list, tuple)) and all(
-            isinstance(t, Task) for t in tasks) else None
+        if tasks is not None:
+            tasks = caller_tasks(tasks, cfg)  # in-memory datasets read into tasks
+        self._given_fingerprints = {t.name: t.fingerprint() for t in tasks} if tasks is not None else None
         """Each task passed from Python as it was passed (before checks and sampling)."""
         self.tasks: list[Task] = load_stream(cfg, cache_dir=cache_dir) if tasks is None else caller_stream(tasks, cfg)
         for t in self.tasks:

@@ -207,9 +207,35 @@ def load_hf_task(spec: HFTaskConfig, key: str = "data.hf[0]", kind: str = "class
     name = spec.task or _default_name(spec)
     if not _SAFE_NAME.match(name) or ".." in name:
         raise SureclError(f"{key}.task: task name {name!r} must be letters, digits, '.', '_', '+', '-' (set {key}.task)")
-    src = spec.path
     with _quiet(datasets):
         splits = _open(datasets, spec, key)
+    return splits_task(datasets, splits, spec, name, key, spec.path, kind, invalid_labels)
+
+
+def dataset_task(dataset: Any, spec: HFTaskConfig, key: str = "dataset", kind: str = "classify", invalid_labels: str = "error") -> Task:
+    """A :class:`Task` from a ``datasets.Dataset`` (its rows are the ``train`` split) or
+    ``DatasetDict`` in memory, read as a ``data.hf`` entry's source is (``spec.path`` unused;
+    ``spec.task`` names it): :meth:`surecl.data.task.Task.from_hf`."""
+    datasets = _import_datasets(key)
+    if isinstance(dataset, datasets.DatasetDict):
+        splits = dict(dataset)
+    elif isinstance(dataset, datasets.Dataset):
+        splits = {"train": dataset}
+    else:
+        raise SureclError(f"{key}: expected a datasets.Dataset or DatasetDict, got {type(dataset).__name__}")
+    name = spec.task
+    if not name or not _SAFE_NAME.match(name) or ".." in name:
+        raise SureclError(f"{key}: task name {name!r} must be letters, digits, '.', '_', '+', '-' (give name=)")
+    src = f"the in-memory {type(dataset).__name__}"
+    return splits_task(datasets, splits, spec, name, key, src, kind, invalid_labels)
+
+
+def splits_task(datasets: Any, splits: dict[str, Any], spec: HFTaskConfig, name: str, key: str, src: str, kind: str = "classify",
+                invalid_labels: str = "error") -> Task:
+    """The task of a source's opened splits (name -> ``datasets.Dataset``): columns, split or
+    held-out fraction, labels, as :class:`~surecl.config.HFTaskConfig` says; ``src`` names the
+    source in messages."""
+    with _quiet(datasets):
         hold_out = spec.test_fraction > 0
         train_ds = _split(splits, spec.train_split, f"{key}.train_split", src)
         test_ds = None
