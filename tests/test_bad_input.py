@@ -19,7 +19,7 @@ def write_benchmark(root: Path, mutate=None) -> Path:
     (root / "TC" / "topics").mkdir(parents=True)
     (root / "SC" / "moods").mkdir(parents=True)
     json.dump({"TC": [{"instruction": "Topic? "}], "SC": [{"instruction": "Mood? "}]}, open(root / "instruction_config.json", "w"))
-    for task, labels in (("TC/topics", ["sport", "art"]), ("SC/moods", ["happy", "sad"])):
+    for task, labels in (("TC/topics", ["warm", "cool"]), ("SC/moods", ["pet", "wild"])):
         rows = [{"sentence": f"text {i}", "label": labels[i % 2]} for i in range(6)]
         for split in ("train", "test"):
             json.dump(rows, open(root / task / f"{split}.json", "w"))
@@ -46,10 +46,10 @@ CASES = {
     # name: (extra argv, benchmark mutation or None, expected words in the message)
     "malformed json": ([], put("TC/topics/train.json", "[{"), ["topics/train.json", "malformed JSON"]),
     "row without label": ([], put_json("TC/topics/train.json", [{"sentence": "x"}]), ["row 0", "missing 'label'"]),
-    "row without sentence": ([], put_json("TC/topics/test.json", [{"label": "art"}]), ["row 0", "missing 'sentence'"]),
+    "row without sentence": ([], put_json("TC/topics/test.json", [{"label": "cool"}]), ["row 0", "missing 'sentence'"]),
     "label outside labels.json": ([], put_json("TC/topics/train.json", [{"sentence": "x", "label": "cooking"}]), ["'cooking'", "not in its labels"]),
     "many labels outside labels.json": (
-        [], put_json("TC/topics/test.json", [{"sentence": "x", "label": "art"}] + [{"sentence": "y", "label": "-"}] * 3),
+        [], put_json("TC/topics/test.json", [{"sentence": "x", "label": "cool"}] + [{"sentence": "y", "label": "-"}] * 3),
         ["test row 1", "'-'", "3 such rows", "data.invalid_labels=drop"],
     ),
     "every row dropped leaves an empty split": (
@@ -59,8 +59,8 @@ CASES = {
     "empty train split": ([], put_json("SC/moods/train.json", []), ["moods", "empty train split"]),
     "empty test split": ([], put_json("SC/moods/test.json", []), ["moods", "empty test split"]),
     "rows not a list": ([], put_json("SC/moods/train.json", {"a": 1}), ["expected a JSON list"]),
-    "labels not a list": ([], put_json("SC/moods/labels.json", "happy"), ["labels.json", "list of label strings"]),
-    "not utf-8": ([], put("TC/topics/train.json", b'[{"sentence": "caf\xe9", "label": "art"}]'), ["not UTF-8"]),
+    "labels not a list": ([], put_json("SC/moods/labels.json", "pet"), ["labels.json", "list of label strings"]),
+    "not utf-8": ([], put("TC/topics/train.json", b'[{"sentence": "caf\xe9", "label": "cool"}]'), ["not UTF-8"]),
     "missing instruction for group": ([], put_json("instruction_config.json", {"TC": ["Topic? "]}), ["no instruction for group 'SC'"]),
     "task named twice": (["data.tasks=[topics,moods,topics]"], None, ["named twice", "topics"]),
     "task missing from folder": (["data.tasks=[topics,weather]"], None, ["lacks task", "weather"]),
@@ -175,7 +175,7 @@ def test_invalid_labels_drop_skips_those_rows_and_says_so(tmp_path, capsys, monk
     from surecl.data.cl_benchmark import load_benchmark
 
     monkeypatch.setenv("SURECL_CACHE", str(tmp_path / "cache"))
-    rows = [{"sentence": f"text {i}", "label": ["sport", "art"][i % 2]} for i in range(6)] + [{"sentence": "?", "label": "-"}] * 3
+    rows = [{"sentence": f"text {i}", "label": ["warm", "cool"][i % 2]} for i in range(6)] + [{"sentence": "?", "label": "-"}] * 3
     bench = write_benchmark(tmp_path / "bench", put_json("TC/topics/test.json", rows))
     tasks = load_benchmark(bench, invalid_labels="drop")
     topics = next(t for t in tasks if t.name == "topics")

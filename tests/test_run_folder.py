@@ -132,6 +132,7 @@ def final_outputs(out: Path) -> dict:
         config = json.loads(files[name])
         files[name] = {**config, "target_modules": sorted(config["target_modules"])}
     return {"results": res, "buffer": (out / "buffer.json").read_text(), "adapters": files,
+            "predictions": (out / "predictions.jsonl").read_text(),
             "report": (out / "report.md").is_file(), "heatmap": (out / "heatmap.png").is_file()}
 
 

@@ -248,22 +248,23 @@ class DualLoRA(Plugin):
 
     def export(self, ctx, results: dict) -> None:
         """The adapters in PEFT format, ``adapters/fast`` (and ``adapters/slow`` if dual), each
-        naming its base portably and with its model card; none when bypassed or never trained
+        naming its base portably, with its model card and ``prompt.json`` (how to ask it); none when bypassed or never trained
         (``fast_trainable`` off: a method that trains something else, such as prompts, would
         leave only the zero update)."""
         if self.bypassed or not self.fast_trainable:
             return
         from surecl._version import version
-
-        __version__ = version()
-        from surecl.card import model_card, portable_base
+        from surecl.card import model_card, prompt_spec, run_base
         from surecl.checkpoint import save_adapter
 
-        base_model, note = portable_base(ctx.cfg.model.name, ctx.model_path)
+        __version__ = version()
+
+        base_model, note = run_base(ctx)
         for name in [FAST, SLOW] if self.dual.enabled else [FAST]:
             summed = (*self.merged_shape(name), self.always_on) if self.always_on else None
             card = model_card(results, name, base_model, note, __version__, summed)
-            save_adapter(self, ctx.out_dir / "adapters", name, base_model=base_model, card=card)
+            save_adapter(self, ctx.out_dir / "adapters", name, base_model=base_model, card=card,
+                         files={"prompt.json": prompt_spec(ctx, name, base_model)})
 
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """Both adapters' tensors (by parameter name), the bias-corrected EMA's raw average

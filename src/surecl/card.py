@@ -49,6 +49,24 @@ def portable_base(model_name: str, model_path: str, whole: bool = False) -> tupl
     return model_name, f"The base is {where} `{model_name}`, named as the run was given it."
 
 
+def run_base(ctx, whole: bool = False) -> tuple[str, str]:
+    """:func:`portable_base` of a run (``ctx``, the :class:`~surecl.trainer.ContinualRun`); a
+    model the caller passed (``ContinualRun(model=...)``) is named by its own ``name_or_path``."""
+    if not getattr(ctx, "supplied_model", False):
+        return portable_base(ctx.cfg.model.name, ctx.model_path, whole)
+    return supplied_base(ctx.model_name_or_path, ctx.model_class, whole)
+
+
+def supplied_base(name_or_path: str, cls: str, whole: bool = False) -> tuple[str, str]:
+    """``(base_model_name_or_path, note)`` for a model passed from Python: its ``name_or_path``
+    (empty when it was built in code), and a note that config.yaml alone does not rerun the run."""
+    if name_or_path:
+        return name_or_path, (f"a `{cls}` supplied in Python (`ContinualRun(model=...)`), whose `name_or_path` is "
+                              f"`{name_or_path}`; the run's config.yaml names another `model.name`: config.yaml alone does not rerun it.")
+    return "", (f"a `{cls}` supplied in Python (`ContinualRun(model=...)`), built in code with no `name_or_path`: load "
+                "it as you built it; config.yaml alone does not rerun it.")
+
+
 def _fmt(value, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -74,11 +92,17 @@ def _run_table(results: dict, scores: dict) -> list[str]:
     buffer = results.get("buffer") or {}
     per_task = ", ".join(f"{k} {v}" for k, v in (buffer.get("per_task") or {}).items()) or "empty"
     last = scores["accuracy_matrix"][-1] if scores.get("accuracy_matrix") else []
+    prov = results.get("provenance") or {}
+    if (prov.get("data") or {}).get("source") == "python":
+        data = ("| data | supplied in Python (`ContinualRun(tasks=...)`): config.yaml alone does not rerun it; each task's "
+                "fingerprint is in results.json `provenance` |")
+    else:
+        data = f"| benchmark / order | `{cfg['data']['benchmark']}` / `{cfg['data']['order']}` |"
     return [
         "| | |",
         "|---|---|",
         f"| tasks, in training order | {', '.join(tasks)} |",
-        f"| benchmark / order | `{cfg['data']['benchmark']}` / `{cfg['data']['order']}` |",
+        data,
         f"| method / preset | `{cfg['method']}` / `{cfg.get('preset') or '-'}` (replay `{cfg['replay']['policy']}`, "
         f"dual {'on' if cfg['dual']['enabled'] else 'off'}) |",
         f"| replay buffer | {buffer.get('size', 0)} of {buffer.get('capacity', 0)} examples ({per_task}) |",
@@ -100,7 +124,7 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
     :meth:`surecl.adapters.DualLoRA.save_pretrained`)."""
     cfg = results["config"]
     front = ["---", "library_name: peft"]
-    if _is_hub(base_model):
+    if base_model and _is_hub(base_model):
         front.append(f"base_model: {base_model}")
     front += ["tags:", "- lora", "- continual-learning", "- surecl", "---", ""]
     role = {
@@ -122,7 +146,7 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
         f"# surecl LoRA adapter: {cfg.get('preset') or cfg['method']} ({adapter})",
         "",
         f"A LoRA adapter (rank {rank}, alpha {alpha}, on {', '.join(cfg['lora']['target_modules'])}) "
-        f"for `{base_model}`, {role}, written by surecl {version} at the end of a continual run.",
+        f"for `{base_model or 'the base model'}`, {role}, written by surecl {version} at the end of a continual run.",
         "",
         f"Base model: {note}",
         "",
@@ -135,7 +159,7 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
         "```python",
         "from peft import PeftModel",
         "from transformers import AutoModelForCausalLM",
-        f'base = AutoModelForCausalLM.from_pretrained("{base_model}")  # AutoModelForSeq2SeqLM for an encoder-decoder',
+        f'base = AutoModelForCausalLM.from_pretrained("{base_model or "path/to/the/base"}")  # AutoModelForSeq2SeqLM for an encoder-decoder',
         'model = PeftModel.from_pretrained(base, "path/to/this/folder")',
         "```",
         "",
@@ -147,14 +171,14 @@ def full_model_card(results: dict, base_model: str, note: str, version: str) -> 
     """The ``README.md`` of a whole fine-tuned model (``seq_ft``'s ``model/``), from a run's results."""
     cfg = results["config"]
     front = ["---", "library_name: transformers"]
-    if _is_hub(base_model):
+    if base_model and _is_hub(base_model):
         front.append(f"base_model: {base_model}")
     front += ["tags:", "- full-fine-tuning", "- continual-learning", "- surecl", "---", ""]
     lines = [
         *front,
         f"# surecl fine-tuned model: {cfg.get('preset') or cfg['method']}",
         "",
-        f"`{base_model}` with every weight fine-tuned by AdamW (lr {cfg['train']['lr']}) on each task in turn, no adapter, "
+        f"`{base_model or 'The base model'}` with every weight fine-tuned by AdamW (lr {cfg['train']['lr']}) on each task in turn, no adapter, "
         f"written by surecl {version} at the end of a continual run: a whole model, loaded without the base.",
         "",
         f"Fine-tuned from: {note}",
@@ -173,3 +197,86 @@ def full_model_card(results: dict, base_model: str, note: str, version: str) -> 
         "",
     ]
     return "\n".join(lines)
+
+
+PROMPT_FORMAT = 1
+"""The version of ``prompt.json``'s layout."""
+
+
+def prompt_spec(ctx, adapter: str, base_model: str) -> str:
+    """``prompt.json`` of an exported adapter (or whole model): everything needed to ask it as
+    the run did without surecl: the prompt template and its tokenisation, each task's labels
+    and prompt text, decoding, and the normalisation exact match compares answers under. The
+    run's ``predictions.jsonl`` holds the evaluation adapter's answers it reproduces."""
+    import json
+    import string
+
+    from surecl.data.encode import prompt_parts
+
+    cfg = ctx.cfg
+    tok = ctx.tokenizer
+    bos = tok.bos_token_id if getattr(tok, "add_bos_token", False) and tok.bos_token_id is not None else None
+    mode = cfg.eval.mode
+    tasks = []
+    for j, task in enumerate(ctx.tasks):
+        entry = {"name": task.name, "group": task.group, "kind": task.kind}
+        if task.kind == "generate":  # free text: no label set; the prompt as the run encoded each row
+            longest = max((len(e.answer) for e in ctx.test_sets[j]), default=0) + 1
+            entry.update(instruction=task.instruction, metric=task.score_metric, template=cfg.data.template,
+                         chat_template=bool(getattr(tok, "chat_template", None)) and (cfg.data.template == "auto" or any(e.messages for e in task.test)),
+                         max_new_tokens=cfg.eval.max_new_tokens or min(longest, cfg.eval.max_new_cap),
+                         stop_ids=sorted(getattr(ctx, "stop_ids", None) or []))
+        elif task.kind != "text":
+            head, _, tail = prompt_parts(task, "", cfg.data.task_prefix)
+            answers = ctx.label_answers[j]
+            entry.update(instruction=task.instruction, labels=list(task.labels), prompt_head=head, prompt_tail=tail,
+                         max_new_tokens=cfg.eval.max_new_tokens or max(len(a) for a in answers.values()) + 1,
+                         answer_ids={lab: list(ids) for lab, ids in answers.items()})
+        tasks.append(entry)
+    evaluated = getattr(ctx.adapters, "eval_adapter", None) if not getattr(ctx.adapters, "bypassed", False) else None
+    spec = {
+        "format": PROMPT_FORMAT,
+        "adapter": adapter,
+        "base_model": base_model,
+        "model_type": "seq2seq" if ctx.is_seq2seq else "causal",
+        "predictions": {
+            "file": "predictions.jsonl in the run folder: per task the last stage evaluated, each test row's task, input, "
+                    "prediction, gold and correct (under the normalisation below)",
+            "answered_by": evaluated or adapter,
+            "this_adapter_answered": evaluated in (None, adapter),
+        },
+        "template": {
+            "prompt": "prompt_head + input + prompt_tail (per task below); prompt_head = [task_prefix] + instruction + "
+                      "'Option: ' + ', '.join(labels) + ' \\n', prompt_tail = '\\nAnswer:'",
+            "task_prefix": "Task:{group}\\nDataset:{name}\\n" if cfg.data.task_prefix else None,
+            "answer": "' ' + label, then the EOS token",
+            "tokenisation": "prompt_head, input and prompt_tail each tokenised alone with add_special_tokens=False and the ids "
+                            "concatenated; bos_token_id (when not null) first; eos_token_id last when encoder_eos",
+            "bos_token_id": bos,
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+            "encoder_eos": bool(ctx.is_seq2seq and cfg.model.encoder_eos),
+            "max_length": cfg.model.max_length,
+            "truncation": "the input's ids are cut to max(max_length - len(head ids) - len(tail ids), 1); never the head or tail",
+        },
+        "decoding": {
+            "mode": mode,
+            "eval_mode": "model.eval(): no dropout",
+            "greedy": mode == "generate",
+            "max_new_tokens": "per task below (eval.max_new_tokens, else the longest answer_ids + 1)",
+            "stop": "at the EOS token",
+            "decode": "tokenizer.decode(new_ids, skip_special_tokens=True)",
+            "rank": "the label whose answer_ids have the highest summed log-likelihood after the prompt (first on ties)"
+                    if mode == "rank" else None,
+        },
+        "normalisation": {
+            "steps": ["strip, keep the first line", "lower-case", "each character of punctuation replaced by a space",
+                      "whitespace runs collapsed to one space, ends stripped"],
+            "punctuation": string.punctuation,
+            "exact_match": "normalised prediction == normalised label",
+        },
+        "input_prefix": "Progressive Prompts: the soft prompts of adapters/prompts go before every prompt (see its prompts.json)"
+                        if cfg.method == "progressive_prompts" else None,
+        "tasks": tasks,
+    }
+    return json.dumps(spec, indent=2, ensure_ascii=False) + "\n"

@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from surecl.files import follow_umask, temp_dir, temp_file
 from surecl.plugins.faults import fault_point
 
 try:
@@ -43,7 +43,7 @@ tensors). Format 1 checkpoints (one layout for the whole run) are still read."""
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = temp_file(f".{path.name}.", path.parent)  # the umask's mode, as open() would give
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -79,12 +79,14 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def save_adapter(adapters, folder: Path, name: str, base_model: str | None = None, card: str | None = None) -> None:
+def save_adapter(adapters, folder: Path, name: str, base_model: str | None = None, card: str | None = None,
+                 files: dict[str, str] | None = None) -> None:
     """PEFT-format adapter folder ``folder/name``, replaced atomically; ``base_model`` replaces
-    the ``base_model_name_or_path`` PEFT records (the folder the base was loaded from) and
-    ``card`` is written as the folder's ``README.md``."""
+    the ``base_model_name_or_path`` PEFT records (the folder the base was loaded from),
+    ``card`` is written as the folder's ``README.md`` and ``files`` (name -> text, e.g.
+    ``prompt.json``) beside it."""
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=folder))
+    tmp = temp_dir(f".{name}.", folder)
     try:
         adapters.save_pretrained(tmp, name)
         written = tmp / name if (tmp / name).is_dir() else tmp
@@ -95,6 +97,9 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
             config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         if card is not None:
             (written / "README.md").write_text(card, encoding="utf-8")
+        for file, text in (files or {}).items():
+            (written / file).write_text(text, encoding="utf-8")
+        follow_umask(written)
         target = folder / name
         old = None
         if target.exists():
@@ -108,7 +113,7 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tensor], card: str) -> None:
+def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tensor], card: str, files: dict[str, str] | None = None) -> None:
     """A whole model as a transformers folder (``config.json``, ``model.safetensors``, the
     tokenizer, ``card`` as ``README.md``), loadable with ``AutoModel*.from_pretrained(folder)``,
     replaced atomically: built beside ``folder`` under a ``.``-prefixed temporary name and
@@ -116,12 +121,15 @@ def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tenso
     names (tied weights once: transformers ties them again on load)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    tmp = temp_dir(f".{folder.name}.", folder.parent)
     old = folder.parent / f".{folder.name}.old"
     try:
         model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "README.md").write_text(card, encoding="utf-8")
+        for file, text in (files or {}).items():
+            (tmp / file).write_text(text, encoding="utf-8")
+        follow_umask(tmp)
         if folder.exists():
             shutil.rmtree(old, ignore_errors=True)
             os.replace(folder, old)
@@ -133,7 +141,7 @@ def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tenso
 
 # --------------------------------------------------------------------------- a run directory
 
-RUN_FILES = ("config.yaml", "results.json", "buffer.json", "log.jsonl", "report.md", "heatmap.png")
+RUN_FILES = ("config.yaml", "results.json", "buffer.json", "log.jsonl", "report.md", "heatmap.png", "predictions.jsonl")
 """The files ``surecl run`` writes at the top of its output directory."""
 CONTAINERS = ("checkpoints", "adapters", "tensorboard")
 """The folders it writes its entries into (created when missing; shared with what the user
@@ -473,9 +481,13 @@ def clear_run(out: Path) -> list[Path]:
     return Manifest(out).clear()
 
 
-def write_config(out: Path, cfg) -> None:
-    """The resolved config as ``config.yaml``: ``surecl run --config <it>`` runs it again."""
-    write_text(Path(out) / "config.yaml", cfg.to_yaml())
+def write_config(out: Path, cfg, header: str | None = None) -> None:
+    """The resolved config as ``config.yaml``: ``surecl run --config <it>`` runs it again (unless
+    the model or tasks came from Python: then ``header``, a comment saying so, replaces the first line)."""
+    text = cfg.to_yaml()
+    if header:
+        text = header + text.split("\n", 1)[1]
+    write_text(Path(out) / "config.yaml", text)
 
 
 # --------------------------------------------------------------------------- run checkpoints
@@ -494,7 +506,7 @@ def save(root: Path, name: str, components: dict[str, ComponentState], meta: dic
     it is written ``keep`` + 1 checkpoints lie on disk."""
     root.mkdir(parents=True, exist_ok=True)
     tensors = {f"{key}/{k}": v.detach().cpu().contiguous() for key, (_, part) in components.items() for k, v in part.items()}
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+    tmp = temp_dir(f".{name}.", root)
     try:
         save_file(tensors, str(tmp / "tensors.safetensors"))
         full = {
@@ -505,6 +517,7 @@ def save(root: Path, name: str, components: dict[str, ComponentState], meta: dic
         }
         fault_point(f"checkpoint:{name}")
         write_json(tmp / "meta.json", full)
+        follow_umask(tmp)
         target = root / name
         if target.exists():
             shutil.rmtree(target)

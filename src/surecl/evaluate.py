@@ -12,21 +12,12 @@ from __future__ import annotations
 
 import math
 import re
-import string
 
 import torch
 
 from surecl.data.encode import Encoded, collate
-from surecl.metrics import METRIC_NAMES  # noqa: F401  (re-exported: how reports name each metric)
+from surecl.metrics import _PUNCT, METRIC_NAMES, normalise  # noqa: F401  (re-exported: how reports name each metric; exact match)
 from surecl.nll import prefixed, token_nll
-
-_PUNCT = re.compile(f"[{re.escape(string.punctuation)}]")
-
-
-def normalise(text: str) -> str:
-    """Lower-case, first line only, punctuation removed, whitespace collapsed."""
-    text = text.strip().split("\n", 1)[0]
-    return " ".join(_PUNCT.sub(" ", text.lower()).split())
 
 
 @torch.inference_mode()

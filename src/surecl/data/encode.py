@@ -96,6 +96,39 @@ class TaskEncoder:
         start = self.tok.bos_token_id if self.tok.bos_token_id is not None else self.tok.eos_token_id
         return Encoded([start], self._ids(text)[: self.max_length - 1], "")
 
+    def check_labels(self, task: Task) -> list[str]:
+        """Stop (one line naming them) when the tokenizer cannot tell a task's labels apart:
+        a label whose answer tokens are none or all the unknown token, or two labels encoding
+        to the same token ids (the model could only learn, and be scored on, one answer for
+        both). Return warnings: labels whose tokens decode to another answer than the label
+        under exact-match normalisation (generation can never be scored right on them)."""
+        if task.kind in ("text", "generate"):  # no label set
+            return []
+        from surecl.metrics import normalise
+
+        unk = getattr(self.tok, "unk_token_id", None)
+        ids = {lab: self.answer_ids(lab)[:-1] for lab in task.labels}
+        blank = [lab for lab, t in ids.items() if not t or (unk is not None and all(i == unk for i in t))]
+        if blank:
+            shown = ", ".join(repr(lab) for lab in blank[:8]) + (f" (and {len(blank) - 8} more)" if len(blank) > 8 else "")
+            raise SureclError(f"task {task.name}: the tokenizer reads label(s) {shown} as unknown or no tokens, so the model "
+                              "cannot produce or tell them apart; use labels in its vocabulary or another model")
+        same: dict[tuple[int, ...], list[str]] = {}
+        for lab, t in ids.items():
+            same.setdefault(tuple(t), []).append(lab)
+        clash = [group for group in same.values() if len(group) > 1]
+        if clash:
+            shown = "; ".join(" = ".join(repr(lab) for lab in group) for group in clash[:4])
+            raise SureclError(f"task {task.name}: labels {shown} encode to the same token ids, so the model cannot tell them "
+                              "apart; rename them")
+        warnings = []
+        for lab, t in ids.items():
+            text = self.tok.decode(t, skip_special_tokens=True)
+            if normalise(text) != normalise(lab):
+                warnings.append(f"task {task.name}: label {lab!r} decodes to {text.strip()!r}; greedy generation is scored by exact "
+                                "match, so it can never be counted right (eval.mode=rank compares token ids)")
+        return warnings
+
     def encode(self, task: Task, rows: list[Example], split: str = "train") -> list[Encoded]:
         """``split`` ``test``: a chat row is encoded as its last turn's generation prompt and answer."""
         if task.kind == "generate":

@@ -219,9 +219,35 @@ def load_hf_task(spec: HFTaskConfig, key: str = "data.hf[0]", kind: str = "class
     name = spec.task or _default_name(spec)
     if not _SAFE_NAME.match(name) or ".." in name:
         raise SureclError(f"{key}.task: task name {name!r} must be letters, digits, '.', '_', '+', '-' (set {key}.task)")
-    src = spec.path
     with _quiet(datasets):
         splits = _open(datasets, spec, key)
+    return splits_task(datasets, splits, spec, name, key, spec.path, kind, invalid_labels)
+
+
+def dataset_task(dataset: Any, spec: HFTaskConfig, key: str = "dataset", kind: str = "classify", invalid_labels: str = "error") -> Task:
+    """A :class:`Task` from a ``datasets.Dataset`` (its rows are the ``train`` split) or
+    ``DatasetDict`` in memory, read as a ``data.hf`` entry's source is (``spec.path`` unused;
+    ``spec.task`` names it): :meth:`surecl.data.task.Task.from_hf`."""
+    datasets = _import_datasets(key)
+    if isinstance(dataset, datasets.DatasetDict):
+        splits = dict(dataset)
+    elif isinstance(dataset, datasets.Dataset):
+        splits = {"train": dataset}
+    else:
+        raise SureclError(f"{key}: expected a datasets.Dataset or DatasetDict, got {type(dataset).__name__}")
+    name = spec.task
+    if not name or not _SAFE_NAME.match(name) or ".." in name:
+        raise SureclError(f"{key}: task name {name!r} must be letters, digits, '.', '_', '+', '-' (give name=)")
+    src = f"the in-memory {type(dataset).__name__}"
+    return splits_task(datasets, splits, spec, name, key, src, kind, invalid_labels)
+
+
+def splits_task(datasets: Any, splits: dict[str, Any], spec: HFTaskConfig, name: str, key: str, src: str, kind: str = "classify",
+                invalid_labels: str = "error") -> Task:
+    """The task of a source's opened splits (name -> ``datasets.Dataset``): columns, split or
+    held-out fraction, labels, as :class:`~surecl.config.HFTaskConfig` says; ``src`` names the
+    source in messages."""
+    with _quiet(datasets):
         hold_out = spec.test_fraction > 0
         train_ds = _split(splits, spec.train_split, f"{key}.train_split", src)
         test_ds = None
@@ -272,3 +298,30 @@ def load_hf_task(spec: HFTaskConfig, key: str = "data.hf[0]", kind: str = "class
     )
     task.check(where, invalid_labels)
     return task
+
+
+def task_from_hf(cls, dataset, name: str, *, text_column: str = "text", label_column: str = "label", train_split: str = "train",
+                 test_split: str = "test", test_fraction: float = 0.0, labels: list[str] | None = None, instruction: str = "",
+                 kind: str = "classify", invalid_labels: str = "error") -> Task:
+    """A task from a Hugging Face ``datasets.Dataset`` (its rows are the train split: give
+    ``test_fraction``) or ``DatasetDict`` in memory, read as a ``data.hf`` entry is
+    (:class:`~surecl.config.HFTaskConfig`: the text and label columns, split names or a
+    held-out fraction, the label set given, else the column's ``ClassLabel`` names, else
+    sorted; the generic instruction unless one is given). Every problem is one
+    :class:`~surecl.errors.SureclError` line."""
+    key = "Task.from_hf"
+    if kind not in ("classify", "text"):
+        raise SureclError(f"{key}: kind must be 'classify' or 'text', not {kind!r}")
+    if invalid_labels not in ("error", "drop"):
+        raise SureclError(f"{key}: invalid_labels must be 'error' or 'drop', not {invalid_labels!r}")
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) or not 0 <= test_fraction < 1:
+        raise SureclError(f"{key}: test_fraction must be a number in [0, 1), not {test_fraction!r}")
+    if labels is not None and (isinstance(labels, str) or not all(isinstance(lab, str) for lab in labels)):
+        raise SureclError(f"{key}: labels must be a list of strings")
+    for arg, value in (("name", name), ("text_column", text_column), ("label_column", label_column), ("train_split", train_split),
+                       ("test_split", test_split), ("instruction", instruction)):
+        if not isinstance(value, str):
+            raise SureclError(f"{key}: {arg} must be a string, not {type(value).__name__}")
+    spec = HFTaskConfig(task=name, text_column=text_column, label_column=label_column, train_split=train_split,
+                        test_split=test_split, test_fraction=float(test_fraction), labels=list(labels or []), instruction=instruction)
+    return dataset_task(dataset, spec, key, kind, invalid_labels)

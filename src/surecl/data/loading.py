@@ -51,14 +51,43 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
 def caller_stream(tasks: list[Task], cfg: RunConfig) -> list[Task]:
     """Tasks the caller built (``ContinualRun(..., tasks=)``), checked like loaded ones and
     sampled by the config (``data.n_train`` / ``n_test``, 0 = all; ``data.*_sampling``)."""
-    if not isinstance(tasks, (list, tuple)) or not all(isinstance(t, Task) for t in tasks):
-        raise SureclError("tasks: expected a list of surecl.data.task.Task")
+    tasks = caller_tasks(tasks, cfg)
     if not tasks:
         raise SureclError("tasks: the stream has no tasks")
     tasks = [t.as_text() if cfg.data.kind == "text" and t.kind != "text" else t for t in tasks]
     for t in tasks:
         t.check("tasks", cfg.data.invalid_labels)
     return sampled(list(tasks), cfg)
+
+
+def caller_tasks(tasks, cfg: RunConfig) -> list[Task]:
+    """``tasks=`` as a list of :class:`Task`: each ``datasets.Dataset`` / ``DatasetDict`` in it
+    read by :func:`in_memory_task`; anything else is one line."""
+    if not isinstance(tasks, (list, tuple)):
+        raise SureclError("tasks: expected a list of surecl.data.task.Task (or datasets.Dataset / DatasetDict)")
+    tasks = [in_memory_task(t, i, cfg) if _is_dataset(t) else t for i, t in enumerate(tasks)]
+    if not all(isinstance(t, Task) for t in tasks):
+        raise SureclError("tasks: expected a list of surecl.data.task.Task (or datasets.Dataset / DatasetDict)")
+    return tasks
+
+
+def _is_dataset(obj) -> bool:
+    """A ``datasets.Dataset`` or ``DatasetDict`` (without importing ``datasets`` when none is given)."""
+    return type(obj).__module__.startswith("datasets.") and type(obj).__name__ in ("Dataset", "DatasetDict")
+
+
+def in_memory_task(dataset, index: int, cfg: RunConfig) -> Task:
+    """The ``index``-th entry of ``tasks=`` given as a ``datasets.Dataset`` / ``DatasetDict``:
+    :meth:`Task.from_hf` with the default columns (``text``, ``label``) and splits (``train``,
+    ``test``; a lone ``Dataset`` is refused there: hold out a test split with ``Task.from_hf``),
+    named by its ``info.dataset_name`` where that is a valid task name, else ``task<index>``."""
+    first = next(iter(dataset.values()), None) if type(dataset).__name__ == "DatasetDict" else dataset
+    name = str(getattr(getattr(first, "info", None), "dataset_name", None) or "")
+    from surecl.data.task import _SAFE_NAME
+
+    if not _SAFE_NAME.match(name) or ".." in name:
+        name = f"task{index}"
+    return Task.from_hf(dataset, name, kind=cfg.data.kind, invalid_labels=cfg.data.invalid_labels)
 
 
 def sampled(tasks: list[Task], cfg: RunConfig) -> list[Task]:

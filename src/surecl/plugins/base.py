@@ -129,6 +129,13 @@ class RunContext(Protocol):
     tokenizer: Any
     model_path: str
     """The folder (or hub name) the base model was loaded from."""
+    supplied_model: bool
+    """The base model and tokenizer were built by the caller (``ContinualRun(model=, tokenizer=)``)."""
+    supplied_tasks: bool
+    """The tasks were built by the caller (``ContinualRun(tasks=)``)."""
+    continuing: bool
+    """This run may continue what an earlier process began in its folder (not ``--fresh`` nor
+    ``resume=False``): what it sent to trackers stays sent."""
     trained_params: list
     """The parameters the optimizer trains (the method's ``parameters(ctx)``; by default the
     fast adapter's)."""

@@ -10,18 +10,27 @@ row at step 0; FP, AP and forgetting as ``summary/*`` at the end. The run's conf
 hyper-parameters. ``log.jsonl`` is written as before; trackers are extra.
 
 TensorBoard event files go to ``<out>/tensorboard/surecl/``; with ``tensorboardX`` (the
-``surecl[tensorboard]`` extra) or ``tensorboard`` installed. A resumed run appends to them
-(steps after the last checkpoint are logged again, as TensorBoard shows the latest value).
+``surecl[tensorboard]`` extra) or ``tensorboard`` installed. A resumed run appends to them and
+logs nothing twice: ``<out>/tracking.json`` (:data:`MARK`) records what was sent (the last
+training step, the matrix rows, the before-training row, the summary), rewritten after each
+log, so the steps a killed run logged after its last checkpoint, which the resumed run trains
+again, are not sent again (a run that starts over, ``--fresh`` or ``resume=False``, sends all).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import os
+import time
 
 from surecl.errors import SureclError
 from surecl.plugins.base import Plugin, Stage, StepRecord
 
 PROJECT = "surecl"
+MARK = "tracking.json"
+"""The run folder's record of what was sent to the trackers (:class:`Tracking`)."""
 TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "trackio")
 """The names ``--log-with`` takes (accelerate's trackers); ``all`` = every installed one."""
 
@@ -65,27 +74,50 @@ class Tracking(Plugin):
     def __init__(self, config=None) -> None:
         super().__init__(config)
         self.started = False
+        self.sent = {"train": 0, "rows": [], "initial": False, "summary": False}
+        """What was sent to the trackers (saved as :data:`MARK`): the last training step, the
+        matrix rows, whether the before-training row and the summary were."""
 
     def _start(self, ctx) -> None:
         if not self.started:
             ctx.accelerator.init_trackers(PROJECT, config=_hparams(ctx.cfg.to_dict()))
             self.started = True
+            if getattr(ctx, "continuing", False):  # a rerun into the same folder: what an earlier process sent stays sent
+                self.sent.update(_read_mark(ctx.out_dir / MARK))
 
     def _log(self, ctx, values: dict, step: int) -> None:
-        self._start(ctx)
         clean = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
         if clean:
             ctx.accelerator.log(clean, step=step)
 
+    def _sent(self, ctx, key: str, value) -> None:
+        """Record ``value`` under ``key`` as sent, in memory and in :data:`MARK` (main process)."""
+        if key == "rows":
+            self.sent["rows"] = sorted({*self.sent["rows"], value})
+        else:
+            self.sent[key] = value
+        if ctx.accelerator.is_main_process:
+            _settle(ctx.accelerator.trackers)
+            _write_mark(ctx.out_dir / MARK, self.sent)
+
     def after_step(self, ctx, record: StepRecord) -> None:
         if record.step % ctx.cfg.log_every == 0:
+            self._start(ctx)
+            if record.global_step <= self.sent["train"]:
+                return  # logged before this run resumed from an earlier checkpoint
             self._log(ctx, {"train/loss": record.loss, "train/lr": record.lr, "train/buffer": len(ctx.policy),
                             "train/replayed": len(record.replayed)}, record.global_step)
+            self._sent(ctx, "train", record.global_step)
 
     def after_eval(self, ctx, stage: Stage | None) -> None:
+        self._start(ctx)
         names = [t.name for t in ctx.tasks]
         if stage is None:
-            self._log(ctx, {f"accuracy/{n}": v for n, v in zip(names, ctx.state.initial or [])}, 0)
+            if not self.sent["initial"]:
+                self._log(ctx, {f"accuracy/{n}": v for n, v in zip(names, ctx.state.initial or [])}, 0)
+                self._sent(ctx, "initial", True)
+            return
+        if stage.row in self.sent["rows"]:
             return
         step = ctx.state.global_step
         row = ctx.state.accuracy[stage.row]
@@ -95,7 +127,54 @@ class Tracking(Plugin):
             fast = ctx.state.accuracy_fast[stage.row]
             values.update({f"accuracy_fast/{names[j]}": fast[j] for j in range(len(names))})
         self._log(ctx, values, step)
+        self._sent(ctx, "rows", stage.row)
 
     def after_run(self, ctx, results: dict) -> None:
-        self._log(ctx, {f"summary/{k}": results.get(k) for k in ("fp", "ap", "forgetting", "bwt")}, ctx.state.global_step)
+        self._start(ctx)
+        if not self.sent["summary"]:
+            self._log(ctx, {f"summary/{k}": results.get(k) for k in ("fp", "ap", "forgetting", "bwt")}, ctx.state.global_step)
+            self._sent(ctx, "summary", True)
         ctx.accelerator.end_training()
+
+
+def _settle(trackers) -> None:
+    """Let each tracker write what it was given before :data:`MARK` says it was sent: a
+    TensorBoard writer (tensorboardX) hands events to a worker thread through a queue, which a
+    stopped process loses; wait (at most a second) until its queue is empty, then flush."""
+    for tracker in trackers:
+        inner = getattr(tracker, "tracker", None)
+        writer = getattr(getattr(inner, "file_writer", None), "event_writer", None)
+        pending = getattr(writer, "_event_queue", None)
+        if pending is not None:
+            deadline = time.monotonic() + 1.0
+            with contextlib.suppress(Exception):
+                while not pending.empty() and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                time.sleep(0.001)  # the worker writes what it took off the queue
+        flush = getattr(inner, "flush", None)
+        if callable(flush):
+            with contextlib.suppress(Exception):
+                flush()
+
+
+def _read_mark(path) -> dict:
+    """:data:`MARK`'s content ({} when missing or unreadable: everything is sent again)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        out = {"train": int(data["train"]), "rows": [int(r) for r in data["rows"]], "initial": bool(data["initial"]),
+               "summary": bool(data["summary"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return out
+
+
+def _write_mark(path, sent: dict) -> None:
+    """Replace :data:`MARK` (a temporary renamed into place, without fsync: it is rewritten
+    after every log, and a lost update only means a step logged twice)."""
+    from surecl.files import file_mode
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode())
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(sent, f)
+    os.replace(tmp, path)

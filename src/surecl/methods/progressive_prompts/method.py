@@ -237,10 +237,10 @@ class ProgressivePrompts(Method):
 
     def export(self, ctx, results: dict) -> None:
         """``adapters/prompts/`` in the run folder: ``prompts.safetensors`` (``prefix``: the vectors put before the
-        input embeddings at test time, newest prompt first, fp32) and ``prompts.json``."""
+        input embeddings at test time, newest prompt first, fp32), ``prompts.json`` and ``prompt.json`` (the text template, :func:`surecl.card.prompt_spec`)."""
         import surecl.checkpoint as checkpoint
         from surecl._version import version
-        from surecl.card import portable_base
+        from surecl.card import prompt_spec, run_base
 
         __version__ = version()
 
@@ -249,7 +249,7 @@ class ProgressivePrompts(Method):
         n = self.config.length
         k = len(self.learned)
         names = [ctx.tasks[t].name for t in self.learned]
-        base_model, _ = portable_base(ctx.cfg.model.name, getattr(ctx, "model_path", None))
+        base_model, _ = run_base(ctx)
         out = ctx.out_dir / "adapters" / "prompts"
         checkpoint.write_tensors(out / "prompts.safetensors", {"prefix": self.module.frozen.float()})
         checkpoint.write_json(out / "prompts.json", {
@@ -268,3 +268,4 @@ class ProgressivePrompts(Method):
             ),
             "surecl_version": __version__,
         })
+        checkpoint.write_text(out / "prompt.json", prompt_spec(ctx, "prompts", base_model))  # the text template, labels, decoding

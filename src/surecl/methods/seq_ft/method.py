@@ -84,12 +84,13 @@ class SeqFT(Method):
     def export(self, ctx, results: dict) -> None:
         """The fine-tuned model, ``model/`` in the run folder (the adapters are bypassed)."""
         from surecl._version import version
-
-        __version__ = version()
-        from surecl.card import full_model_card, portable_base
+        from surecl.card import full_model_card, prompt_spec, run_base
         from surecl.checkpoint import save_model
 
-        base_model, note = portable_base(ctx.cfg.model.name, ctx.model_path, whole=True)
+        __version__ = version()
+
+        base_model, note = run_base(ctx, whole=True)
         card = full_model_card(results, base_model, note, __version__)
         weights = {n: p.detach() for n, p in self.weights.items()}
-        save_model(ctx.adapters.model.get_base_model(), ctx.tokenizer, ctx.out_dir / "model", weights, card)
+        save_model(ctx.adapters.model.get_base_model(), ctx.tokenizer, ctx.out_dir / "model", weights, card,
+                   files={"prompt.json": prompt_spec(ctx, "model", base_model)})
