@@ -4,6 +4,7 @@ with their own options, registered from a module the CLI loads with ``--import``
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 
 import pytest
@@ -97,3 +98,20 @@ def test_the_method_pulls_and_the_policy_keeps_the_least_surprising(my_cl, tmp_p
     entries = run.policy.buffer.entries
     assert entries and all(e.score <= 0 for e in entries)  # priorities are minus the surprise (keep=low)
     assert {e.task for e in entries} == {0, 1}
+
+
+def test_a_sweep_runs_an_outside_method_by_name(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(write_example(tmp_path / "plugins")))
+    sys.modules.pop(MODULE, None)
+    try:
+        argv = ["--import", MODULE, "sweep", "--config", "tiny", "--methods", "l2_prev", "--out", str(tmp_path / "sweep"), "--quiet",
+                "--grid", "l2_prev.lam=0,10", "data.tasks=[colors,animals]", "data.n_train=8", "data.n_test=4", "train.epochs=1"]
+        assert main(argv) == 0, capsys.readouterr().err
+    finally:
+        registry.unregister_method("l2_prev")
+        registry.unregister_policy("extreme")
+        sys.modules.pop(MODULE, None)
+    done = sorted(p.parent.relative_to(tmp_path / "sweep").as_posix() for p in (tmp_path / "sweep").rglob("results.json"))
+    assert len(done) == 2 and all(p.startswith("l2_prev") for p in done), done
+    lams = sorted(json.loads((tmp_path / "sweep" / p / "results.json").read_text())["config"]["l2_prev"]["lam"] for p in done)
+    assert lams == [0.0, 10.0]
