@@ -37,11 +37,20 @@ def tensors(folder: Path) -> dict:
     return out
 
 
+def same_field(old, new) -> bool:
+    """Equal, where a key the newer tree adds to a mapping (``fast.fwt``) counts only when it
+    holds a value: a new metric left null (not measured) is no difference in the results."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        added = {k: v for k, v in new.items() if k not in old}
+        return all(v is None for v in added.values()) and all(same_field(v, new.get(k)) for k, v in old.items())
+    return old == new
+
+
 def compare(a: Path, b: Path) -> list[str]:
     import torch
 
     ra, rb = (json.loads((d / "results.json").read_text()) for d in (a, b))
-    diffs = [f for f in FIELDS if ra.get(f) != rb.get(f)]
+    diffs = [f for f in FIELDS if not same_field(ra.get(f), rb.get(f))]
     if (a / "log.jsonl").read_text() != (b / "log.jsonl").read_text():
         diffs.append("log.jsonl")
     if (a / "buffer.json").read_text() != (b / "buffer.json").read_text():

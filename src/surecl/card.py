@@ -275,8 +275,7 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
             "punctuation": string.punctuation,
             "exact_match": "normalised prediction == normalised label",
         },
-        "input_prefix": "Progressive Prompts: the soft prompts of adapters/prompts go before every prompt (see its prompts.json)"
-                        if cfg.method == "progressive_prompts" else None,
+        "input_prefix": getattr(getattr(ctx, "method", None), "prefix_note", "") or None,
         "tasks": tasks,
     }
     return json.dumps(spec, indent=2, ensure_ascii=False) + "\n"

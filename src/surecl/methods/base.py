@@ -53,6 +53,9 @@ class Method(Plugin):
     fast_eval = True
     """Whether a dual run may also evaluate its fast adapter (``eval.fast``): False where
     the method swaps the evaluation weights itself (per-task FT)."""
+    prefix_note = ""
+    """What ``input_prefix`` puts before every prompt, in words, for the exported ``prompt.json``
+    (empty: nothing)."""
 
     @classmethod
     def validate_config(cls, cfg) -> None:

@@ -88,6 +88,7 @@ class PromptModule(nn.Module):
 class ProgressivePrompts(Method):
     name = "progressive_prompts"
     Config = PromptsConfig
+    prefix_note = "Progressive Prompts: the soft prompts of adapters/prompts go before every prompt (see its prompts.json)"
 
     def __init__(self, config: PromptsConfig | None = None) -> None:
         super().__init__(config)
