@@ -46,11 +46,13 @@ from types import SimpleNamespace
 
 import torch
 from transformers import Trainer, TrainerCallback, set_seed
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from surecl.adapters import FAST, SLOW, DualLoRA, resolve_beta
 from surecl.checkpoint import write_json, write_tensors
 from surecl.config import DualConfig, LoraConfig, ReplayConfig, replay_ratio
+from surecl.data.encode import uniform_batches
 from surecl.errors import SureclError
 from surecl.plan import replay_count
 from surecl.registry import policy_class, policy_spec
@@ -229,6 +231,8 @@ class SureTrainer(Trainer):
         self._step_new = 0
         self._plan_policy: dict | None = None
         self._resume: dict | None = None
+        self.resumed_from: str | None = None
+        """The checkpoint folder a ``resume_from_checkpoint`` call continued from (None: none)."""
         self.add_callback(_EmaCallback(self))
 
     # ------------------------------------------------------------------ task boundaries
@@ -249,11 +253,13 @@ class SureTrainer(Trainer):
             if t == resume["task"]:  # the last finished task: its end state is the run's state now
                 self._read_state(resume["path"])
                 self._resume = None
+                self.resumed_from = resume["path"]
             self.task += 1
             return None
         checkpoint = None
         if resume is not None and t == resume["task"]:
             checkpoint, self._resume = resume["path"], None  # train() restores it (_load_from_checkpoint)
+            self.resumed_from = checkpoint
         self.args.output_dir = str(self.root / f"task-{t}")
         self.optimizer, self.lr_scheduler = None, None  # fresh AdamW per task
         self._sets = _TaskSets(self.sets)
@@ -347,15 +353,27 @@ class SureTrainer(Trainer):
         steps = [sum(batch[k : k + ga]) for batch in per_epoch for k in range(0, len(batch), ga)][:total]
         return sum(steps) if self.sure.unit == "example" else len(steps)
 
+    def _orders(self, t: int) -> list[list[int]]:
+        """Each epoch's order of task ``t``'s new examples: the core's uniform batches of one
+        optimizer step's size (:func:`surecl.data.encode.uniform_batches` on one
+        ``random.Random("batches:<seed>")`` stream drawn epoch after epoch, task after task, as
+        ``surecl run`` with ``train.batching=uniform`` draws them), so the same seed gives the
+        core's batches. Redrawn from the stream's start for every task (a resumed run too)."""
+        rng = random.Random(f"batches:{self.args.seed}")
+        step = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
+        for k in range(t + 1):
+            n = len(self.sets[k])
+            orders = [[i for batch in uniform_batches(n, step, rng) for i in batch] for _ in self._layout(n)[0]]
+        return orders
+
     def _plan(self, t: int, n: int) -> list[list[list[tuple[int, int, int]]]]:
-        """Every epoch's micro-batches of the stage: new examples in a seeded order, and the
-        replayed entries the policy draws for each optimizer step (``replay_count``)."""
+        """Every epoch's micro-batches of the stage: new examples in the core's order
+        (:meth:`_orders`), and the replayed entries the policy draws for each optimizer step
+        (``replay_count``)."""
         per_epoch, total = self._layout(n)
         ga = self.args.gradient_accumulation_steps
-        order = torch.Generator().manual_seed(int(random.Random(f"sure-order:{self.args.seed}:{t}").getrandbits(63)))
         epochs, steps = [], []
-        for sizes in per_epoch:
-            perm = torch.randperm(n, generator=order).tolist()
+        for sizes, perm in zip(per_epoch, self._orders(t)):
             micro, pos = [], 0
             for size in sizes:
                 micro.append([(t, i, 0) for i in perm[pos : pos + size]])
@@ -457,10 +475,30 @@ class SureTrainer(Trainer):
             folder = self.root / f"task-{k}"
             if (folder / END_DIR / STATE_JSON).is_file():
                 return {"task": k, "path": str(folder / END_DIR), "done": True}
-            last = get_last_checkpoint(str(folder)) if folder.is_dir() else None
-            if last and (Path(last) / STATE_JSON).is_file():
-                return {"task": k, "path": last, "done": False}
+            for last in _checkpoints(folder):
+                if _complete(last):
+                    return {"task": k, "path": str(last), "done": False}
         return None
+
+
+def _checkpoints(folder: Path) -> list[Path]:
+    """The Trainer's ``checkpoint-N`` folders in ``folder``, newest (largest N) first."""
+    found = [(int(m.group(1)), p) for p in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.is_dir() and (m := re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", p.name))]
+    return [p for _, p in sorted(found, key=lambda x: x[0], reverse=True)]
+
+
+def _complete(folder: Path) -> bool:
+    """A checkpoint the Trainer finished writing: SuRe's state (written first, atomically) and
+    the Trainer's ``trainer_state.json``, which it writes last (after the weights, optimizer,
+    scheduler and RNG states), parsing. A job killed while saving leaves a folder without it,
+    which a resume passes over for the one before."""
+    if not (folder / STATE_JSON).is_file():
+        return False
+    try:
+        json.loads((folder / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _is_hf_dataset(obj) -> bool:
