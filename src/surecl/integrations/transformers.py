@@ -25,8 +25,13 @@ random state) and ``sure_state.safetensors`` (fast and slow adapters); the end o
 written to ``task-<t>/sure-end/``. Rerunning the same script with
 ``next_task(ds, resume_from_checkpoint=True)`` skips the finished tasks (their datasets are
 still needed: the buffer indexes them), and resumes the interrupted one from its last
-checkpoint with the same batches, replay draws and RNG states, so it ends where an
-uninterrupted run ends. The AdamW state starts fresh at every task (the core's
+complete checkpoint (one a kill left half-written is passed over) with the same batches,
+replay draws and RNG states, so it ends where an uninterrupted run ends.
+
+New examples are taken in the order ``surecl run`` takes them with ``train.batching=uniform``
+and the same seed (one optimizer step = ``per_device_train_batch_size`` x
+``gradient_accumulation_steps`` = ``train.batch_size``), so with the same settings the two
+train on the same batches and replay the same draws. The AdamW state starts fresh at every task (the core's
 ``train.fresh_optimizer=true``).
 
 One process only for now (no ``accelerate launch`` with several processes), causal or
