@@ -227,3 +227,10 @@ def test_killed_run_resumes_to_the_same_probe(point, uninterrupted, probe):
     assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr
     got = json.loads((out / "results.json").read_text())
     assert got["general"] == want["general"] and got["accuracy_matrix"] == want["accuracy_matrix"]
+
+
+def test_dry_run_names_the_probe(probe, tiny_cache):
+    from surecl.plan import describe
+
+    text = describe(build_config("tiny,seq_lora", [*STREAM, f"eval.general={probe}", "eval.general_n=10"]), tiny_cache)
+    assert f"general-ability probe ({probe}): text (perplexity) 10 rows, instruct (rouge_l) 10 rows" in text

@@ -210,12 +210,16 @@ def _general_lines(results: dict) -> list[str]:
              "| general | before training | " + " | ".join(f"after {tasks[i]}" for i in shown) + " | change |",
              "|---" * (len(shown) + 3) + "|"]
 
+    def value(v: float | None, sign: str = "") -> str:
+        """Two decimals; a perplexity a damaged model blew up to millions in three significant digits."""
+        return "-" if v is None else f"{v:{sign}.3g}" if abs(v) >= 1e6 else f"{v:{sign}.2f}"
+
     def line(name: str, summary: dict, part: str) -> str:
         got = summary.get("after") or []
-        cells = [_fmt((got[i] or {}).get(part) if i < len(got) else None, 2) for i in shown]
+        cells = [value((got[i] or {}).get(part) if i < len(got) else None) for i in shown]
         change = (summary.get("change") or {}).get(part)
         before = (general.get("before") or {}).get(part)
-        return f"| {name} | {_fmt(before, 2)} | " + " | ".join(cells) + f" | {'-' if change is None else f'{change:+.2f}'} |"
+        return f"| {name} | {value(before)} | " + " | ".join(cells) + f" | {value(change, '+')} |"
 
     for part in parts:
         lines.append(line(part, general, part))
