@@ -234,3 +234,14 @@ def test_dry_run_names_the_probe(probe, tiny_cache):
 
     text = describe(build_config("tiny,seq_lora", [*STREAM, f"eval.general={probe}", "eval.general_n=10"]), tiny_cache)
     assert f"general-ability probe ({probe}): text (perplexity) 10 rows, instruct (rouge_l) 10 rows" in text
+
+
+def test_cli_summary_line_shows_the_change(probe, tmp_path, tiny_cache, capsys, monkeypatch):
+    from surecl.cli import main
+
+    monkeypatch.setenv("SURECL_CACHE", str(tiny_cache))
+    code = main(["run", "--config", "tiny,seq_lora", "--out", str(tmp_path / "out"), "--quiet", *STREAM[:4], "train.epochs=1",
+                 f"eval.general={probe}"])
+    out = capsys.readouterr().out
+    change = json.loads((tmp_path / "out" / "results.json").read_text())["general"]["change"]
+    assert code == 0 and f"general text {change['text']:+.2f}, instruct {change['instruct']:+.2f}  -> " in out
