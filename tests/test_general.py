@@ -245,3 +245,17 @@ def test_cli_summary_line_shows_the_change(probe, tmp_path, tiny_cache, capsys, 
     out = capsys.readouterr().out
     change = json.loads((tmp_path / "out" / "results.json").read_text())["general"]["change"]
     assert code == 0 and f"general text {change['text']:+.2f}, instruct {change['instruct']:+.2f}  -> " in out
+
+
+@pytest.mark.parametrize("method", ["mtl", "per_task", "progressive_prompts", "olora", "seq_ft"])
+def test_every_kind_of_method_is_probed(method, probe, tmp_path, tiny_cache):
+    """Methods with one stage (MTL), per-task weights or prompts that belong to a stream task,
+    frozen past adapters, or no adapters at all: the probe is measured before and after every stage."""
+    from surecl.trainer import run
+
+    results = run(build_config(f"tiny,{method}", [*STREAM[:4], "train.epochs=1", f"eval.general={probe}", "eval.general_n=4"]),
+                  tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    g = results["general"]
+    rows = [r for r in g["after"] if r is not None]
+    assert g["before"] is not None and len(rows) == (1 if method == "mtl" else 2) and g["final"] == rows[-1]
+    assert g["change"] == {k: pytest.approx(g["final"][k] - g["before"][k]) for k in g["before"]}
