@@ -94,8 +94,10 @@ def cmd_run(args) -> int:
     from surecl.trainer import run
 
     results = run(cfg, out, fresh=args.fresh, progress=not args.quiet, log_with=log_with)
+    change = (results.get("general") or {}).get("change") or {}
+    general = ("  general " + ", ".join(f"{part} {v:+.2f}" for part, v in change.items())) if change else ""
     print(f"FP {results['fp']:.1f}  AP {results['ap'] if results['ap'] is None else round(results['ap'], 1)}  "
-          f"forgetting {results['forgetting'] if results['forgetting'] is None else round(results['forgetting'], 1)}  -> {out}/results.json")
+          f"forgetting {results['forgetting'] if results['forgetting'] is None else round(results['forgetting'], 1)}{general}  -> {out}/results.json")
     return 0
 
 

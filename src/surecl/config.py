@@ -273,6 +273,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("eval.batch_size", cfg.eval.batch_size >= 1, "must be >= 1"),
         ("eval.max_new_tokens", cfg.eval.max_new_tokens >= 0, "must be >= 0"),
         ("eval.max_new_cap", cfg.eval.max_new_cap >= 1, "must be >= 1"),
+        ("eval.general_n", cfg.eval.general_n >= 0, "must be >= 0 (0 = every row)"),
+        ("eval.general", bool(cfg.eval.general.strip()), "must be none, default or a path"),
         ("log_every", cfg.log_every >= 1, "must be >= 1"),
     ]
     for key, ok, why in checks:

@@ -151,6 +151,12 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         names = "+".join(tasks[t].name for t in stage.tasks)
         lines.append(f"| {k + 1} | {names} | {n} | {sum(len(tasks[t].test) for t in stage.tasks)} | {steps} | {replay_steps} | {q} |")
     lines.append(f"\ntotal optimizer steps: {sum(steps_all)}")
+    if cfg.eval.general != "none":
+        from surecl.data.general import load_general_probe
+
+        probe = load_general_probe(cfg.eval.general, cfg.eval.general_n, cache_dir)
+        parts = ", ".join(f"{t.name} ({'perplexity' if t.kind == 'text' else t.score_metric}) {len(t.test)} rows" for t in probe.tasks)
+        lines.append(f"general-ability probe ({cfg.eval.general}): {parts}; before the first task and after each of the {len(stages)} stages")
     warning = quota_warning(policy_class(policy), capacity, len(tasks))
     if warning:
         lines.append(f"warning: {warning}")

@@ -171,6 +171,7 @@ def write_run_report(out_dir: Path, results: dict) -> None:
         f"| {_fmt(results['fp'], digits)} | {_fmt(results['ap'], digits)} | {_fmt(results['forgetting'], digits)} | {_fmt(results['bwt'], digits)} |",
         "",
         *_fwt_lines(results, digits),
+        *_general_lines(results),
         "## Perplexity matrix (lower is better)" if ppl else "## Accuracy matrix (%)" if metric == "accuracy"
         else f"## Score matrix ({metric_words(metric, results.get('metrics'))})",
         "",
@@ -190,6 +191,42 @@ def write_run_report(out_dir: Path, results: dict) -> None:
     write_text(out_dir / "report.md", "\n".join(lines))
     heatmap(out_dir / "heatmap.png", results["tasks"], results["accuracy_matrix"], f"{name}: FP {_fmt(results['fp'], digits)}", metric,
             results.get("metrics"))
+
+
+def _general_lines(results: dict) -> list[str]:
+    """The general-ability probe (``eval.general``): one row per part, its value before training,
+    after every task and the change, under the evaluation adapter (and the fast one)."""
+    general = results.get("general")
+    if not general:
+        return []
+    from surecl.metrics import METRIC_NAMES
+
+    parts, tasks = general["parts"], results["tasks"]
+    shown = [i for i, v in enumerate(general.get("after") or []) if v is not None and i < len(tasks)]
+    lines = ["## General ability (held-out probe, never trained on)", "",
+             f"probe `{general['source']}`: " + ", ".join(
+                 f"{p} = {METRIC_NAMES.get(general['metrics'][p], general['metrics'][p])} on {general['rows'][p]} rows" for p in parts)
+             + "; a perplexity that rose or a score that fell is what the stream cost the model beyond its tasks", "",
+             "| general | before training | " + " | ".join(f"after {tasks[i]}" for i in shown) + " | change |",
+             "|---" * (len(shown) + 3) + "|"]
+
+    def value(v: float | None, sign: str = "") -> str:
+        """Two decimals; a perplexity a damaged model blew up to millions in three significant digits."""
+        return "-" if v is None else f"{v:{sign}.3g}" if abs(v) >= 1e6 else f"{v:{sign}.2f}"
+
+    def line(name: str, summary: dict, part: str) -> str:
+        got = summary.get("after") or []
+        cells = [value((got[i] or {}).get(part) if i < len(got) else None) for i in shown]
+        change = (summary.get("change") or {}).get(part)
+        before = (general.get("before") or {}).get(part)
+        return f"| {name} | {value(before)} | " + " | ".join(cells) + f" | {value(change, '+')} |"
+
+    for part in parts:
+        lines.append(line(part, general, part))
+    if general.get("fast"):
+        for part in parts:
+            lines.append(line(f"{part} (fast adapter)", general["fast"], part))
+    return [*lines, ""]
 
 
 def _fwt_lines(results: dict, digits: int) -> list[str]:

@@ -80,7 +80,9 @@ class DataConfig:
     """The task stream."""
 
     benchmark: str = "embedded"
-    """``embedded`` (offline default), ``tiny`` (fixture), ``none`` (only ``data.jsonl`` / ``data.hf`` tasks), or a path to a CL_Benchmark folder."""
+    """``embedded`` (offline default), ``instruct`` (four real instruction tasks with free-form
+    answers, built once from the ``bigbench`` package: :mod:`surecl.data.instruct`), ``tiny``
+    (fixture), ``none`` (only ``data.jsonl`` / ``data.hf`` tasks), or a path to a CL_Benchmark folder."""
     order: str = "default"
     """A task order: ``1``..``6`` for CL_Benchmark, ``default`` for the benchmark's own order."""
     tasks: list[str] = field(default_factory=list)
@@ -329,3 +331,16 @@ class EvalConfig:
     """After each task also evaluate the next one, not yet trained (the matrix's cell above the
     diagonal): with the before-training row, what forward transfer (``fwt`` in results.json)
     is computed from. One more evaluation per task."""
+    general: str = "none"
+    """The general-ability probe, measured before the first task and after every task under the
+    evaluation adapter (and the fast one with ``eval.fast``), on data the stream never trains
+    on, so a run shows what the stream cost the model beyond its tasks (``general`` in
+    results.json, a row per part in report.md): ``none`` (off), ``default`` (the packaged probe:
+    the perplexity of general text, WikiHow articles, and ROUGE-L on a held-out instruction
+    set of four tasks the ``instruct`` stream does not hold, built once into the cache from
+    the ``bigbench`` package with that stream), or a path: a folder with ``text.jsonl``
+    (``{"text": ...}`` rows) and/or ``instruct.jsonl`` (generation rows, as ``data.jsonl``
+    reads them), or one such JSONL file (:mod:`surecl.data.general`)."""
+    general_n: int = 100
+    """Rows of each probe part kept (0 = all), by a fixed draw: every seed and method measures
+    the same rows."""

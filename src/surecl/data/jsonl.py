@@ -29,7 +29,7 @@ from surecl.errors import SureclError
 GENERIC_INSTRUCTION = "Classify the following text. Choose one from the option.\n"
 
 
-def _text_rows(items: list[tuple[int, dict]], path: Path) -> list[Example]:
+def _text_rows(items: list[tuple[int, dict]], path: Path | str) -> list[Example]:
     out = []
     for lineno, obj in items:
         text = obj.get("text", obj.get("sentence"))
@@ -97,14 +97,17 @@ def chat_example(messages, where: str) -> Example:
     return Example(sentence=asked, label=turns[-1][1], messages=tuple(turns))
 
 
-def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: str = "error") -> Task:
+def read_jsonl(path: str | Path, what: str = "data.jsonl") -> tuple[dict, list[tuple[int, dict]]]:
+    """The header (``{}`` without one) and every other line, as (line number, object), of a
+    task file; a missing, unreadable or malformed file is one line naming it (``what``: the
+    option that names the file)."""
     path = Path(path)
     if not path.exists():
-        raise SureclError(f"data.jsonl: file {path} does not exist")
+        raise SureclError(f"{what}: file {path} does not exist")
     if path.is_dir():
-        raise SureclError(f"data.jsonl: {path} is a directory, not a JSONL file")
+        raise SureclError(f"{what}: {path} is a directory, not a JSONL file")
     if not path.is_file():  # reading a FIFO would block: say what it is instead
-        raise SureclError(f"data.jsonl: {path} is not a regular file (a FIFO, socket or device); give a JSONL file")
+        raise SureclError(f"{what}: {path} is not a regular file (a FIFO, socket or device); give a JSONL file")
     try:
         # utf-8-sig: a byte-order mark (as some Windows editors write) is dropped; splitlines()
         # below takes CRLF line ends as well as LF.
@@ -114,7 +117,7 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
     except OSError as exc:
         raise SureclError(f"{path}: cannot read ({exc.strerror})") from None
     header: dict = {}
-    rows: dict[str, list] = {"train": [], "test": []}
+    rows: list[tuple[int, dict]] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -129,6 +132,15 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
                 raise SureclError(f"{path} line {lineno}: a second header line")
             header = obj
             continue
+        rows.append((lineno, obj))
+    return header, rows
+
+
+def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: str = "error") -> Task:
+    path = Path(path)
+    header, lines = read_jsonl(path)
+    rows: dict[str, list] = {"train": [], "test": []}
+    for lineno, obj in lines:
         split = obj.get("split", "train")
         if split not in rows:
             raise SureclError(f"{path} line {lineno}: split must be 'train' or 'test', got {split!r}")

@@ -25,6 +25,10 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
             tasks = [by_name[n] for n in data.tasks]
     elif data.benchmark == "none":
         tasks = []
+    elif data.benchmark == "instruct":
+        from surecl.data.instruct import ensure_instruct_benchmark, load_instruct_stream
+
+        tasks = load_instruct_stream(ensure_instruct_benchmark(cache_dir), data.tasks, data.order)
     else:
         if data.benchmark == "embedded":
             from surecl.data.embedded import ensure_embedded_benchmark

@@ -20,6 +20,8 @@ these hooks (all optional; the defaults do nothing):
   task: chooses the weights that answer (slow or fast adapter, a per-task snapshot). Also
   entered, in a dual run, for the fast adapter's row (``ctx.eval_view == "fast"``) and, except
   the method's, for the before-training row (``eval.before``; ``ctx.stage`` is None then).
+  Entered too, except the method's, around the general-ability probe (``eval.general``), with
+  ``task`` = ``GENERAL_PROBE`` (-1: no stream task).
 * ``after_eval(ctx, stage)``   - after a stage's row of the accuracy matrix (and the fast
   adapter's, ``ctx.state.accuracy_fast``) is filled; ``stage`` is None for the before-training
   row (``ctx.state.initial``). Loggers and trackers read the matrix here.
@@ -60,6 +62,11 @@ if TYPE_CHECKING:
 
     from surecl.config import RunConfig
     from surecl.replay.buffer import Entry
+
+
+GENERAL_PROBE = -1
+"""The ``task`` that ``eval_context`` gets around the general-ability probe (``eval.general``):
+no stream task, so a plugin that swaps in a task's own weights leaves them as they are."""
 
 
 @dataclass(frozen=True)
