@@ -10,6 +10,7 @@ import torch
 from plain_eval import greedy_row
 from tiny_runs import LEARNED  # enough epochs for a task learned (>= 90 %)
 
+from surecl import registry
 from surecl.config import build_config, load_yaml, preset_names
 from surecl.data.loading import load_stream
 from surecl.trainer import run
@@ -55,7 +56,7 @@ def test_every_preset_runs_on_tiny(preset, tmp_path, cache_dir):
     assert saved["host"]["threads"] == torch.get_num_threads() and saved["host"]["torch"] == torch.__version__
     assert saved["host"]["cpu"] and set(saved["host"]["cpu_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
     assert f"host: {saved['host']['cpu']}" in (tmp_path / "run" / "report.md").read_text()
-    buffer_expected = cfg.replay.policy != "none" and cfg.method == "sequential"
+    buffer_expected = cfg.replay.policy != "none" and registry.method_class(cfg.method).continual  # (MTL replays nothing)
     assert (saved["buffer"]["size"] > 0) == buffer_expected
     # the kept examples' labels, per task: the entries of buffer.json looked up in the data
     tasks = {t.name: t for t in load_stream(cfg)}

@@ -82,6 +82,8 @@ class Tracking(Plugin):
         if not self.started:
             ctx.accelerator.init_trackers(PROJECT, config=_hparams(ctx.cfg.to_dict()))
             self.started = True
+            for tracker in ctx.accelerator.trackers:
+                _count_events(tracker)
             if getattr(ctx, "continuing", False):  # a rerun into the same folder: what an earlier process sent stays sent
                 self.sent.update(_read_mark(ctx.out_dir / MARK))
 
@@ -137,21 +139,65 @@ class Tracking(Plugin):
         ctx.accelerator.end_training()
 
 
+def _event_writer(tracker):
+    """A TensorBoard tracker's tensorboardX ``EventFileWriter`` (None for other trackers)."""
+    inner = getattr(tracker, "tracker", None)
+    return getattr(getattr(inner, "file_writer", None), "event_writer", None)
+
+
+def _count_events(tracker) -> None:
+    """Count the events a tensorboardX writer is given and those its worker thread has written
+    (the writer hands them over through a ``multiprocessing.Queue``, whose ``empty()`` says
+    nothing of an event still on its way), so :func:`_settle` can wait for exactly these."""
+    writer = _event_writer(tracker)
+    record = getattr(writer, "_ev_writer", None)
+    if writer is None or record is None or getattr(writer, "_surecl_events", None) is not None:
+        return
+    events = {"given": {}, "written": 0}  # the events given and not yet written, by their bytes (the queue pickles them)
+    add, write = writer.add_event, record.write_event
+
+    def key(event):
+        try:
+            return event.SerializeToString()
+        except Exception:
+            return None
+
+    def add_event(event):
+        k = key(event)
+        if k is not None:
+            events["given"][k] = events["given"].get(k, 0) + 1
+        add(event)
+
+    def write_event(event):
+        write(event)
+        k = key(event)
+        left = events["given"].get(k, 0)
+        if left > 1:
+            events["given"][k] = left - 1
+        elif left == 1:
+            del events["given"][k]
+        events["written"] += 1
+
+    writer.add_event, record.write_event = add_event, write_event
+    writer._surecl_events = events
+
+
+SETTLE_SECONDS = 30.0
+"""The longest :func:`_settle` waits for a writer's worker thread (a loaded machine is slow)."""
+
+
 def _settle(trackers) -> None:
     """Let each tracker write what it was given before :data:`MARK` says it was sent: a
-    TensorBoard writer (tensorboardX) hands events to a worker thread through a queue, which a
-    stopped process loses; wait (at most a second) until its queue is empty, then flush."""
+    TensorBoard writer (tensorboardX) hands events to a worker thread, which a stopped process
+    loses; wait (at most :data:`SETTLE_SECONDS`) until the worker has written every event given
+    to it (:func:`_count_events`), then flush the file."""
     for tracker in trackers:
-        inner = getattr(tracker, "tracker", None)
-        writer = getattr(getattr(inner, "file_writer", None), "event_writer", None)
-        pending = getattr(writer, "_event_queue", None)
-        if pending is not None:
-            deadline = time.monotonic() + 1.0
-            with contextlib.suppress(Exception):
-                while not pending.empty() and time.monotonic() < deadline:
-                    time.sleep(0.001)
-                time.sleep(0.001)  # the worker writes what it took off the queue
-        flush = getattr(inner, "flush", None)
+        events = getattr(_event_writer(tracker), "_surecl_events", None)
+        if events is not None:
+            deadline = time.monotonic() + SETTLE_SECONDS
+            while events["given"] and time.monotonic() < deadline:
+                time.sleep(0.001)
+        flush = getattr(getattr(tracker, "tracker", None), "flush", None)
         if callable(flush):
             with contextlib.suppress(Exception):
                 flush()
