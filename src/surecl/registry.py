@@ -273,6 +273,19 @@ def policy_options(cfg: Any, name: str | None = None) -> Any:
     return dataclasses.replace(cfg.options[spec.key]) if spec.config is not None else None
 
 
+def lazy_attributes(package: str, module: str):
+    """A PEP 562 ``__getattr__`` for a method package: the names of ``module`` (its ``method.py``,
+    which needs torch) imported on first use, so the package itself stays light."""
+
+    def __getattr__(name: str) -> Any:
+        try:
+            return getattr(importlib.import_module(module), name)
+        except AttributeError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+
+    return __getattr__
+
+
 def import_modules(modules: list[str]) -> None:
     """Import each module (``--import``), whose top level registers methods or policies; an
     unimportable one is a one-line error."""

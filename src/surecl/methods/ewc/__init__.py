@@ -5,21 +5,12 @@ torch), ``config.py`` its options; ``METHODS`` registers them (:mod:`surecl.regi
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from surecl.methods.ewc.config import EWCConfig
-from surecl.registry import MethodSpec
+from surecl.registry import MethodSpec, lazy_attributes
 
 METHODS = (
     MethodSpec("ewc", "surecl.methods.ewc.method:EWC", EWCConfig),
 )
 
 
-def __getattr__(name: str) -> Any:
-    """The method module's names (the classes, helpers), imported on first use."""
-    module = importlib.import_module("surecl.methods.ewc.method")
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module 'surecl.methods.ewc' has no attribute {name!r}") from None
+__getattr__ = lazy_attributes(__name__, f"{__name__}.method")

@@ -6,19 +6,10 @@ torch), ``config.py`` its options; ``METHODS`` registers them (:mod:`surecl.regi
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from surecl.methods.ilora.config import ILoRAConfig
-from surecl.registry import MethodSpec
+from surecl.registry import MethodSpec, lazy_attributes
 
 METHODS = (MethodSpec("ilora", "surecl.methods.ilora.method:ILoRA", ILoRAConfig),)
 
 
-def __getattr__(name: str) -> Any:
-    """The method module's names (the class, helpers), imported on first use."""
-    module = importlib.import_module("surecl.methods.ilora.method")
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module 'surecl.methods.ilora' has no attribute {name!r}") from None
+__getattr__ = lazy_attributes(__name__, f"{__name__}.method")

@@ -5,20 +5,11 @@ torch), ``config.py`` its options; ``METHODS`` registers them (:mod:`surecl.regi
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from surecl.registry import MethodSpec
+from surecl.registry import MethodSpec, lazy_attributes
 
 METHODS = (
     MethodSpec("mtl", "surecl.methods.mtl.method:MultiTask"),
 )
 
 
-def __getattr__(name: str) -> Any:
-    """The method module's names (the classes, helpers), imported on first use."""
-    module = importlib.import_module("surecl.methods.mtl.method")
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module 'surecl.methods.mtl' has no attribute {name!r}") from None
+__getattr__ = lazy_attributes(__name__, f"{__name__}.method")

@@ -5,11 +5,8 @@ torch), ``config.py`` its options; ``METHODS`` registers them (:mod:`surecl.regi
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from surecl.methods.olora.config import NLoRAConfig, OLoRAConfig
-from surecl.registry import MethodSpec
+from surecl.registry import MethodSpec, lazy_attributes
 
 METHODS = (
     MethodSpec("olora", "surecl.methods.olora.method:OLoRA", OLoRAConfig),
@@ -17,10 +14,4 @@ METHODS = (
 )
 
 
-def __getattr__(name: str) -> Any:
-    """The method module's names (the classes, helpers), imported on first use."""
-    module = importlib.import_module("surecl.methods.olora.method")
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module 'surecl.methods.olora' has no attribute {name!r}") from None
+__getattr__ = lazy_attributes(__name__, f"{__name__}.method")
