@@ -111,5 +111,5 @@ def test_report_refuses_mixed_metrics(tmp_path, tiny_cache):
     orders, rows = aggregate(runs, "fp")
     assert {name for name, _, _ in rows} == {"seq_lora", "reservoir"}
     accuracy_run = dict(results["seq_lora"], metric="accuracy")
-    with pytest.raises(SureclError, match="mix accuracy and perplexity"):
+    with pytest.raises(SureclError, match=r"different metrics \(accuracy: 1 run; perplexity: 2 runs\)"):
         aggregate(runs + [accuracy_run], "fp")

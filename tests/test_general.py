@@ -141,6 +141,21 @@ def test_probe_is_measured_before_and_after_every_task(probed, probe):
     assert state["general_initial"] == g["before"] and state["general"] == g["after"]
 
 
+def test_model_cards_carry_the_probe(probed, probe):
+    """Each saved adapter's card shows the probe before the stream and after its last task
+    under that adapter's own weights (the fast card: the fast adapter's probe)."""
+    out, results = probed
+    g = results["general"]
+    for adapter, final in (("slow", g["final"]), ("fast", g["fast"]["final"])):
+        card = (out / "adapters" / adapter / "README.md").read_text()
+        row = next(line for line in card.splitlines() if line.startswith("| general ability"))
+        assert f"`{probe}`" in row
+        for part in ("text", "instruct"):
+            assert f"{final[part]:.2f} ({final[part] - g['before'][part]:+.2f})" in row
+        assert f"text perplexity {g['before']['text']:.2f} -> {final['text']:.2f}" in row
+    assert g["fast"]["final"]["text"] != g["final"]["text"]  # the two cards show different weights
+
+
 def test_without_the_option_nothing_changes(tmp_path, tiny_cache):
     from surecl.trainer import run
 

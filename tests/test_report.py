@@ -496,7 +496,30 @@ def test_cli_errors_no_runs_and_mixed_kinds(tmp_path, capsys):
     put(tmp_path / "mix", "seq_lora", "1", 0, 40.0, 80.0)
     put(tmp_path / "mix", "surprise", "1", 0, 12.0, 10.0, kind="perplexity")
     assert main(["report", str(tmp_path / "mix"), "--layout", "paper"]) == 2
-    assert "mix accuracy and perplexity" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "scored in different metrics (accuracy: 1 run, e.g. " in err and "; perplexity: 1 run, e.g. " in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    # a generation stream (ROUGE-L) beside classification runs is refused the same way, in both layouts
+    put(tmp_path / "gen", "seq_lora", "1", 0, 40.0, 80.0)
+    put(tmp_path / "gen", "surprise", "1", 0, 30.0, 35.0, kind="rouge_l")
+    put(tmp_path / "gen", "surprise", "1", 1, 31.0, 36.0, kind="rouge_l")
+    for layout in ("paper", "orders"):
+        assert main(["report", str(tmp_path / "gen"), "--layout", layout]) == 2
+        err = capsys.readouterr().err
+        assert "(accuracy: 1 run, e.g. " in err and "; rouge_l: 2 runs, e.g. " in err and "Traceback" not in err
+
+
+def test_generation_runs_are_reported_in_their_metric(tmp_path, capsys):
+    """Runs scored in ROUGE-L are reported as such (not as accuracy %), in both layouts."""
+    for seed, fp in ((0, 30.0), (1, 34.0)):
+        put(tmp_path / "gen", "seq_lora", "1", seed, fp, 40.0, kind="rouge_l")
+        put(tmp_path / "gen", "surprise", "1", seed, fp + 5, 41.0, kind="rouge_l")
+    assert main(["report", str(tmp_path / "gen")]) == 0
+    out = capsys.readouterr().out
+    assert "FP (ROUGE-L (F, x100))" in out and "accuracy" not in out
+    assert main(["report", str(tmp_path / "gen"), "--layout", "paper", "--out-dir", str(tmp_path / "rep")]) == 0
+    report = (tmp_path / "rep" / "report.md").read_text()
+    assert "ROUGE-L (F, x100), higher is better" in report and "accuracy %" not in report
 
 
 def test_two_runs_of_one_cell_are_an_error(runs, tmp_path):
@@ -818,3 +841,41 @@ def test_a_run_records_majority_rates_and_its_report_shows_them(tmp_path, tiny_c
         labels = [e.label for e in task.test]
         assert res["majority"][task.name] == pytest.approx(100 * max(labels.count(x) for x in set(labels)) / len(labels))
     assert "majority-class rate per task (%): colors" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_general_probe_is_aggregated_per_row(tmp_path, capsys):
+    """The paper layout's "General ability" table: per row and probe part the mean before and
+    after the stream and the change as mean ± sample std with n; a dual run's fast row takes
+    the fast adapter's probe; rows never probed are left out."""
+    from statistics import stdev
+
+    probe = {"seq_lora": {0: (40.0, 42.0, 30.0, 28.0), 1: (40.0, 45.0, 30.0, 26.0)},
+             "slow_surprise": {0: (40.0, 41.0, 30.0, 29.5), 1: (40.0, 41.5, 30.0, 29.0)}}
+    for row, seeds in probe.items():
+        for seed, (t0, t1, i0, i1) in seeds.items():
+            r = results(row, "1", seed, 50.0 + seed, 60.0, fast=(48.0, 58.0) if row == "slow_surprise" else None, draw="order")
+            r["general"] = {"source": "default", "parts": ["text", "instruct"], "metrics": {"text": "perplexity", "instruct": "rouge_l"},
+                            "before": {"text": t0, "instruct": i0}, "after": [{"text": t1, "instruct": i1}],
+                            "final": {"text": t1, "instruct": i1}, "change": {"text": t1 - t0, "instruct": i1 - i0}}
+            if row == "slow_surprise":
+                r["general"]["fast"] = {"after": [{"text": t1 + 3, "instruct": i1 - 2}], "final": {"text": t1 + 3, "instruct": i1 - 2},
+                                        "change": {"text": t1 + 3 - t0, "instruct": i1 - 2 - i0}}
+            d = tmp_path / "runs" / rel(row, "1", seed)
+            d.mkdir(parents=True)
+            (d / "results.json").write_text(json.dumps(r))
+    put(tmp_path / "runs", "reservoir", "1", 0, 45.0, 55.0, draw="order")  # not probed
+    assert main(["report", str(tmp_path / "runs"), "--layout", "paper", "--out-dir", str(tmp_path / "rep")]) == 0
+    capsys.readouterr()
+    md = (tmp_path / "rep" / "report.md").read_text()
+    section = md[md.index("## General ability"):]
+    section = section[:section.index("\n## ", 3)]
+    assert "text in perplexity, instruct in ROUGE-L (F, x100)" in section and "`default`" in section
+    lines = {line.split(" | ")[0].strip("| "): line for line in section.splitlines() if line.startswith("| ")}
+    assert "reservoir" not in lines
+    seq = lines["seq_lora"]
+    assert "| 40.00 | 43.50 | +3.50 ± " + f"{stdev([2.0, 5.0]):.2f} (n=2) |" in seq
+    assert f"| 30.00 | 27.00 | -3.00 ± {stdev([-2.0, -4.0]):.2f} (n=2) |" in seq
+    assert "| 40.00 | 44.25 | +4.25 ± " in lines["slow_surprise (fast)"]  # the fast adapter's own probe
+    assert "| 40.00 | 41.25 | +1.25 ± " in lines["slow_surprise"]
+    csv_text = (tmp_path / "rep" / "general.csv").read_text().splitlines()
+    assert csv_text[0] == "row,text_before,text_after,text_change_mean,text_change_std,text_n,instruct_before,instruct_after,instruct_change_mean,instruct_change_std,instruct_n"

@@ -69,3 +69,27 @@ def test_cli_log_with_writes_events_and_rejects_an_unknown_tracker(tmp_path, tin
     # --fresh removes the tracker's folder with the rest of the run
     assert main(["run", "--quiet", "--fresh", "--config", "tiny,seq_lora", *ARGS, "--out", str(out)]) == 0
     assert not (out / "tensorboard").exists()
+
+
+def test_generation_stream_logs_its_metric_and_the_general_probe(tmp_path, tiny_cache):
+    """A generation stream's cells go under the tasks' own metric (``rouge_l/<task>``, not
+    ``accuracy/``), and the general-ability probe is logged per part: before training at step 0
+    (with ``eval.before`` off), after every stage, the fast adapter's, and its change."""
+    from test_general import STREAM, write_probe
+
+    probe = write_probe(tmp_path / "general")
+    cfg = build_config("tiny,slow_surprise", [*STREAM, f"eval.general={probe}", "eval.before=false"])
+    res = run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache, log_with=["tensorboard"])
+    got = scalars(tmp_path / "run" / "tensorboard")
+    assert res["metric"] == "rouge_l" and not any(tag.startswith("accuracy") for tag in got)
+    a, fast, g = res["accuracy_matrix"], res["fast"]["accuracy_matrix"], res["general"]
+    assert [v for _, v in got["rouge_l/colors"]] == pytest.approx([a[0][0], a[1][0]])
+    assert [v for _, v in got["rouge_l_fast/animals"]] == pytest.approx([fast[1][1]])
+    steps = [s for s, _ in got["rouge_l/colors"]]
+    for part in ("text", "instruct"):
+        assert got[f"general/{part}"] == [(0, pytest.approx(g["before"][part])),
+                                          *[(s, pytest.approx(row[part])) for s, row in zip(steps, g["after"])]]
+        assert [v for _, v in got[f"general_fast/{part}"]] == pytest.approx([row[part] for row in g["fast"]["after"]])
+        assert got[f"summary/general_change/{part}"] == [(res["steps"], pytest.approx(g["change"][part]))]
+    mark = json.loads((tmp_path / "run" / "tracking.json").read_text())
+    assert mark["general_initial"] is True and mark["rows"] == [0, 1]

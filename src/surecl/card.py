@@ -109,8 +109,34 @@ def _run_table(results: dict, scores: dict) -> list[str]:
         f"| FP, final performance ({unit}: mean over every task after the last) | {_fmt(scores.get('fp'), digits)} |",
         f"| AP, average performance ({unit}: mean over each task right after it was learned) | {_fmt(scores.get('ap'), digits)} |",
         f"| after the last task, per task | {', '.join(f'{t} {_fmt(v, digits)}' for t, v in zip(tasks, last))} |",
+        *_general_row(results, scores),
         f"| seed | {cfg['seed']} |",
     ]
+
+
+def _general_row(results: dict, scores: dict) -> list[str]:
+    """The general-ability probe's row (``eval.general``): each part before the stream and
+    after its last task, with the change, under the weights ``scores`` belong to (the fast
+    adapter's when the card is the fast adapter's and the run probed it)."""
+    general = results.get("general")
+    if not general:
+        return []
+    from surecl.metrics import METRIC_NAMES
+
+    mine = general.get("fast") if scores is results.get("fast") else general
+    if not mine or not mine.get("final"):
+        return []
+    before, final = general.get("before") or {}, mine["final"]
+    parts = []
+    for part in general["parts"]:
+        metric = general["metrics"][part]
+        d = 2
+        words = f"{part} {METRIC_NAMES.get(metric, metric)} {_fmt(before.get(part), d)} -> {_fmt(final.get(part), d)}"
+        if part in before and final.get(part) is not None:
+            words += f" ({final[part] - before[part]:+.{d}f})"
+        parts.append(words)
+    return [f"| general ability: held-out probe `{general['source']}`, never trained on (before the stream -> after its last task) | "
+            + "; ".join(parts) + " |"]
 
 
 def _beta_words(results: dict) -> str:

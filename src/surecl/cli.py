@@ -208,7 +208,7 @@ def _order_benchmarks(specs: list[str]) -> dict[str, str]:
 
 def cmd_report(args) -> int:
     from surecl.checkpoint import write_text
-    from surecl.report import METRICS, aggregate, find_runs, table_csv, table_markdown
+    from surecl.report import METRICS, aggregate, one_metric, read_results, table_csv, table_markdown
 
     if args.metric not in METRICS:
         raise SureclError(f"--metric: unknown metric {args.metric!r} (choose from {', '.join(METRICS)})")
@@ -229,7 +229,9 @@ def cmd_report(args) -> int:
         if args.csv:
             write_text(Path(args.csv), rep.tables[0].csv)
         return 0
-    runs = find_runs([Path(d) for d in args.dirs])
+    found = read_results([Path(d) for d in args.dirs])
+    one_metric(found)
+    runs = [r for _, r in found]
     orders, rows = aggregate(runs, args.metric)
     md = table_markdown(orders, rows, args.metric, runs[0].get("metric", "accuracy"))
     print(md)

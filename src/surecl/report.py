@@ -17,7 +17,7 @@ from statistics import fmean, median, stdev
 
 from surecl.checkpoint import write_text
 from surecl.errors import SureclError
-from surecl.metrics import metric_words
+from surecl.metrics import METRIC_NAMES, metric_words
 
 
 def _fmt(v: float | None, digits: int = 1) -> str:
@@ -199,7 +199,6 @@ def _general_lines(results: dict) -> list[str]:
     general = results.get("general")
     if not general:
         return []
-    from surecl.metrics import METRIC_NAMES
 
     parts, tasks = general["parts"], results["tasks"]
     shown = [i for i, v in enumerate(general.get("after") or []) if v is not None and i < len(tasks)]
@@ -241,7 +240,31 @@ def _fwt_lines(results: dict, digits: int) -> list[str]:
 
 def find_runs(paths: list[Path]) -> list[dict]:
     """Every results.json under ``paths`` (files or folders), each read once."""
-    return [r for _, r in _read_results(paths)]
+    return [r for _, r in read_results(paths)]
+
+
+def run_metric(results: dict) -> str:
+    """What a run's matrix is scored in: its ``metric`` (accuracy, rouge_l, exact_match,
+    perplexity), a ``mixed`` stream's per-task metrics spelled out."""
+    metric = results.get("metric", "accuracy")
+    if metric == "mixed" and isinstance(results.get("metrics"), dict):
+        return "mixed (" + ", ".join(f"{t} {m}" for t, m in results["metrics"].items()) + ")"
+    return metric
+
+
+def one_metric(found: list[tuple[Path | None, dict]]) -> str:
+    """The one metric every run is scored in; a one-line error naming each metric with its
+    number of runs and one of its files when they differ (an FP in accuracy and one in
+    ROUGE-L or perplexity are not the same quantity)."""
+    seen: dict[str, list] = {}
+    for f, r in found:
+        seen.setdefault(run_metric(r), []).append(f)
+    if len(seen) > 1:
+        parts = [f"{m}: {len(fs)} run{'s' if len(fs) > 1 else ''}" + (f", e.g. {fs[0]}" if fs[0] is not None else "")
+                 for m, fs in sorted(seen.items())]
+        raise SureclError("report: the runs are scored in different metrics (" + "; ".join(parts)
+                          + "); report each metric's runs separately (give their folders)")
+    return next(iter(seen), "accuracy")
 
 
 def aggregate(runs: list[dict], metric: str = "fp") -> tuple[list[str], list[tuple[str, dict[str, tuple[float, float | None, int]], tuple[float, float | None]]]]:
@@ -252,9 +275,7 @@ def aggregate(runs: list[dict], metric: str = "fp") -> tuple[list[str], list[tup
     seeds present in every order of the method (the paper layout's convention); None with fewer
     than two such seeds."""
     table: dict[str, dict[str, list[tuple[object, float]]]] = defaultdict(lambda: defaultdict(list))
-    kinds = {r.get("metric", "accuracy") for r in runs}
-    if len(kinds) > 1:
-        raise SureclError("report: the runs mix accuracy and perplexity streams; report them separately")
+    one_metric([(None, r) for r in runs])
     for r in runs:
         if r.get(metric) is None:
             continue
@@ -280,7 +301,7 @@ STD_WORDS = "sample std over seeds (n − 1 denominator; no ± with one seed)"
 
 def table_markdown(orders: list[str], rows, metric: str = "fp", unit: str = "accuracy") -> str:
     head = "| method | " + " | ".join(f"Order-{o}" if o.isdigit() else o for o in orders) + " | avg |"
-    shown = "perplexity, lower is better" if unit == "perplexity" else "%"
+    shown = "perplexity, lower is better" if unit == "perplexity" else _metric_unit(unit)
     d = 2 if unit == "perplexity" else 1
     lines = [f"{metric.upper()} ({shown}), mean ± {STD_WORDS}; avg = mean of the order means", "", head,
              "|---" * (len(orders) + 2) + "|"]
@@ -386,6 +407,7 @@ class Record:
     draw: str = "shared"  # config data.draw: "shared" (a seed's samples shared across orders) or "order"
     host_moved: bool = False  # the run recorded several different hosts (resumed on another machine)
     majority: dict[str, float] | None = None  # results.json majority: each task's majority-class rate (%)
+    general: dict | None = None  # the probe (results.json general) under this row's weights: source, metrics, before, final, change
 
 
 # The kernel flags whose presence changes which matmul kernels (and so which rounding) a CPU run uses.
@@ -444,6 +466,20 @@ def _run_threads(results: dict) -> int | None:
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
+def _probe_of(results: dict, fast: bool = False) -> dict | None:
+    """The general-ability probe of a run (results.json ``general``) under its evaluation
+    weights, or with ``fast`` its fast adapter's: source, each part's metric, the values
+    before the stream, after its last task and the change; None when not probed."""
+    g = results.get("general")
+    if not isinstance(g, dict):
+        return None
+    mine = g.get("fast") if fast else g
+    if not isinstance(mine, dict) or not mine.get("final") or not mine.get("change"):
+        return None
+    return {"source": g.get("source"), "metrics": g.get("metrics") or {}, "before": g.get("before") or {},
+            "final": mine["final"], "change": mine["change"]}
+
+
 @dataclass
 class Cell:
     """A table cell: mean (None: no runs), the per-seed values behind its ± and whether any
@@ -489,7 +525,7 @@ class Missing:
     why: str
 
 
-def _read_results(paths: list[Path]) -> list[tuple[Path, dict]]:
+def read_results(paths: list[Path]) -> list[tuple[Path, dict]]:
     out, seen = [], set()
     for p in paths:
         p = Path(p)
@@ -565,10 +601,8 @@ class Study:
         from surecl.data.cl_benchmark import BENCHMARK_OF_ORDER
 
         bench_of = {**BENCHMARK_OF_ORDER, **(order_benchmark or {})}
-        found = _read_results(paths)
-        kinds = {r.get("metric", "accuracy") for _, r in found}
-        if len(kinds) > 1:
-            raise SureclError("report: the runs mix accuracy and perplexity streams; report them separately")
+        found = read_results(paths)
+        kind = one_metric(found)
         records: dict[Key, Record] = {}
         for f, r in found:
             try:
@@ -587,7 +621,8 @@ class Study:
                 records[key] = Record(name, order, seed, {m: src.get(m) for m in METRICS}, f.parent,
                                       list(r.get("tasks") or []), src.get("accuracy_matrix"), host_key(r),
                                       _run_seconds(r), _run_threads(r), data_draw(r), host_moved(r),
-                                      r.get("majority") if isinstance(r.get("majority"), dict) else None)
+                                      r.get("majority") if isinstance(r.get("majority"), dict) else None,
+                                      _probe_of(r, fast=name != row))
         # expected runs: the plans, then every combination seen among runs no plan covers
         expected: dict[Key, str] = {}
         plan_dirs = []
@@ -618,7 +653,7 @@ class Study:
             for o in orders:
                 for s in seeds:
                     expected.setdefault((row, o, s), "")
-        return cls(records, expected, kinds.pop(), bench_of)
+        return cls(records, expected, kind, bench_of)
 
     # ---------------------------------------------------------------- tasks learned
     def task_rates(self, order: str) -> list[tuple[str, float, float | None, str | None]]:
@@ -743,8 +778,16 @@ def _digits(kind: str) -> int:
     return 2 if kind == "perplexity" else 1
 
 
+def _metric_unit(kind: str) -> str:
+    """The unit a study's scores are in: ``accuracy %``, ``ROUGE-L (F, x100)``, ``exact match
+    %``, ``perplexity``, or for a stream whose tasks differ, ``each task's metric, 0-100``."""
+    if kind.startswith("mixed"):
+        return "each task's metric, 0-100"
+    return {"accuracy": "accuracy %", "exact_match": "exact match %", "rouge_l": "ROUGE-L (F, x100)"}.get(kind, kind)
+
+
 def _unit(metric: str, kind: str) -> str:
-    unit = "perplexity" if kind == "perplexity" else "accuracy %"
+    unit = _metric_unit(kind)
     if metric == "forgetting":
         how = "FP − AP" if kind == "perplexity" else "AP − FP"
         return f"{unit}, {how}, lower is better"
@@ -911,7 +954,7 @@ def forgetting_table(st: Study, rows: list[str]) -> Table:
         body.append([row] + [fmt_cell(Cell(c.mean, {}, c.incomplete), d) for c in cells])
         csv_rows.append([row] + [x for c in cells for x in _cell_csv(c)])
         empty += [f"{row} {g}" for (g, _), c in zip(groups, cells[::3]) if c.mean is None and not c.incomplete]
-    unit = "perplexity" if st.kind == "perplexity" else "accuracy %"
+    unit = _metric_unit(st.kind)
     caption = (f"AP, FP and forgetting = {how} ({unit}; forgetting: lower is better) per benchmark: mean over its orders "
                "(each order's mean over seeds). The CSV's std is the sample std (n − 1) over seeds of each seed's average "
                "over the orders, as in the main table.")
@@ -977,7 +1020,7 @@ def _ablation_png(key: str, values: list[str], cols: list[str], cells: dict, met
     if not numeric:
         ax.set_xticks(xs, values)
     ax.set_xlabel(key)
-    ax.set_ylabel(f"{_LABEL[metric]} ({'perplexity' if kind == 'perplexity' else '%'})")
+    ax.set_ylabel(f"{_LABEL[metric]} ({_metric_unit(kind)})")
     ax.set_title(f"{_LABEL[metric]} vs {key} (mean ± sample std over orders and seeds)", fontsize=9)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:  # an axis whose runs are all missing plots nothing
@@ -1214,6 +1257,49 @@ def tasks_table(st: Study) -> Table | None:
     return Table("tasks", "Tasks learned above their majority class", caption + "\n\n" + _md(header, body), _csv(csv_rows))
 
 
+def general_table(st: Study, rows: list[str]) -> Table | None:
+    """The general-ability probe (``eval.general``) per row and part: the mean value before the
+    stream and after its last task, and the change (after - before) as mean ± sample std over
+    runs with n; None when no run was probed."""
+    parts: dict[str, str] = {}
+    sources = set()
+    for rec in st.records.values():
+        if rec.general:
+            sources.add(str(rec.general["source"]))
+            for part, metric in rec.general["metrics"].items():
+                parts.setdefault(part, metric)
+    if not parts:
+        return None
+    header = ["method"] + [h for part in parts for h in (f"{part} before", f"{part} after", f"{part} change")]
+    body, csv_rows = [], [["row"] + [f"{part}_{s}" for part in parts for s in ("before", "after", "change_mean", "change_std", "n")]]
+    for row in rows:
+        recs = [rec for (r, _, _), rec in sorted(st.records.items(), key=lambda kv: (order_key(kv[0][1]), str(kv[0][2])))
+                if r == row and rec.general]
+        if not recs:
+            continue
+        cells, csv_cells = [], []
+        for part in parts:
+            before = [rec.general["before"][part] for rec in recs if rec.general["before"].get(part) is not None]
+            after = [rec.general["final"][part] for rec in recs if rec.general["final"].get(part) is not None]
+            change = [rec.general["change"][part] for rec in recs if rec.general["change"].get(part) is not None]
+            sd = stdev(change) if len(change) > 1 else None
+            f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+            cells += [f(fmean(before) if before else None), f(fmean(after) if after else None),
+                      "-" if not change else f"{fmean(change):+.2f}" + ("" if sd is None else f" ± {sd:.2f}") + f" (n={len(change)})"]
+            csv_cells += [round(fmean(before), 6) if before else "", round(fmean(after), 6) if after else "",
+                          round(fmean(change), 6) if change else "", "" if sd is None else round(sd, 6), len(change)]
+        body.append([row] + cells)
+        csv_rows.append([row] + csv_cells)
+    if not body:
+        return None
+    caption = ("What the stream cost the model beyond its tasks: the held-out general-ability probe (`eval.general`; "
+               + ", ".join(f"`{s}`" for s in sorted(sources)) + "; never trained on), "
+               + ", ".join(f"{part} in {METRIC_NAMES.get(m, m)}" for part, m in parts.items())
+               + ", before the stream and after its last task: means over the row's runs; change = after − before, mean ± "
+               "sample std over runs (n − 1 denominator; no ± with one run). A perplexity that rose or a score that fell is a loss.")
+    return Table("general", "General ability", caption + "\n\n" + _md(header, body), _csv(csv_rows))
+
+
 def timing_table(st: Study) -> Table:
     """Where the study's time went: per benchmark and host, the runs, the median and range of a
     run's wall time and the total (results.json ``timing.total``). A dual run's fast row is the
@@ -1283,6 +1369,9 @@ def paper_report(paths: list[Path], metric: str = "fp", fast: bool = True, claim
     rows = rep.shown_rows
     rep.tables = [main_table(st, metric, rows), forgetting_table(st, rows), *ablation_tables(st, metric, rows),
                   claims_table(st, metric, pairs), missing_table(st, metric, rows), timing_table(st)]
+    general = general_table(st, rows)
+    if general is not None:
+        rep.tables.insert(rep.tables.index(next(t for t in rep.tables if t.name == "claims")), general)
     tasks = tasks_table(st)
     if tasks is not None:
         rep.tables.insert(rep.tables.index(next(t for t in rep.tables if t.name == "claims")), tasks)
@@ -1320,9 +1409,9 @@ def heatmap_panels(st: Study, rows: list[str], columns: int = 4) -> list[tuple[s
                 ax.set_yticklabels([])
         for ax in list(axes.flat)[len(panels):]:
             ax.axis("off")
-        fig.colorbar(im, ax=axes.ravel().tolist(), label="perplexity" if st.kind == "perplexity" else "accuracy (%)", shrink=0.8)
+        fig.colorbar(im, ax=axes.ravel().tolist(), label=_metric_unit(st.kind), shrink=0.8)
         png = _png(fig, dpi=110, bbox_inches="tight")
-        caption = (f"Order {order}: each method's {'perplexity' if st.kind == 'perplexity' else 'accuracy'} matrix averaged "
+        caption = (f"Order {order}: each method's {_metric_unit(st.kind)} matrix averaged "
                    "over its seeds (row: after training on that task; column: the task evaluated)."
                    + (f" Not drawn (one-stage runs, or seeds with different task lists): {', '.join(left_out)}." if left_out else ""))
         out.append((f"heatmap_{_slug(order)}", caption, png))

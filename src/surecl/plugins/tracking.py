@@ -3,11 +3,15 @@
 
 A plugin like the step log: per logged optimizer step ``train/loss``, ``train/lr``,
 ``train/buffer`` (entries in the replay buffer) and ``train/replayed``; after each stage's
-evaluation every accuracy-matrix cell of its row as ``accuracy/<task>`` (one curve per task
-over training steps: where it was learned, where it was forgotten) and
-``matrix/row<i>/<task>``, the fast adapter's as ``accuracy_fast/<task>``; the before-training
-row at step 0; FP, AP and forgetting as ``summary/*`` at the end. The run's config is stored as
-hyper-parameters. ``log.jsonl`` is written as before; trackers are extra.
+evaluation every score-matrix cell of its row as ``<metric>/<task>``, the task's own metric
+(``accuracy/<task>``, ``rouge_l/<task>``, ``exact_match/<task>``, ``perplexity/<task>``: one
+curve per task over training steps, where it was learned, where it was forgotten) and
+``matrix/row<i>/<task>``, the fast adapter's as ``<metric>_fast/<task>``; the before-training
+row at step 0; the general-ability probe (``eval.general``) as ``general/<part>`` (and
+``general_fast/<part>``), its before-training values at step 0; FP, AP, forgetting, BWT and
+the probe's change per part (``summary/general_change/<part>``) as ``summary/*`` at the end.
+The run's config is stored as hyper-parameters. ``log.jsonl`` is written as before; trackers
+are extra.
 
 TensorBoard event files go to ``<out>/tensorboard/surecl/``; with ``tensorboardX`` (the
 ``surecl[tensorboard]`` extra) or ``tensorboard`` installed. A resumed run appends to them and
@@ -74,9 +78,10 @@ class Tracking(Plugin):
     def __init__(self, config=None) -> None:
         super().__init__(config)
         self.started = False
-        self.sent = {"train": 0, "rows": [], "initial": False, "summary": False}
+        self.sent = {"train": 0, "rows": [], "initial": False, "general_initial": False, "summary": False}
         """What was sent to the trackers (saved as :data:`MARK`): the last training step, the
-        matrix rows, whether the before-training row and the summary were."""
+        matrix rows, whether the before-training row, the probe's before-training values and the
+        summary were."""
 
     def _start(self, ctx) -> None:
         if not self.started:
@@ -114,29 +119,58 @@ class Tracking(Plugin):
     def after_eval(self, ctx, stage: Stage | None) -> None:
         self._start(ctx)
         names = [t.name for t in ctx.tasks]
+        keys = [f"{metric}/{name}" for name, metric in zip(names, task_metrics(ctx))]
+        self._general_initial(ctx)
         if stage is None:
             if not self.sent["initial"]:
-                self._log(ctx, {f"accuracy/{n}": v for n, v in zip(names, ctx.state.initial or [])}, 0)
+                self._log(ctx, dict(zip(keys, ctx.state.initial or [])), 0)
                 self._sent(ctx, "initial", True)
             return
         if stage.row in self.sent["rows"]:
             return
         step = ctx.state.global_step
         row = ctx.state.accuracy[stage.row]
-        values = {f"accuracy/{names[j]}": row[j] for j in range(len(names))}
+        values = {keys[j]: row[j] for j in range(len(names))}
         values.update({f"matrix/row{stage.row}/{names[j]}": row[j] for j in range(len(names))})
         if ctx.state.accuracy_fast is not None:
             fast = ctx.state.accuracy_fast[stage.row]
-            values.update({f"accuracy_fast/{names[j]}": fast[j] for j in range(len(names))})
+            values.update({_fast(keys[j]): fast[j] for j in range(len(names))})
+        for prefix, rows in (("general", ctx.state.general), ("general_fast", ctx.state.general_fast)):
+            if rows is not None and rows[stage.row] is not None:
+                values.update({f"{prefix}/{part}": v for part, v in rows[stage.row].items()})
         self._log(ctx, values, step)
         self._sent(ctx, "rows", stage.row)
+
+    def _general_initial(self, ctx) -> None:
+        """The probe's before-training values at step 0, once (with or without ``eval.before``)."""
+        initial = getattr(ctx.state, "general_initial", None)
+        if initial and not self.sent["general_initial"]:
+            self._log(ctx, {f"general/{part}": v for part, v in initial.items()}, 0)
+            self._sent(ctx, "general_initial", True)
 
     def after_run(self, ctx, results: dict) -> None:
         self._start(ctx)
         if not self.sent["summary"]:
-            self._log(ctx, {f"summary/{k}": results.get(k) for k in ("fp", "ap", "forgetting", "bwt")}, ctx.state.global_step)
+            values = {f"summary/{k}": results.get(k) for k in ("fp", "ap", "forgetting", "bwt")}
+            values.update({f"summary/general_change/{part}": v for part, v in ((results.get("general") or {}).get("change") or {}).items()})
+            self._log(ctx, values, ctx.state.global_step)
             self._sent(ctx, "summary", True)
         ctx.accelerator.end_training()
+
+
+def task_metrics(ctx) -> list[str]:
+    """Each stream task's metric, the unit of its column (``perplexity`` for every task under
+    ``eval.mode=perplexity``; else the task's own: accuracy, rouge_l, exact_match, or
+    perplexity for a text task)."""
+    if ctx.cfg.eval.mode == "perplexity":
+        return ["perplexity"] * len(ctx.tasks)
+    return [t.score_metric for t in ctx.tasks]
+
+
+def _fast(key: str) -> str:
+    """``accuracy/<task>`` -> ``accuracy_fast/<task>`` (the fast adapter's curve of a cell)."""
+    metric, _, name = key.partition("/")
+    return f"{metric}_fast/{name}"
 
 
 def _event_writer(tracker):
@@ -208,7 +242,7 @@ def _read_mark(path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         out = {"train": int(data["train"]), "rows": [int(r) for r in data["rows"]], "initial": bool(data["initial"]),
-               "summary": bool(data["summary"])}
+               "general_initial": bool(data.get("general_initial", False)), "summary": bool(data["summary"])}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
     return out
