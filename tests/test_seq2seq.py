@@ -43,3 +43,20 @@ def test_text_stream_needs_a_causal_model(tmp_path):
     cfg = build_config("tiny,cpt,seq_lora", [f"model.name={path}", "lora.target_modules=[q,v]", "data.tasks=[colors]"])
     with pytest.raises(SureclError, match="needs a causal LM"):
         run(cfg, tmp_path / "run", progress=False, cache_dir=tmp_path / "cache")
+
+
+def test_tiny_t5_learns_a_generation_task(tmp_path):
+    """Generation tasks (free-form targets, ROUGE-L) on an encoder-decoder: the target is the
+    decoder's, surprise scores it, and the first task's score rises far above the untrained
+    model's; replay keeps entries of it."""
+    path = tiny_t5(tmp_path / "t5", tmp_path / "cache")
+    cfg = build_config(
+        "tiny,surprise",
+        [f"model.name={path}", "lora.target_modules=[q,k,v,o,wi,wo]", "data.kind=generate", "data.tasks=[colors,animals]",
+         "train.lr=0.003", "eval.before=true"],
+    )
+    res = run(cfg, tmp_path / "run", progress=False, cache_dir=tmp_path / "cache")
+    a = res["accuracy_matrix"]
+    assert res["metric"] == "rouge_l" and res["metrics"] == {"colors": "rouge_l", "animals": "rouge_l"}
+    assert res["initial"][0] < 20.0 and a[0][0] >= 80.0, (res["initial"], a)
+    assert res["buffer"]["per_task"] == {"colors": res["buffer"]["capacity"] // 2, "animals": res["buffer"]["capacity"] // 2}
