@@ -378,3 +378,25 @@ def test_a_chat_stream_trains_through_the_template(tmp_path, tiny_cache, tiny_lo
     results = run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache, model=copy.deepcopy(tiny_loaded.model), tokenizer=tok, tasks=tasks)
     assert results["metric"] == "exact_match" and results["buffer"]["size"] > 0
     assert all(v is not None for v in results["accuracy_matrix"][1])
+
+
+def test_classification_and_generation_in_one_stream_under_rank(tmp_path, tiny_cache, tiny_loaded):
+    """A stream that mixes a classification task (answered by ranking its label options,
+    eval.mode=rank) with a generation task (free text, generated whatever eval.mode says):
+    each column is scored in its own metric, both tasks are learned, the run's metric is
+    "mixed" and its report names each task's metric."""
+    from surecl.data.tiny import tiny_stream
+    from surecl.trainer import run
+
+    classify = tiny_stream(n_train=48, n_test=16)[0]
+    generate = tiny_generation_stream(n_train=48, n_test=16)[1]
+    assert classify.kind == "classify" and generate.kind == "generate"
+    cfg = build_config("tiny,surprise", ["data.benchmark=none", "train.epochs=8", "eval.before=true", "eval.mode=rank"])
+    results = run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache, model=copy.deepcopy(tiny_loaded.model),
+                  tokenizer=tiny_loaded.tokenizer, tasks=[classify, generate])
+    a, z = results["accuracy_matrix"], results["initial"]
+    assert results["metric"] == "mixed" and results["metrics"] == {classify.name: "accuracy", generate.name: "rouge_l"}
+    assert a[0][0] >= 90 and a[0][0] > z[0] + 20  # ranked over its options: learned
+    assert z[1] <= 20 and a[1][1] >= 60  # generated: learned from ~0
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"{classify.name} accuracy (%)" in report and f"{generate.name} ROUGE-L (F, x100)" in report
