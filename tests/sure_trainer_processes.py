@@ -28,8 +28,10 @@ from pathlib import Path
 TASKS, N_TRAIN, N_TEST = 3, 17, 16
 MICRO, GA = 4, 2
 """17 new examples a task make micro-batches 4, 4, 4, 4, 1 and optimizer steps of 8, 8 and 1
-(the last a single micro-batch): replay 1:2 adds none to the last (floor(17 / 2) - floor(16 / 2)
-= 0), so with two processes one of them has no row of it and runs a padding row."""
+(the last a single micro-batch). Replay 1:2, counted over the task's steps (8, 8, 1, 8, 8, 1
+new: floor of half the running total), adds 4, 4, 0, 4, 4, 1 rows: the first epoch's last
+micro-batch keeps one row, so with two processes one of them has none of it and runs a
+padding row."""
 SURE = dict(buffer_size=9, ratio="1:2", unit="example", beta=0.9, bias_correction=True, lora_dropout=0.0, score_time="before", insert_time="before")
 
 

@@ -34,8 +34,22 @@ and the same seed (one optimizer step = ``per_device_train_batch_size`` x
 train on the same batches and replay the same draws. The AdamW state starts fresh at every task (the core's
 ``train.fresh_optimizer=true``).
 
-One process only for now (no ``accelerate launch`` with several processes), causal or
-encoder-decoder models, map-style datasets whose rows are mappings (``datasets.Dataset``).
+Several processes (``accelerate launch`` / torchrun, plain DDP): ``per_device_train_batch_size``
+keeps its meaning, so an optimizer step is ``per_device_train_batch_size`` x W x
+``gradient_accumulation_steps`` examples over the W processes. The batches are planned as one
+process would plan that global batch, and each micro-batch (new rows, then replayed ones) is
+split row by row as the core's :class:`surecl.step.TrainStep` splits a step: process r takes
+rows r, r + W, ...; a process left without a row runs the micro-batch's first row with its
+labels masked (every process runs every forward and backward, which DDP synchronises). The
+Trainer divides each process's loss by the step's token count over all processes
+(``average_tokens_across_devices``) and DDP averages the gradients, so the step is the
+one-process step. Surprise is scored on every W-th example per process and gathered in order
+on every process (the core's ``ContinualRun.sharded``), so all take the same buffer decisions;
+the step's new and replayed counts are summed over processes, so with ``unit="example"`` every
+replica's slow adapter takes the same EMA update; the main process alone writes SuRe's state.
+DeepSpeed, FSDP, tensor / context / sequence parallelism, ``DataParallel`` and a loss that is
+not normalised over all processes are refused in one line. Causal or encoder-decoder models,
+map-style datasets whose rows are mappings (``datasets.Dataset``).
 """
 
 from __future__ import annotations
