@@ -1,11 +1,13 @@
 """One SureTrainer script run by one process or by each of several (torch.distributed, gloo on
 the CPU), for tests/test_integration_processes.py.
 
-``python tests/sure_trainer_processes.py OUT CACHE [--stop TASK STEP] [--resume]`` trains the
+``python tests/sure_trainer_processes.py OUT CACHE [--sft] [--stop TASK STEP] [--resume]`` trains the
 tiny model (from the model cache CACHE, built beforehand) on three tiny tasks with SuRe, and
 each process writes what it ended with to ``OUT/rank<r>.json`` (buffer, scores, replay
 counts, EMA clock, eval losses after every task, what it scored and trained on, the state
-files it wrote) and ``OUT/rank<r>.safetensors`` (the fast and slow adapters).
+files it wrote) and ``OUT/rank<r>.safetensors`` (the fast and slow adapters). With ``--sft`` the
+script is a TRL one: :class:`surecl.integrations.trl.SureSFTTrainer` on chat rows, the loss on
+the assistant turns (``assistant_only_loss``).
 
 The global batch is the same whatever the number of processes: ``MICRO`` examples a
 micro-batch over all processes (``per_device_train_batch_size = MICRO / W``), ``GA``
@@ -32,6 +34,10 @@ MICRO, GA = 4, 2
 new: floor of half the running total), adds 4, 4, 0, 4, 4, 1 rows: the first epoch's last
 micro-batch keeps one row, so with two processes one of them has none of it and runs a
 padding row."""
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }} <eos>{% endgeneration %} "
+    "{% else %}{{ m['content'] }} Answer : {% endif %}{% endfor %}"
+)
 SURE = dict(buffer_size=9, ratio="1:2", unit="example", beta=0.9, bias_correction=True, lora_dropout=0.0, score_time="before", insert_time="before")
 
 
@@ -45,6 +51,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("cache")
     parser.add_argument("--stop", nargs=2, type=int)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--sft", action="store_true")
     opts = parser.parse_args(argv)
 
     import datasets
@@ -66,19 +73,31 @@ def main(argv: list[str]) -> None:
     tok.padding_side = "right"
 
     def encode(rows):
+        if opts.sft:
+            return datasets.Dataset.from_dict({"messages": [[{"role": "user", "content": e.sentence}, {"role": "assistant", "content": e.label}] for e in rows]})
         ds = datasets.Dataset.from_dict({"text": [f"{e.sentence} Answer: {e.label}" for e in rows]})
         return ds.map(lambda b: tok(b["text"]), batched=True, remove_columns=["text"])
 
     stream = tiny_stream(n_train=N_TRAIN, n_test=N_TEST)[:TASKS]
     train, test = [encode(t.train) for t in stream], [encode(t.test) for t in stream]
-    args = TrainingArguments(
-        str(Path(opts.out) / "run"), per_device_train_batch_size=MICRO // world, gradient_accumulation_steps=GA,
+    settings = dict(
+        per_device_train_batch_size=MICRO // world, gradient_accumulation_steps=GA,
         per_device_eval_batch_size=N_TEST // world, learning_rate=5e-3, num_train_epochs=2, lr_scheduler_type="constant",
         report_to=[], use_cpu=True, save_strategy="steps", save_steps=2, seed=0, disable_tqdm=True, logging_strategy="no",
     )
-    trainer = SureTrainer(
-        model=loaded.model, args=args, data_collator=DataCollatorForLanguageModeling(tok, mlm=False), sure=SureArguments(**SURE),
-    )
+    if opts.sft:
+        from trl import SFTConfig
+
+        from surecl.integrations.trl import SureSFTTrainer
+
+        tok.chat_template = CHAT_TEMPLATE
+        args = SFTConfig(str(Path(opts.out) / "run"), assistant_only_loss=True, bf16=False, **settings)
+        trainer = SureSFTTrainer(model=loaded.model, args=args, processing_class=tok, sure=SureArguments(**SURE))
+    else:
+        args = TrainingArguments(str(Path(opts.out) / "run"), **settings)
+        trainer = SureTrainer(
+            model=loaded.model, args=args, data_collator=DataCollatorForLanguageModeling(tok, mlm=False), sure=SureArguments(**SURE),
+        )
     trainer.remove_callback(PrinterCallback)
     rank = trainer.args.process_index
     record = {"world": trainer.world, "scored": [], "rows": [], "padding_rows": 0, "state_writes": [], "evals": []}

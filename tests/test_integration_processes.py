@@ -1,8 +1,8 @@
-"""SureTrainer under several processes (issue 29, item 4): the same Trainer script
+"""SureTrainer and SureSFTTrainer under several processes (issue 29, item 4): the same script
 (tests/sure_trainer_processes.py: three tiny tasks, replay 1:2 into a buffer of 9, EMA 0.9 per
-new example, checkpoints every 2 steps) run by one process and by two CPU processes (gloo,
-started as torch's elastic launcher starts its workers: tests/test_two_process.py's
-``launch_two``) with the same global batch.
+new example, checkpoints every 2 steps; a Trainer script, and a TRL one on chat rows) run by
+one process and by two CPU processes (gloo, started as torch's elastic launcher starts its
+workers: tests/test_two_process.py's ``launch_two``) with the same global batch.
 
 Each optimizer step's rows (new, then replayed) are split item by item across the processes
 (rank r takes r, r + 2, ...), the Trainer normalises each process's loss by the step's token
@@ -10,17 +10,20 @@ count over both and DDP averages the gradients, so a step is the one-process ste
 is scored on every second example per process and gathered, so both hold the same buffer; the
 EMA counts the new examples of the whole step. What may differ is float summation order (the
 gradient all-reduce, which rows share a batch), so the two runs are compared to tolerances
-about 50x what was measured on a 2-core x86 CPU: adapters to 1e-5 absolute (measured at most
-2.1e-7 over weights whose largest is about 0.1), surprise scores and eval losses to 1e-5
-relative (measured 1.9e-7 and 1.3e-7); buffer members, replay counts and the EMA clock exactly.
-Between the two processes of one run, and between a two-process run stopped mid-task and
-resumed and one that was not, everything is compared exactly.
+about 40x what was measured on a 2-core x86 CPU: adapters to 5e-5 absolute (measured at most
+2.1e-7 with the Trainer script, 1.0e-6 with the TRL one, over weights whose largest is about
+0.15; a run whose EMA counted one process's examples, or whose processes each trained on all
+rows, is off by 1e-2 and more), surprise scores and eval losses to 1e-5 relative (measured at
+most 2.4e-7); buffer members, replay counts and the EMA clock exactly. Between the two
+processes of one run, and between a two-process run stopped mid-task and resumed and one that
+was not (the Trainer script), everything is compared exactly.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -44,10 +47,8 @@ def environment() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), "CUDA_VISIBLE_DEVICES": ""}
 
 
-def run_one(out: Path, cache: Path) -> None:
-    import subprocess
-
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), str(cache)], env=environment(), capture_output=True, text=True, timeout=TIMEOUT)
+def run_one(out: Path, cache: Path, *extra: str) -> None:
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), str(cache), *extra], env=environment(), capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -69,17 +70,39 @@ def buffer_scores(record: dict) -> list[float]:
     return [e["score"] for e in record["buffer"]["entries"]]
 
 
-@pytest.fixture(scope="module")
-def runs(tiny_loaded, tiny_cache, tmp_path_factory):
-    """The script by one process, by two, and by two stopped inside task 1 after its third
-    optimizer step (its last checkpoint is checkpoint-2) then rerun with resume."""
-    root = tmp_path_factory.mktemp("processes")
-    run_one(root / "one", tiny_cache)
-    run_two(root / "two", tiny_cache)
-    run_two(root / "resumed", tiny_cache, "--stop", "1", "3")
-    assert not (root / "resumed" / "rank0.json").exists(), "the stopped run should not have finished"
-    run_two(root / "resumed", tiny_cache, "--resume")
+def one_and_two(root: Path, cache: Path, *flags: str) -> Path:
+    run_one(root / "one", cache, *flags)
+    run_two(root / "two", cache, *flags)
     return root
+
+
+@pytest.fixture(scope="module")
+def trainer_runs(tiny_loaded, tiny_cache, tmp_path_factory):
+    """The Trainer script by one process and by two."""
+    return one_and_two(tmp_path_factory.mktemp("trainer"), tiny_cache)
+
+
+@pytest.fixture(scope="module")
+def sft_runs(tiny_loaded, tiny_cache, tmp_path_factory):
+    """The TRL script (``--sft``) by one process and by two."""
+    pytest.importorskip("trl")
+    return one_and_two(tmp_path_factory.mktemp("sft"), tiny_cache, "--sft")
+
+
+@pytest.fixture(params=["trainer", "sft"])
+def runs(request):
+    return request.getfixturevalue(f"{request.param}_runs")
+
+
+@pytest.fixture(scope="module")
+def resumed(tiny_loaded, tiny_cache, tmp_path_factory):
+    """The Trainer script by two processes stopped inside task 1 after its third optimizer
+    step (its last checkpoint is checkpoint-2), then rerun with resume."""
+    out = tmp_path_factory.mktemp("resumed")
+    run_two(out, tiny_cache, "--stop", "1", "3")
+    assert not (out / "rank0.json").exists(), "the stopped run should not have finished"
+    run_two(out, tiny_cache, "--resume")
+    return out
 
 
 def test_two_processes_train_as_one(runs):
@@ -98,7 +121,7 @@ def test_two_processes_train_as_one(runs):
     # the same weights and eval losses (slow adapter on every task, fast on the current one)
     assert one_w.keys() == two_w.keys() and len(one_w) > 0
     for k in one_w:
-        torch.testing.assert_close(two_w[k], one_w[k], rtol=0, atol=1e-5)
+        torch.testing.assert_close(two_w[k], one_w[k], rtol=0, atol=5e-5)
     assert torch.cat([v.flatten() for v in one_w.values()]).abs().max() > 1e-2, "the adapters should have moved"
     assert len(two["evals"]) == len(one["evals"]) == TASKS
     for a, b in zip(two["evals"], one["evals"]):
@@ -128,10 +151,11 @@ def test_each_process_does_its_share_and_holds_the_same_state(runs):
     assert r0["state_writes"][-1] == f"run/task-{TASKS - 1}/sure-end"
 
 
-def test_two_processes_resume_as_an_uninterrupted_run(runs):
+def test_two_processes_resume_as_an_uninterrupted_run(trainer_runs, resumed):
+    """Resuming is SureTrainer's code path, shared by SureSFTTrainer: checked on the Trainer script."""
     for rank in (0, 1):
-        ref, ref_w = outcome(runs / "two", rank)
-        res, res_w = outcome(runs / "resumed", rank)
+        ref, ref_w = outcome(trainer_runs / "two", rank)
+        res, res_w = outcome(resumed, rank)
         assert res["resumed_from"] == "run/task-1/checkpoint-2"
         assert res["buffer"] == ref["buffer"] and res["replay_counts"] == ref["replay_counts"] and res["ema"] == ref["ema"]
         assert res["evals"] == ref["evals"][1:]  # tasks 1 and 2, trained by the resumed run
