@@ -10,11 +10,10 @@ count over both and DDP averages the gradients, so a step is the one-process ste
 is scored on every second example per process and gathered, so both hold the same buffer; the
 EMA counts the new examples of the whole step. What may differ is float summation order (the
 gradient all-reduce, which rows share a batch), so the two runs are compared to tolerances
-about 40x what was measured on a 2-core x86 CPU: adapters to 5e-5 absolute (measured at most
+at least 40x what was measured on a 2-core x86 CPU: adapters to 5e-5 absolute (measured at most
 2.1e-7 with the Trainer script, 1.0e-6 with the TRL one, over weights whose largest is about
-0.15; a run whose EMA counted one process's examples, or whose processes each trained on all
-rows, is off by 1e-2 and more), surprise scores and eval losses to 1e-5 relative (measured at
-most 2.4e-7); buffer members, replay counts and the EMA clock exactly. Between the two
+0.15; a run whose step counts and EMA units were one process's, not the step's, ends 6.7e-3
+away), surprise scores and eval losses to 1e-5 relative (measured at most 2.4e-7); buffer members, replay counts and the EMA clock exactly. Between the two
 processes of one run, and between a two-process run stopped mid-task and resumed and one that
 was not (the Trainer script), everything is compared exactly.
 """
