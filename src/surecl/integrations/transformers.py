@@ -29,8 +29,8 @@ complete checkpoint (one a kill left half-written is passed over) with the same 
 replay draws and RNG states, so it ends where an uninterrupted run ends.
 
 New examples are taken in the order ``surecl run`` takes them with ``train.batching=uniform``
-and the same seed (one optimizer step = ``per_device_train_batch_size`` x
-``gradient_accumulation_steps`` = ``train.batch_size``), so with the same settings the two
+and the same seed (one optimizer step = ``per_device_train_batch_size`` x the number of
+processes x ``gradient_accumulation_steps`` = ``train.batch_size``), so with the same settings the two
 train on the same batches and replay the same draws. The AdamW state starts fresh at every task (the core's
 ``train.fresh_optimizer=true``).
 
@@ -268,7 +268,7 @@ class SureTrainer(Trainer):
         """The index of the task the next :meth:`next_task` call trains."""
         self.sets: list = []
         self.scores: dict[int, list[float]] = {}
-        """Each task's surprise as this process computed it (the buffer's priorities)."""
+        """Each task's surprise (the buffer's priorities), the same on every process."""
         self.replay_counts: dict[int, list[int]] = {}
         """Per task: [new, replayed] examples trained on."""
         self._local = [0, 0]
