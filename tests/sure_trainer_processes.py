@@ -14,9 +14,11 @@ micro-batch over all processes (``per_device_train_batch_size = MICRO / W``), ``
 micro-batches an optimizer step. Each process evaluates its share of a test set in one batch
 (``per_device_eval_batch_size = N_TEST / W``), so the Trainer's ``eval_loss``, normalised by
 the token count over all processes, is the token mean over the whole set whatever W is (with
-several batches per process it pairs batches across processes, and its value depends on W). ``--stop TASK STEP`` stops every process (as a kill would)
-after optimizer step STEP of task TASK; ``--resume`` reruns the script with
-``resume_from_checkpoint=True``.
+several batches per process it pairs batches across processes, and its value depends on W).
+LoRA dropout is off (masks are drawn per process, so with dropout the runs would agree in
+distribution only). ``--stop TASK STEP`` stops every process after optimizer step STEP of task
+TASK (an exception from a callback, before any later checkpoint); ``--resume`` reruns the
+script with ``resume_from_checkpoint=True``.
 """
 
 from __future__ import annotations
