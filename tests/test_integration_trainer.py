@@ -161,6 +161,17 @@ def test_settings_it_cannot_run_are_one_line_errors(tiny_loaded, tmp_path):
         make_trainer(tiny_loaded, tmp_path, SureArguments()).train()
 
 
+def test_several_processes_need_the_loss_normalised_over_all(tiny_loaded, tmp_path, monkeypatch):
+    """Under several processes a step equals the one-process step only when each process's
+    loss is divided by the step's token count over all of them; without that, one line.
+    (Training under two processes: tests/test_integration_processes.py.)"""
+    monkeypatch.setattr(SureTrainer, "world", property(lambda self: 2))
+    with pytest.raises(SureclError, match="average_tokens_across_devices=True") as err:
+        make_trainer(tiny_loaded, tmp_path, SureArguments(), average_tokens_across_devices=False)
+    assert "\n" not in str(err.value)
+    make_trainer(tiny_loaded, tmp_path, SureArguments())  # the default normalises over all processes
+
+
 # ---------------------------------------------------------------------- checkpoints and resume
 
 

@@ -29,13 +29,27 @@ complete checkpoint (one a kill left half-written is passed over) with the same 
 replay draws and RNG states, so it ends where an uninterrupted run ends.
 
 New examples are taken in the order ``surecl run`` takes them with ``train.batching=uniform``
-and the same seed (one optimizer step = ``per_device_train_batch_size`` x
-``gradient_accumulation_steps`` = ``train.batch_size``), so with the same settings the two
+and the same seed (one optimizer step = ``per_device_train_batch_size`` x the number of
+processes x ``gradient_accumulation_steps`` = ``train.batch_size``), so with the same settings the two
 train on the same batches and replay the same draws. The AdamW state starts fresh at every task (the core's
 ``train.fresh_optimizer=true``).
 
-One process only for now (no ``accelerate launch`` with several processes), causal or
-encoder-decoder models, map-style datasets whose rows are mappings (``datasets.Dataset``).
+Several processes (``accelerate launch`` / torchrun, plain DDP): ``per_device_train_batch_size``
+keeps its meaning, so an optimizer step is ``per_device_train_batch_size`` x W x
+``gradient_accumulation_steps`` examples over the W processes. The batches are planned as one
+process would plan that global batch, and each micro-batch (new rows, then replayed ones) is
+split row by row as the core's :class:`surecl.step.TrainStep` splits a step: process r takes
+rows r, r + W, ...; a process left without a row runs the micro-batch's first row with its
+labels masked (every process runs every forward and backward, which DDP synchronises). The
+Trainer divides each process's loss by the step's token count over all processes
+(``average_tokens_across_devices``) and DDP averages the gradients, so the step is the
+one-process step. Surprise is scored on every W-th example per process and gathered in order
+on every process (the core's ``ContinualRun.sharded``), so all take the same buffer decisions;
+the step's new and replayed counts are summed over processes, so with ``unit="example"`` every
+replica's slow adapter takes the same EMA update; the main process alone writes SuRe's state.
+DeepSpeed, FSDP, tensor / context / sequence parallelism, ``DataParallel`` and a loss that is
+not normalised over all processes are refused in one line. Causal or encoder-decoder models,
+map-style datasets whose rows are mappings (``datasets.Dataset``).
 """
 
 from __future__ import annotations
@@ -69,6 +83,7 @@ END_DIR = "sure-end"
 FORMAT = 1
 NEW, REPLAYED = "sure_new", "sure_replayed"
 _MARK = "_sure_replay"
+KINDS = (NEW_ROW, REPLAYED_ROW, PADDING_ROW) = (0, 1, 2)
 
 
 @dataclass
@@ -140,7 +155,8 @@ class SureArguments:
 
 
 class _TaskSets(torch.utils.data.Dataset):
-    """Every task's training set; an item is keyed ``(task, index, replayed)``."""
+    """Every task's training set; an item is keyed ``(task, index, kind)``, kind one of
+    :data:`KINDS` (new, replayed, or a padding row a process without items trains at weight 0)."""
 
     def __init__(self, sets: list):
         self.sets = sets
@@ -150,13 +166,14 @@ class _TaskSets(torch.utils.data.Dataset):
         return len(self.sets[self.current])
 
     def __getitem__(self, key):
-        task, index, replayed = key
+        task, index, kind = key
         row = self.sets[task][index]
-        return {**row, _MARK: replayed}
+        return {**row, _MARK: kind}
 
 
 class _PlannedBatches:
-    """A batch sampler over a stage's precomputed micro-batches, one list per epoch."""
+    """A batch sampler over a stage's precomputed micro-batches, one list per epoch (this
+    process's share of each)."""
 
     def __init__(self, epochs: list[list[list[tuple[int, int, int]]]]):
         self.epochs = epochs
@@ -172,31 +189,51 @@ class _PlannedBatches:
         yield from self.epochs[min(self.epoch, len(self.epochs) - 1)]
 
 
+class _PlannedLoader(torch.utils.data.DataLoader):
+    """The stage's data loader: this process's planned micro-batches, in the plan's order.
+    Not passed through ``accelerator.prepare``, which would deal whole micro-batches to
+    alternate processes; every process already holds its share of every micro-batch."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
+
+
 class _MarkedCollator:
-    """The user's collator on the rows, plus the batch's counts of new and replayed rows."""
+    """The user's collator on the rows, plus the batch's counts of new and replayed rows; a
+    padding row (a process whose share of a micro-batch is empty runs one) has its labels
+    masked, so it adds no loss and no token to the loss's denominator."""
 
     def __init__(self, collate):
         self.collate = collate
 
     def __call__(self, features: list[dict]):
-        flags = [f.pop(_MARK) for f in features]
+        kinds = [f.pop(_MARK) for f in features]
         batch = self.collate(features)
-        batch[NEW] = torch.tensor(sum(1 for x in flags if not x))
-        batch[REPLAYED] = torch.tensor(sum(1 for x in flags if x))
+        padding = [k for k, kind in enumerate(kinds) if kind == PADDING_ROW]
+        if padding:
+            for key in ("labels", "shift_labels"):
+                if torch.is_tensor(batch.get(key)):
+                    batch[key][padding] = -100
+        batch[NEW] = torch.tensor(kinds.count(NEW_ROW))
+        batch[REPLAYED] = torch.tensor(kinds.count(REPLAYED_ROW))
         return batch
 
 
 class _EmaCallback(TrainerCallback):
-    """After every optimizer step: the slow adapter's EMA step (the core's ``DualLoRA``)."""
+    """After every optimizer step: the step's new and replayed examples counted over all
+    processes, and the slow adapter's EMA step (the core's ``DualLoRA``; with ``unit="example"``
+    one update per new example of the whole step, so every process's replica takes the same)."""
 
     def __init__(self, trainer: SureTrainer):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
         t = self.trainer
-        n = t._step_new if t.sure.unit == "example" else 1
-        t._step_new = 0
-        t.dual.ema_step(n)
+        new, replayed = t._step_counts()
+        counts = t.replay_counts.setdefault(t._sets.current, [0, 0])
+        counts[0] += new
+        counts[1] += replayed
+        t.dual.ema_step(new if t.sure.unit == "example" else 1)
         return control
 
 
@@ -210,8 +247,8 @@ class SureTrainer(Trainer):
     def __init__(self, model=None, args=None, *trainer_args, sure: SureArguments | None = None, **kwargs):
         if model is None or args is None:
             raise SureclError("SureTrainer: pass model= (the base model) and args= (TrainingArguments)")
-        if args.world_size > 1:
-            raise SureclError("SureTrainer: one process only for now (accelerate launch with several processes is not supported)")
+        if getattr(args, "n_gpu", 1) > 1:
+            raise SureclError("SureTrainer: one GPU per process (torch.nn.DataParallel is not supported); run several GPUs with accelerate launch / torchrun")
         self.sure = sure or SureArguments()
         self.sure.check()
         for p in model.parameters():
@@ -225,20 +262,68 @@ class SureTrainer(Trainer):
         spec = policy_spec(self.sure.policy)
         self.policy.options = spec.config() if spec.config is not None else None
         super().__init__(self.dual.model, args, *trainer_args, **kwargs)
+        self._check_processes()
         self.root = Path(args.output_dir)
         self.task = 0
         """The index of the task the next :meth:`next_task` call trains."""
         self.sets: list = []
         self.scores: dict[int, list[float]] = {}
-        """Each task's surprise as this process computed it (the buffer's priorities)."""
+        """Each task's surprise (the buffer's priorities), the same on every process."""
         self.replay_counts: dict[int, list[int]] = {}
         """Per task: [new, replayed] examples trained on."""
-        self._step_new = 0
+        self._local = [0, 0]
+        """This process's new and replayed examples since the last optimizer step."""
         self._plan_policy: dict | None = None
         self._resume: dict | None = None
         self.resumed_from: str | None = None
         """The checkpoint folder a ``resume_from_checkpoint`` call continued from (None: none)."""
         self.add_callback(_EmaCallback(self))
+
+    # ------------------------------------------------------------------ processes
+
+    @property
+    def world(self) -> int:
+        """The number of processes training together (``accelerate launch`` / torchrun)."""
+        return max(1, self.args.world_size)
+
+    @property
+    def rank(self) -> int:
+        return self.args.process_index
+
+    def _check_processes(self) -> None:
+        """One-line errors for multi-process settings whose step would not be the one-process step."""
+        if self.world == 1:
+            return
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            raise SureclError("SureTrainer: DeepSpeed and FSDP are not supported (the slow adapter's EMA needs the whole fast adapter on every process); use plain DDP")
+        if any(getattr(self, f"get_{kind}_size", lambda: 1)() != 1 for kind in ("tp", "cp", "sp")):
+            raise SureclError("SureTrainer: tensor, context and sequence parallelism are not supported; use plain DDP")
+        if not (self.args.average_tokens_across_devices and (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)):
+            raise SureclError(
+                "SureTrainer: several processes need the loss normalised by the step's token count over all processes "
+                "(average_tokens_across_devices=True and a model that takes num_items_in_batch, or a compute_loss_func)"
+            )
+
+    def _step_counts(self) -> tuple[int, int]:
+        """The new and replayed examples of the optimizer step just taken, over all processes."""
+        local, self._local = self._local, [0, 0]
+        if self.world == 1:
+            return local[0], local[1]
+        total = self.accelerator.reduce(torch.tensor(local, device=self.args.device), "sum")
+        return int(total[0]), int(total[1])
+
+    def _sharded(self, fn, n: int) -> list:
+        """``fn(indices)`` on this process's share of ``range(n)`` (indices rank, rank + W, ...,
+        as the core's ``ContinualRun.sharded``), the results gathered in order on every process."""
+        if self.world == 1:
+            return fn(list(range(n)))
+        from accelerate.utils import gather_object
+
+        parts = gather_object([fn(list(range(self.rank, n, self.world)))])
+        out: list = [None] * n
+        for r, part in enumerate(parts):
+            out[r :: self.world] = part
+        return out
 
     # ------------------------------------------------------------------ task boundaries
 
@@ -311,16 +396,21 @@ class SureTrainer(Trainer):
 
         return scores
 
-    @torch.no_grad()
     def surprise(self, dataset) -> list[float]:
         """Each example's surprise under the fast adapter: mean (or summed) NLL over the tokens
-        the collator's ``labels`` mark, batches of ``per_device_eval_batch_size``."""
+        the collator's ``labels`` mark, batches of ``per_device_eval_batch_size``. With several
+        processes each scores every W-th example and every process receives all the scores,
+        so all take the same buffer decisions."""
+        return self._sharded(lambda indices: self._surprise(dataset, indices), len(dataset))
+
+    @torch.no_grad()
+    def _surprise(self, dataset, indices: list[int]) -> list[float]:
         collate = self._collator() if self.sets else self.data_collator
         size = self.args.per_device_eval_batch_size
         out: list[float] = []
         with self.dual.evaluating(FAST) as model:
-            for start in range(0, len(dataset), size):
-                rows = [dict(dataset[i]) for i in range(start, min(start + size, len(dataset)))]
+            for start in range(0, len(indices), size):
+                rows = [dict(dataset[i]) for i in indices[start : start + size]]
                 batch = {k: v.to(self.args.device) if torch.is_tensor(v) else v for k, v in collate(rows).items()}
                 labels = batch.pop("labels")
                 if self.is_seq2seq:
@@ -340,8 +430,9 @@ class SureTrainer(Trainer):
 
     def _layout(self, n: int) -> tuple[list[list[int]], int]:
         """(micro-batch sizes of new examples per epoch, grouped per optimizer step; epochs),
-        and the stage's optimizer steps, as the Trainer will take them."""
-        b, ga = self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps
+        and the stage's optimizer steps, as the Trainer will take them. A micro-batch is that of
+        all processes together: ``per_device_train_batch_size`` x the number of processes."""
+        b, ga = self.args.per_device_train_batch_size * self.world, self.args.gradient_accumulation_steps
         batches = [b] * (n // b) + ([n % b] if n % b and not self.args.dataloader_drop_last else [])
         steps_per_epoch = math.ceil(len(batches) / ga)
         if self.args.max_steps > 0:
@@ -365,23 +456,23 @@ class SureTrainer(Trainer):
         ``surecl run`` with ``train.batching=uniform`` draws them), so the same seed gives the
         core's batches. Redrawn from the stream's start for every task (a resumed run too)."""
         rng = random.Random(f"batches:{self.args.seed}")
-        step = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
+        step = self.args.per_device_train_batch_size * self.world * self.args.gradient_accumulation_steps
         for k in range(t + 1):
             n = len(self.sets[k])
             orders = [[i for batch in uniform_batches(n, step, rng) for i in batch] for _ in self._layout(n)[0]]
         return orders
 
     def _plan(self, t: int, n: int) -> list[list[list[tuple[int, int, int]]]]:
-        """Every epoch's micro-batches of the stage: new examples in the core's order
-        (:meth:`_orders`), and the replayed entries the policy draws for each optimizer step
-        (``replay_count``)."""
+        """Every epoch's micro-batches of the stage (of all processes together): new examples
+        in the core's order (:meth:`_orders`), and the replayed entries the policy draws for
+        each optimizer step (``replay_count``)."""
         per_epoch, total = self._layout(n)
         ga = self.args.gradient_accumulation_steps
         epochs, steps = [], []
         for sizes, perm in zip(per_epoch, self._orders(t)):
             micro, pos = [], 0
             for size in sizes:
-                micro.append([(t, i, 0) for i in perm[pos : pos + size]])
+                micro.append([(t, i, NEW_ROW) for i in perm[pos : pos + size]])
                 pos += size
             epochs.append(micro)
             steps += [micro[k : k + ga] for k in range(0, len(micro), ga)]
@@ -390,27 +481,32 @@ class SureTrainer(Trainer):
         for s, step in enumerate(steps[:total]):
             drawn = self.policy.sample(replay_count(s, sizes, spec)) if self.sure.policy != "none" else []
             for j, e in enumerate(drawn):
-                step[j % len(step)].append((e.task, e.index, 1))
+                step[j % len(step)].append((e.task, e.index, REPLAYED_ROW))
         return epochs
+
+    def _share(self, micro: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """This process's rows of a micro-batch: items rank, rank + W, ... (new, then replayed,
+        as the core's ``TrainStep`` splits a step); with none, its first row as padding (every
+        process runs every micro-batch's forward and backward, which DDP synchronises)."""
+        if self.world == 1:
+            return micro
+        return micro[self.rank :: self.world] or [(micro[0][0], micro[0][1], PADDING_ROW)]
 
     def get_train_dataloader(self):
         if not hasattr(self, "_sets"):
             raise SureclError("SureTrainer: train with trainer.next_task(train_dataset), one call per task")
         t = self._sets.current
         self._plan_policy = self.policy.state_dict()[0]  # what a resumed run replans from
-        sampler = _PlannedBatches(self._plan(t, len(self.sets[t])))
-        loader = torch.utils.data.DataLoader(
+        plan = self._plan(t, len(self.sets[t]))
+        sampler = _PlannedBatches([[self._share(micro) for micro in epoch] for epoch in plan])
+        return _PlannedLoader(
             self._sets, batch_sampler=sampler, collate_fn=_MarkedCollator(self._collator()),
             num_workers=self.args.dataloader_num_workers, pin_memory=self.args.dataloader_pin_memory,
         )
-        return self.accelerator.prepare(loader)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        new, replayed = int(inputs.pop(NEW, 0)), int(inputs.pop(REPLAYED, 0))
-        self._step_new += new
-        counts = self.replay_counts.setdefault(self._sets.current, [0, 0])
-        counts[0] += new
-        counts[1] += replayed
+        self._local[0] += int(inputs.pop(NEW, 0))
+        self._local[1] += int(inputs.pop(REPLAYED, 0))
         return super().training_step(model, inputs, num_items_in_batch)
 
     # ------------------------------------------------------------------ evaluation

@@ -9,8 +9,9 @@ own preparation (chat template, EOS, tokenisation, the labels of ``completion_on
 ``assistant_only_loss``, truncation to ``max_length``); everything after that is
 ``SureTrainer``'s: the surprise of an example is its mean NLL over the tokens its ``labels``
 mark, i.e. the tokens the SFT loss trains on (the completion, or the assistant turns), the
-buffer, the replay ratio, the slow adapter's EMA, ``evaluate`` on the slow adapter and the
-checkpoints with exact resume.
+buffer, the replay ratio, the slow adapter's EMA, ``evaluate`` on the slow adapter, the
+checkpoints with exact resume, and training under several processes (``accelerate launch`` /
+torchrun: each step's rows split across processes, scoring sharded and gathered).
 
 Not supported, refused in one line: ``packing`` and ``padding_free`` (both merge examples
 into shared rows; the buffer scores and replays whole examples), a ``peft_config`` (the

@@ -1,0 +1,161 @@
+"""One SureTrainer script run by one process or by each of several (torch.distributed, gloo on
+the CPU), for tests/test_integration_processes.py.
+
+``python tests/sure_trainer_processes.py OUT CACHE [--sft] [--stop TASK STEP] [--resume]`` trains the
+tiny model (from the model cache CACHE, built beforehand) on three tiny tasks with SuRe, and
+each process writes what it ended with to ``OUT/rank<r>.json`` (buffer, scores, replay
+counts, EMA clock, eval losses after every task, what it scored and trained on, the state
+files it wrote) and ``OUT/rank<r>.safetensors`` (the fast and slow adapters). With ``--sft`` the
+script is a TRL one: :class:`surecl.integrations.trl.SureSFTTrainer` on chat rows, the loss on
+the assistant turns (``assistant_only_loss``).
+
+The global batch is the same whatever the number of processes: ``MICRO`` examples a
+micro-batch over all processes (``per_device_train_batch_size = MICRO / W``), ``GA``
+micro-batches an optimizer step. Each process evaluates its share of a test set in one batch
+(``per_device_eval_batch_size = N_TEST / W``), so the Trainer's ``eval_loss``, normalised by
+the token count over all processes, is the token mean over the whole set whatever W is (with
+several batches per process it pairs batches across processes, and its value depends on W).
+LoRA dropout is off (masks are drawn per process, so with dropout the runs would agree in
+distribution only). ``--stop TASK STEP`` stops every process after optimizer step STEP of task
+TASK (an exception from a callback, before any later checkpoint); ``--resume`` reruns the
+script with ``resume_from_checkpoint=True``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+TASKS, N_TRAIN, N_TEST = 3, 17, 16
+MICRO, GA = 4, 2
+"""17 new examples a task make micro-batches 4, 4, 4, 4, 1 and optimizer steps of 8, 8 and 1
+(the last a single micro-batch). Replay 1:2, counted over the task's steps (8, 8, 1, 8, 8, 1
+new: floor of half the running total), adds 4, 4, 0, 4, 4, 1 rows: the first epoch's last
+micro-batch keeps one row, so with two processes one of them has none of it and runs a
+padding row."""
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }} <eos>{% endgeneration %} "
+    "{% else %}{{ m['content'] }} Answer : {% endif %}{% endfor %}"
+)
+SURE = dict(buffer_size=9, ratio="1:2", unit="example", beta=0.9, bias_correction=True, lora_dropout=0.0, score_time="before", insert_time="before")
+
+
+class Stop(Exception):
+    pass
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("cache")
+    parser.add_argument("--stop", nargs=2, type=int)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--sft", action="store_true")
+    opts = parser.parse_args(argv)
+
+    import datasets
+    import torch
+    from safetensors.torch import save_file
+    from transformers import DataCollatorForLanguageModeling, PrinterCallback, TrainerCallback, TrainingArguments
+
+    from surecl.config import ModelConfig
+    from surecl.data.tiny import tiny_stream
+    from surecl.integrations.transformers import SureArguments, SureTrainer
+    from surecl.model import load_model
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    loaded = load_model(ModelConfig(name="tiny"), torch.device("cpu"), Path(opts.cache))
+    tok = loaded.tokenizer
+    # right padding: the model numbers positions from 0 in every row, so a row's loss does not
+    # depend on which rows share its batch (with left padding and no position_ids it does, and
+    # the processes' batches are other rows than the one process's)
+    tok.padding_side = "right"
+
+    def encode(rows):
+        if opts.sft:
+            return datasets.Dataset.from_dict({"messages": [[{"role": "user", "content": e.sentence}, {"role": "assistant", "content": e.label}] for e in rows]})
+        ds = datasets.Dataset.from_dict({"text": [f"{e.sentence} Answer: {e.label}" for e in rows]})
+        return ds.map(lambda b: tok(b["text"]), batched=True, remove_columns=["text"])
+
+    stream = tiny_stream(n_train=N_TRAIN, n_test=N_TEST)[:TASKS]
+    train, test = [encode(t.train) for t in stream], [encode(t.test) for t in stream]
+    settings = dict(
+        per_device_train_batch_size=MICRO // world, gradient_accumulation_steps=GA,
+        per_device_eval_batch_size=N_TEST // world, learning_rate=5e-3, num_train_epochs=2, lr_scheduler_type="constant",
+        report_to=[], use_cpu=True, save_strategy="steps", save_steps=2, seed=0, disable_tqdm=True, logging_strategy="no",
+    )
+    if opts.sft:
+        from trl import SFTConfig
+
+        from surecl.integrations.trl import SureSFTTrainer
+
+        tok.chat_template = CHAT_TEMPLATE
+        args = SFTConfig(str(Path(opts.out) / "run"), assistant_only_loss=True, bf16=False, **settings)
+        trainer = SureSFTTrainer(model=loaded.model, args=args, processing_class=tok, sure=SureArguments(**SURE))
+    else:
+        args = TrainingArguments(str(Path(opts.out) / "run"), **settings)
+        trainer = SureTrainer(
+            model=loaded.model, args=args, data_collator=DataCollatorForLanguageModeling(tok, mlm=False), sure=SureArguments(**SURE),
+        )
+    trainer.remove_callback(PrinterCallback)
+    rank = trainer.args.process_index
+    record = {"world": trainer.world, "scored": [], "rows": [], "padding_rows": 0, "state_writes": [], "evals": []}
+
+    surprise = trainer._surprise
+
+    def spied_surprise(dataset, indices):
+        record["scored"].append(len(indices))
+        return surprise(dataset, indices)
+
+    trainer._surprise = spied_surprise
+    share = trainer._share
+
+    def spied_share(micro):
+        rows = share(micro)
+        record["rows"].append(len(rows))
+        record["padding_rows"] += sum(1 for row in rows if row[2] == 2)
+        return rows
+
+    trainer._share = spied_share
+    write = trainer._write_state
+
+    def spied_write(folder, done):
+        record["state_writes"].append(str(Path(folder).relative_to(opts.out)))
+        return write(folder, done)
+
+    trainer._write_state = spied_write
+
+    class StopAt(TrainerCallback):
+        def __init__(self, task: int, step: int):
+            self.task, self.step, self.calls = task, step, -1
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.calls += 1
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.calls == self.task and state.global_step == self.step:
+                raise Stop
+
+    if opts.stop:
+        trainer.add_callback(StopAt(*opts.stop))
+    try:
+        for t in range(TASKS):
+            if trainer.next_task(train[t], resume_from_checkpoint=True if opts.resume else None) is not None:
+                record["evals"].append([trainer.evaluate(d)["eval_loss"] for d in test] + [trainer.evaluate(test[t], adapter="fast")["eval_loss"]])
+    except Stop:
+        return
+    record.update(
+        buffer=trainer.policy.buffer.state_dict(), scores={str(k): v for k, v in trainer.scores.items()},
+        replay_counts={str(k): v for k, v in trainer.replay_counts.items()}, ema=[trainer.dual.beta, trainer.dual.steps, trainer.dual.updates],
+        resumed_from=trainer.resumed_from and str(Path(trainer.resumed_from).relative_to(opts.out)),
+    )
+    out = Path(opts.out)
+    (out / f"rank{rank}.json").write_text(json.dumps(record))
+    save_file(trainer.dual.state_dict()[1], str(out / f"rank{rank}.safetensors"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
