@@ -249,3 +249,53 @@ def test_replay_option_errors_are_one_line(tiny_loaded, tmp_path):
     with pytest.raises(SureclError, match="no column 'answer'") as err:
         trainer.next_task(task_sets(tiny_loaded.tokenizer)[0])
     assert "\n" not in str(err.value)
+
+
+class Interrupt(Exception):
+    pass
+
+
+class StopAt(TrainerCallback):
+    """Stops the job (as a kill would) after optimizer step ``step`` of the ``task``-th train() call."""
+
+    def __init__(self, task: int, step: int):
+        self.task, self.step, self.calls = task, step, -1
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.calls += 1
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.calls == self.task and state.global_step == self.step:
+            raise Interrupt
+
+
+def test_resume_with_every_option_ends_as_an_uninterrupted_run(tiny_loaded, tmp_path):
+    """Pair loss, aging and a label-balanced buffer together: a run stopped inside task 1 after
+    step 3 (checkpoint-2 the last) and rerun with resume_from_checkpoint=True ends bit for bit
+    where the uninterrupted run ends: the checkpoint holds the buffer with the scores aged so
+    far and the random state the stage's replay was drawn from."""
+    sets = task_sets(tiny_loaded.tokenizer, n_train=20, with_label=True)[:3]
+    sure = SureArguments(buffer_size=9, ratio="1:2", replay_loss="pair", aging=True, balance="label", label_column="answer", beta=0.9)
+    save = dict(save_strategy="steps", save_steps=2)
+
+    ref = trainer_for(tiny_loaded, tmp_path / "ref", sure, **save)
+    for ds in sets:
+        ref.next_task(ds)
+    inserted = {(t, i): s for t, scores in ref.scores.items() for i, s in enumerate(scores)}
+    assert any(e.score != inserted[(e.task, e.index)] for e in ref.policy.buffer.entries), "aging should have changed scores"
+
+    out = tmp_path / "run"
+    first = trainer_for(tiny_loaded, out, sure, **save)
+    first.add_callback(StopAt(task=1, step=3))
+    with pytest.raises(Interrupt):
+        for ds in sets:
+            first.next_task(ds)
+    second = trainer_for(tiny_loaded, out, sure, **save)
+    done = [second.next_task(ds, resume_from_checkpoint=True) for ds in sets]
+    assert done[0] is None and done[1] is not None and second.resumed_from.endswith("checkpoint-2")
+    assert second.policy.buffer.state_dict() == ref.policy.buffer.state_dict()
+    assert second.replay_counts == ref.replay_counts and second.dual.steps == ref.dual.steps
+    ref_tensors, tensors = ref.dual.state_dict()[1], second.dual.state_dict()[1]
+    assert tensors.keys() == ref_tensors.keys()
+    for k in tensors:
+        torch.testing.assert_close(tensors[k], ref_tensors[k], rtol=0, atol=0)
