@@ -299,3 +299,43 @@ def test_resume_with_every_option_ends_as_an_uninterrupted_run(tiny_loaded, tmp_
     assert tensors.keys() == ref_tensors.keys()
     for k in tensors:
         torch.testing.assert_close(tensors[k], ref_tensors[k], rtol=0, atol=0)
+
+
+def test_sft_trainer_pair_loss_on_the_assistant_tokens(tiny_loaded, tmp_path):
+    """SureSFTTrainer with ``replay_loss="pair"``: the first step's loss is the reference
+    formula over each row's assistant tokens (the labels SFTTrainer's collator marks)."""
+    pytest.importorskip("trl")
+    from trl import SFTConfig
+
+    from surecl.integrations.trl import SureSFTTrainer
+
+    tok = copy.deepcopy(tiny_loaded.tokenizer)
+    tok.padding_side = "right"
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }} <eos>{% endgeneration %} "
+        "{% else %}{{ m['content'] }} Answer : {% endif %}{% endfor %}"
+    )
+    chats = [
+        datasets.Dataset.from_dict({"messages": [[{"role": "user", "content": e.sentence}, {"role": "assistant", "content": e.label}] for e in t.train]})
+        for t in tiny_stream(n_train=16, n_test=1)[:1]
+    ]
+    args = SFTConfig(
+        str(tmp_path), per_device_train_batch_size=4, learning_rate=5e-3, max_steps=1, report_to=[], use_cpu=True, bf16=False,
+        save_strategy="no", disable_tqdm=True, logging_strategy="no", assistant_only_loss=True,
+    )
+    sft = SureSFTTrainer(model=copy.deepcopy(tiny_loaded.model), args=args, processing_class=tok, sure=SureArguments(buffer_size=8, ratio="3:2", replay_loss="pair", lora_dropout=0.0))
+    seen = []
+    step = sft.training_step
+
+    def spied(model, inputs, num_items_in_batch=None):
+        batch = {k: v.clone() for k, v in inputs.items()}
+        assert int((batch["labels"] != -100).sum()) < int(batch["attention_mask"].sum()) - batch["labels"].shape[0]  # assistant tokens only
+        with torch.no_grad():
+            pair, joint, _, _ = reference_loss(sft.model, batch, int(batch["sure_new"]))
+        seen.append((pair.item(), joint.item(), step(model, inputs, num_items_in_batch).item()))
+        return torch.tensor(seen[-1][2])
+
+    sft.training_step = spied
+    sft.next_task(chats[0])
+    (pair, joint, loss), = seen
+    assert loss == pytest.approx(pair, rel=1e-5) and abs(pair - joint) > 1e-3
