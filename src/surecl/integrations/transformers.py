@@ -8,14 +8,17 @@ task's (tokenised) training set. Each call is one task boundary:
    ``labels`` mark, i.e. the tokens your loss trains on) with your model and collator under
    the fast adapter, before or after training (``score_time`` / ``insert_time``: SB-UB, SB-UA,
    SA-UA), and the task's top ``floor(S/d)`` enter the core's equal-quota buffer through the
-   core's replay policy (:class:`surecl.plugins.sure.SurprisePolicy`, or ``random``);
+   core's replay policy (:class:`surecl.plugins.sure.SurprisePolicy`, or ``random``; with
+   ``balance="label"`` the share is spread over the labels of a ``label_column``);
 2. training (one ``Trainer.train()``) draws ``a`` replayed examples per ``b`` new ones
    (``ratio="a:b"``, counted as the core's :func:`surecl.plan.replay_count`) into the same
    batches, collated by your collator, and the loss is the Trainer's own (token mean over the
-   mixed batch: the core's ``replay.loss=joint``);
+   mixed batch: the core's ``replay.loss=joint``) or, with ``replay_loss="pair"``, the paper's
+   pair weighting over the whole optimizer step (the core's :func:`surecl.step.pair_weights`);
 3. after every optimizer step the slow LoRA adapter follows the fast one by the core's EMA
    (:meth:`surecl.adapters.DualLoRA.ema_step`: one update per step, or beta^n for a step of n
-   new examples with ``unit="example"``);
+   new examples with ``unit="example"``), and with ``aging`` the step's replayed entries take
+   their surprise under the updated fast adapter;
 4. ``trainer.evaluate(...)`` answers with the slow adapter (``adapter="fast"`` for the fast
    one), and ``with trainer.slow_weights(): ...`` puts it in place for your own evaluation.
 
@@ -43,7 +46,8 @@ rows r, r + W, ...; a process left without a row runs the micro-batch's first ro
 labels masked (every process runs every forward and backward, which DDP synchronises). The
 Trainer divides each process's loss by the step's token count over all processes
 (``average_tokens_across_devices``) and DDP averages the gradients, so the step is the
-one-process step. Surprise is scored on every W-th example per process and gathered in order
+one-process step; a ``pair`` step's rows carry weights computed over the whole global step
+before the split, and each process's loss is multiplied by W against DDP's average. Surprise is scored on every W-th example per process and gathered in order
 on every process (the core's ``ContinualRun.sharded``), so all take the same buffer decisions;
 the step's new and replayed counts are summed over processes, so with ``unit="example"`` every
 replica's slow adapter takes the same EMA update; the main process alone writes SuRe's state.
