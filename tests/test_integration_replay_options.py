@@ -339,3 +339,29 @@ def test_sft_trainer_pair_loss_on_the_assistant_tokens(tiny_loaded, tmp_path):
     sft.next_task(chats[0])
     (pair, joint, loss), = seen
     assert loss == pytest.approx(pair, rel=1e-5) and abs(pair - joint) > 1e-3
+
+
+def test_a_process_without_rows_in_a_pair_step_adds_nothing(tiny_loaded, tmp_path, monkeypatch):
+    """Under two processes a pair micro-batch of one row leaves rank 1 a padding row: weight 0
+    and labels masked, so its loss (and gradient) is 0 while it still runs the forward and
+    backward DDP waits for; in a joint micro-batch the padding row keeps the joint path."""
+    sets = task_sets(tiny_loaded.tokenizer, n_train=8)
+    trainer = trainer_for(tiny_loaded, tmp_path, SureArguments(buffer_size=4, ratio="1:2", replay_loss="pair", lora_dropout=0.0))
+    trainer.sets.append(sets[0])
+    monkeypatch.setattr(SureTrainer, "world", property(lambda self: 2))
+    monkeypatch.setattr(SureTrainer, "rank", property(lambda self: 1))
+    assert trainer._share([(0, 5, 0, 0.25)]) == [(0, 5, 2, 0.0)]
+    assert trainer._share([(0, 5, 0, -1.0)]) == [(0, 5, 2, -1.0)]
+    assert trainer._share([(0, 5, 0, 0.25), (0, 6, 1, 0.25), (0, 7, 1, 0.5)]) == [(0, 6, 1, 0.25)]
+    from surecl.integrations.transformers import _MarkedCollator, _TaskSets
+
+    tasks = _TaskSets(trainer.sets)
+    batch = _MarkedCollator(trainer._collator())([tasks[(0, 5, 2, 0.0)]])
+    assert batch["sure_new"] == 0 and batch["sure_replayed"] == 0 and batch["sure_pair_weight"].tolist() == [0.0]
+    assert (batch["labels"] == -100).all()
+    joint = _MarkedCollator(trainer._collator())([tasks[(0, 5, 2, -1.0)]])
+    assert "sure_pair_weight" not in joint
+    trainer.create_optimizer()
+    loss = trainer.training_step(trainer.model, batch)
+    assert loss.item() == 0.0
+    assert all(p.grad is None or not p.grad.any() for p in trainer.dual.fast_params)
