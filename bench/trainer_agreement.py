@@ -12,8 +12,11 @@ The summary: the sample SD of the core's FP over seeds (seed noise: LoRA init, d
 batch order, replay draws), the mean and largest |trainer - core| (same seed: float arithmetic
 only), and the mean |other order - same order|.
 
+``--loss pair``: both runs with the paper's pair weighting of replayed rows (``replay.loss=pair``,
+``SureArguments.replay_loss="pair"``).
+
 Usage (from the repository root; about 40 s a seed with one thread on 2 busy cores):
-  OMP_NUM_THREADS=1 PYTHONPATH=src python bench/trainer_agreement.py --seeds 8
+  OMP_NUM_THREADS=1 PYTHONPATH=src python bench/trainer_agreement.py --seeds 8 [--loss pair]
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def same_first_row(r: dict) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--loss", choices=["joint", "pair"], default="joint", help="replay.loss of both runs")
     parser.add_argument("--cache", type=Path, default=None, help="model cache folder (default: a temporary one)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -49,7 +53,7 @@ def main() -> None:
         core_fp, diffs, order_diffs = [], [], []
         print("seed | core final row | trainer final row | core FP | trainer FP | diff | other order FP | same first row | same buffer | EMA core / trainer")
         for seed in range(args.seeds):
-            r = ta.compare(seed, root, cache, order_seed=seed + 1000)
+            r = ta.compare(seed, root, cache, order_seed=seed + 1000, replay_loss=args.loss)
             core_fp.append(r["core_fp"])
             diffs.append(r["trainer_fp"] - r["core_fp"])
             order_diffs.append(r["other_order_fp"] - r["trainer_fp"])

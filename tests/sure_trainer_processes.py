@@ -1,13 +1,18 @@
 """One SureTrainer script run by one process or by each of several (torch.distributed, gloo on
 the CPU), for tests/test_integration_processes.py.
 
-``python tests/sure_trainer_processes.py OUT CACHE [--sft] [--stop TASK STEP] [--resume]`` trains the
+``python tests/sure_trainer_processes.py OUT CACHE [--sft] [--pair] [--stop TASK STEP] [--resume]`` trains the
 tiny model (from the model cache CACHE, built beforehand) on three tiny tasks with SuRe, and
 each process writes what it ended with to ``OUT/rank<r>.json`` (buffer, scores, replay
 counts, EMA clock, eval losses after every task, what it scored and trained on, the state
 files it wrote) and ``OUT/rank<r>.safetensors`` (the fast and slow adapters). With ``--sft`` the
 script is a TRL one: :class:`surecl.integrations.trl.SureSFTTrainer` on chat rows, the loss on
-the assistant turns (``assistant_only_loss``).
+the assistant turns (``assistant_only_loss``). With ``--pair`` the Trainer script weights
+replayed rows by the paper's pair loss (``replay_loss="pair"``, whose weights span the whole
+optimizer step: both micro-batches of both processes) and ages the replayed entries
+(``aging=True``: re-scored after every step that replays, sharded and gathered), without
+gradient clipping, so the gradient norm each process records before every optimizer step
+(after DDP's all-reduce) is the step's whole gradient, which the one-process run must match.
 
 The global batch is the same whatever the number of processes: ``MICRO`` examples a
 micro-batch over all processes (``per_device_train_batch_size = MICRO / W``), ``GA``
@@ -54,6 +59,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--stop", nargs=2, type=int)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--sft", action="store_true")
+    parser.add_argument("--pair", action="store_true")
     opts = parser.parse_args(argv)
 
     import datasets
@@ -96,13 +102,14 @@ def main(argv: list[str]) -> None:
         args = SFTConfig(str(Path(opts.out) / "run"), assistant_only_loss=True, bf16=False, **settings)
         trainer = SureSFTTrainer(model=loaded.model, args=args, processing_class=tok, sure=SureArguments(**SURE))
     else:
+        if opts.pair:
+            settings["max_grad_norm"] = 0.0
         args = TrainingArguments(str(Path(opts.out) / "run"), **settings)
-        trainer = SureTrainer(
-            model=loaded.model, args=args, data_collator=DataCollatorForLanguageModeling(tok, mlm=False), sure=SureArguments(**SURE),
-        )
+        sure = SureArguments(**SURE, **(dict(replay_loss="pair", aging=True) if opts.pair else {}))
+        trainer = SureTrainer(model=loaded.model, args=args, data_collator=DataCollatorForLanguageModeling(tok, mlm=False), sure=sure)
     trainer.remove_callback(PrinterCallback)
     rank = trainer.args.process_index
-    record = {"world": trainer.world, "scored": [], "rows": [], "padding_rows": 0, "state_writes": [], "evals": []}
+    record = {"world": trainer.world, "scored": [], "rows": [], "padding_rows": 0, "state_writes": [], "evals": [], "grad_norms": []}
 
     surprise = trainer._surprise
 
@@ -139,6 +146,11 @@ def main(argv: list[str]) -> None:
             if self.calls == self.task and state.global_step == self.step:
                 raise Stop
 
+    class GradNorm(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            record["grad_norms"].append(float(torch.cat([p.grad.flatten() for p in trainer.dual.fast_params]).norm()))
+
+    trainer.add_callback(GradNorm())
     if opts.stop:
         trainer.add_callback(StopAt(*opts.stop))
     try:

@@ -2,7 +2,9 @@
 (tests/sure_trainer_processes.py: three tiny tasks, replay 1:2 into a buffer of 9, EMA 0.9 per
 new example, checkpoints every 2 steps; a Trainer script, and a TRL one on chat rows) run by
 one process and by two CPU processes (gloo, started as torch's elastic launcher starts its
-workers: tests/test_two_process.py's ``launch_two``) with the same global batch.
+workers: tests/test_two_process.py's ``launch_two``) with the same global batch; and the
+Trainer script with the paper's pair loss and aging (``--pair``: ``replay_loss="pair"``,
+``aging=True``, no gradient clipping).
 
 Each optimizer step's rows (new, then replayed) are split item by item across the processes
 (rank r takes r, r + 2, ...), the Trainer normalises each process's loss by the step's token
@@ -13,7 +15,14 @@ gradient all-reduce, which rows share a batch), so the two runs are compared to 
 at least 40x what was measured on a 2-core x86 CPU: adapters to 5e-5 absolute (measured at most
 2.1e-7 with the Trainer script, 1.0e-6 with the TRL one, over weights whose largest is about
 0.15; a run whose step counts and EMA units were one process's, not the step's, ends 6.7e-3
-away), surprise scores and eval losses to 1e-5 relative (measured at most 2.4e-7); buffer members, replay counts and the EMA clock exactly. Between the two
+away; 2.6e-7 with the pair loss), surprise scores and eval losses to 1e-5 relative (measured
+at most 2.4e-7), each optimizer step's gradient norm after the all-reduce to 1e-4 relative
+(measured at most 3.3e-7 with the pair loss, whose steps are not clipped; the other scripts
+clip to norm 1, so theirs read 1.0; a pair loss missing the factor W that undoes DDP's
+average fails it, its aged buffer scores too); buffer members, replay counts and the EMA
+clock exactly. (With clipping, the pair script once ended with one weight of 1024 moved
+7.1e-5, all others within 6.6e-7: Adam amplifies float noise on a weight whose gradient is
+about 0; the pair script runs unclipped.) Between the two
 processes of one run, and between a two-process run stopped mid-task and resumed and one that
 was not (the Trainer script), everything is compared exactly.
 """
@@ -88,7 +97,13 @@ def sft_runs(tiny_loaded, tiny_cache, tmp_path_factory):
     return one_and_two(tmp_path_factory.mktemp("sft"), tiny_cache, "--sft")
 
 
-@pytest.fixture(params=["trainer", "sft"])
+@pytest.fixture(scope="module")
+def pair_runs(tiny_loaded, tiny_cache, tmp_path_factory):
+    """The Trainer script with the pair loss and aging (``--pair``) by one process and by two."""
+    return one_and_two(tmp_path_factory.mktemp("pair"), tiny_cache, "--pair")
+
+
+@pytest.fixture(params=["trainer", "sft", "pair"])
 def runs(request):
     return request.getfixturevalue(f"{request.param}_runs")
 
@@ -125,6 +140,9 @@ def test_two_processes_train_as_one(runs):
     assert len(two["evals"]) == len(one["evals"]) == TASKS
     for a, b in zip(two["evals"], one["evals"]):
         assert a == pytest.approx(b, rel=1e-5, abs=0)
+    # every optimizer step's gradient (after the all-reduce) has the one-process step's norm
+    assert len(two["grad_norms"]) == len(one["grad_norms"]) == TASKS * 6
+    assert two["grad_norms"] == pytest.approx(one["grad_norms"], rel=1e-4, abs=0)
     assert one["evals"][-1][0] < 0.5 * one["evals"][0][0], "the run should learn something for the comparison to mean anything"
 
 
@@ -148,6 +166,22 @@ def test_each_process_does_its_share_and_holds_the_same_state(runs):
     # checkpoints and task ends written by the main process only
     assert r1["state_writes"] == [] and r0["state_writes"] == one["state_writes"]
     assert r0["state_writes"][-1] == f"run/task-{TASKS - 1}/sure-end"
+
+
+def test_pair_loss_and_aging_under_two_processes(pair_runs, trainer_runs):
+    """With the pair loss the two-process run is the one-process run (the runs compared above),
+    and the pair loss and aging did change the run: other weights and other buffer scores than
+    the default script's (the aged entries' scores are not their insertion scores)."""
+    pair, pair_w = outcome(pair_runs / "one")
+    joint, joint_w = outcome(trainer_runs / "one")
+    assert pair["replay_counts"] == joint["replay_counts"]
+    assert max(float((pair_w[k] - joint_w[k]).abs().max()) for k in pair_w) > 1e-3
+
+    def aged(record: dict) -> list[dict]:
+        inserted = {(int(t), i): s for t, scores in record["scores"].items() for i, s in enumerate(scores)}
+        return [e for e in record["buffer"]["entries"] if e["score"] != inserted[(e["task"], e["index"])]]
+
+    assert aged(pair) and not aged(joint)
 
 
 def test_two_processes_resume_as_an_uninterrupted_run(trainer_runs, resumed):

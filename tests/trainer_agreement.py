@@ -19,7 +19,9 @@ answering). Settings that map one to one:
 * ``model.share_prefix=false`` (the core would run a batch's shared prompt prefix once: the
   same result up to float summation order);
 * LoRA r / alpha / dropout / targets, ``dual.beta`` / ``bias_correction`` / ``unit``,
-  ``replay.buffer_size`` / ``ratio`` / timing, ``seed``.
+  ``replay.buffer_size`` / ``ratio`` / timing, ``seed``;
+* ``replay.loss`` = ``SureArguments.replay_loss`` (``joint`` by default; ``pair``: the paper's
+  pair weighting on both sides).
 
 What still differs is float arithmetic only: the Trainer right-pads and lets the model build
 the loss, the core left-pads with explicit positions and sums the answer NLL itself.
@@ -38,7 +40,7 @@ BUFFER, RATIO, BETA = 12, "1:2", 0.9
 LORA = dict(r=8, alpha=16, dropout=0.0, targets=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"])
 
 
-def core_overrides(seed: int) -> list[str]:
+def core_overrides(seed: int, replay_loss: str = "joint") -> list[str]:
     return [
         f"seed={seed}", f"data.tasks=[{','.join(TASKS)}]", f"data.n_train={N_TRAIN}", f"data.n_test={N_TEST}",
         f"train.epochs={EPOCHS}", f"train.batch_size={BATCH}", f"train.lr={LR}", "train.batching=uniform", "train.fresh_optimizer=true",
@@ -46,17 +48,17 @@ def core_overrides(seed: int) -> list[str]:
         f"replay.buffer_size={BUFFER}", f"replay.ratio='{RATIO}'", "replay.scope=label", "replay.reduction=mean",
         f"dual.beta={BETA}", "dual.bias_correction=true", "dual.unit=step", "eval.before=false",
         f"lora.r={LORA['r']}", f"lora.alpha={LORA['alpha']}", f"lora.dropout={LORA['dropout']}",
-        f"lora.target_modules=[{','.join(LORA['targets'])}]",
+        f"lora.target_modules=[{','.join(LORA['targets'])}]", f"replay.loss={replay_loss}",
     ]
 
 
-def core_run(seed: int, out: Path, cache: Path):
+def core_run(seed: int, out: Path, cache: Path, replay_loss: str = "joint"):
     """``surecl run --config tiny,slow_surprise`` with the setting's overrides: the finished
     ``ContinualRun`` (its ``train_sets`` / ``test_sets`` feed :func:`trainer_run`) and its results."""
     from surecl.config import build_config
     from surecl.trainer import ContinualRun
 
-    cfg = build_config("tiny,slow_surprise", core_overrides(seed))
+    cfg = build_config("tiny,slow_surprise", core_overrides(seed, replay_loss))
     run = ContinualRun(cfg, out, progress=False, cache_dir=cache)
     results = run.run()
     return run, results
@@ -90,7 +92,7 @@ def right_pad_collator(pad_id: int):
     return collate
 
 
-def trainer_run(seed: int, out: Path, core, base_model, order_seed: int | None = None):
+def trainer_run(seed: int, out: Path, core, base_model, order_seed: int | None = None, replay_loss: str = "joint"):
     """The same setting as a Trainer script: one ``next_task`` per task on the core run's
     encoded training examples, the core's evaluation after each task on the slow adapter.
     Returns the trainer and its accuracy matrix (rows: after task i; columns: task j).
@@ -107,7 +109,7 @@ def trainer_run(seed: int, out: Path, core, base_model, order_seed: int | None =
         disable_tqdm=True, logging_strategy="no",
     )
     sure = SureArguments(
-        buffer_size=BUFFER, policy="surprise", ratio=RATIO, beta=BETA, bias_correction=True, unit="step",
+        buffer_size=BUFFER, policy="surprise", ratio=RATIO, beta=BETA, bias_correction=True, unit="step", replay_loss=replay_loss,
         lora_r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"], target_modules=list(LORA["targets"]),
     )
     tok = core.tokenizer
@@ -151,15 +153,16 @@ def final_fp(matrix) -> float:
     return sum(matrix[-1]) / len(matrix[-1])
 
 
-def compare(seed: int, root: Path, cache: Path, order_seed: int | None = None) -> dict:
+def compare(seed: int, root: Path, cache: Path, order_seed: int | None = None, replay_loss: str = "joint") -> dict:
     """Both runs of ``seed``: their matrices, FP, buffers and EMA clocks (``order_seed``: and the
-    Trainer script again with the new examples in another order)."""
-    core, results = core_run(seed, root / f"core-{seed}", cache)
+    Trainer script again with the new examples in another order), both with ``replay.loss``
+    ``replay_loss``."""
+    core, results = core_run(seed, root / f"core-{replay_loss}-{seed}", cache, replay_loss)
     base = base_model(cache)
-    trainer, matrix = trainer_run(seed, root / f"trainer-{seed}", core, base)
+    trainer, matrix = trainer_run(seed, root / f"trainer-{replay_loss}-{seed}", core, base, replay_loss=replay_loss)
     other = None
     if order_seed is not None:
-        other = trainer_run(seed, root / f"trainer-{seed}-order", core, base, order_seed)[1]
+        other = trainer_run(seed, root / f"trainer-{replay_loss}-{seed}-order", core, base, order_seed, replay_loss)[1]
     return {
         "other_order_matrix": other, "other_order_fp": None if other is None else final_fp(other),
         "core_matrix": results["accuracy_matrix"], "trainer_matrix": matrix,

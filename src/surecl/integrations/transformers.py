@@ -8,14 +8,17 @@ task's (tokenised) training set. Each call is one task boundary:
    ``labels`` mark, i.e. the tokens your loss trains on) with your model and collator under
    the fast adapter, before or after training (``score_time`` / ``insert_time``: SB-UB, SB-UA,
    SA-UA), and the task's top ``floor(S/d)`` enter the core's equal-quota buffer through the
-   core's replay policy (:class:`surecl.plugins.sure.SurprisePolicy`, or ``random``);
+   core's replay policy (:class:`surecl.plugins.sure.SurprisePolicy`, or ``random``; with
+   ``balance="label"`` the share is spread over the labels of a ``label_column``);
 2. training (one ``Trainer.train()``) draws ``a`` replayed examples per ``b`` new ones
    (``ratio="a:b"``, counted as the core's :func:`surecl.plan.replay_count`) into the same
    batches, collated by your collator, and the loss is the Trainer's own (token mean over the
-   mixed batch: the core's ``replay.loss=joint``);
+   mixed batch: the core's ``replay.loss=joint``) or, with ``replay_loss="pair"``, the paper's
+   pair weighting over the whole optimizer step (the core's :func:`surecl.step.pair_weights`);
 3. after every optimizer step the slow LoRA adapter follows the fast one by the core's EMA
    (:meth:`surecl.adapters.DualLoRA.ema_step`: one update per step, or beta^n for a step of n
-   new examples with ``unit="example"``);
+   new examples with ``unit="example"``), and with ``aging`` the step's replayed entries take
+   their surprise under the updated fast adapter;
 4. ``trainer.evaluate(...)`` answers with the slow adapter (``adapter="fast"`` for the fast
    one), and ``with trainer.slow_weights(): ...`` puts it in place for your own evaluation.
 
@@ -43,7 +46,8 @@ rows r, r + W, ...; a process left without a row runs the micro-batch's first ro
 labels masked (every process runs every forward and backward, which DDP synchronises). The
 Trainer divides each process's loss by the step's token count over all processes
 (``average_tokens_across_devices``) and DDP averages the gradients, so the step is the
-one-process step. Surprise is scored on every W-th example per process and gathered in order
+one-process step; a ``pair`` step's rows carry weights computed over the whole global step
+before the split, and each process's loss is multiplied by W against DDP's average. Surprise is scored on every W-th example per process and gathered in order
 on every process (the core's ``ContinualRun.sharded``), so all take the same buffer decisions;
 the step's new and replayed counts are summed over processes, so with ``unit="example"`` every
 replica's slow adapter takes the same EMA update; the main process alone writes SuRe's state.
@@ -76,14 +80,18 @@ from surecl.errors import SureclError
 from surecl.plan import replay_count
 from surecl.registry import policy_class, policy_spec
 from surecl.replay.policies import check_scores
+from surecl.step import pair_weights
 
 STATE_JSON = "sure_state.json"
 STATE_TENSORS = "sure_state.safetensors"
 END_DIR = "sure-end"
 FORMAT = 1
-NEW, REPLAYED = "sure_new", "sure_replayed"
-_MARK = "_sure_replay"
+NEW, REPLAYED, WEIGHT = "sure_new", "sure_replayed", "sure_pair_weight"
+_MARK, _WEIGHT = "_sure_replay", "_sure_weight"
 KINDS = (NEW_ROW, REPLAYED_ROW, PADDING_ROW) = (0, 1, 2)
+JOINT = -1.0
+"""A planned row's weight in a step whose loss is the Trainer's own (``joint``, or a step
+without replayed rows); a ``pair`` step's rows carry their pair weight (>= 0)."""
 
 
 @dataclass
@@ -104,6 +112,32 @@ class SureArguments:
     examples every ``replay_every``-th optimizer step."""
     replay_every: int = 2
     replay_batch_size: int = 4
+    replay_loss: str = "joint"
+    """How a step with replayed rows is weighted (``replay.loss``): ``joint``, the Trainer's own
+    loss (token mean over the mixed batch, new and replayed rows alike), or ``pair``, the
+    paper's reference weighting (the core's :func:`surecl.step.pair_weights`): each row's loss
+    is its token mean, replayed row j of the optimizer step is paired with new row j mod n_new,
+    a pair (a new row and the replayed rows paired with it) has the mean of its rows' losses,
+    and the step's loss is the mean over its n_new pairs; the reference code's
+    ``(outputs.loss + replay_outputs.loss) / 2`` per micro-batch of one. Computed over the whole
+    optimizer step (all micro-batches of all processes), so gradient accumulation and several
+    processes give the one-process step. A step without replayed rows is ``joint``. ``pair``
+    computes the loss itself from the model's logits and your collator's ``labels``, so it
+    cannot be combined with a ``compute_loss_func`` or label smoothing."""
+    balance: str = "none"
+    """``none`` (the paper's): a task's share is its top floor(S/d) examples whatever their
+    labels; ``label`` (``replay.balance=label``): the share is spread evenly over the task's
+    answer labels, each label giving its most surprising examples in turn (the core's balanced
+    :class:`~surecl.replay.buffer.QuotaBuffer`). Needs ``label_column``."""
+    label_column: str = ""
+    """The column of each task's dataset holding the example's answer label (any value; compared
+    as its ``str``), read by ``balance="label"`` before the Trainer drops the columns the model
+    does not take."""
+    aging: bool = False
+    """``replay.aging``: after every optimizer step that replays, the replayed entries' scores
+    become their surprise under the fast adapter just updated (the same scorer as a task's
+    surprise), so when a later task shrinks the quota a share keeps what is still surprising.
+    ``policy="surprise"`` only (``random`` keeps no scores)."""
     dual: bool = True
     """The slow adapter (``dual.enabled``); ``False``: the fast adapter alone answers."""
     beta: float | str = "auto"
@@ -122,6 +156,7 @@ class SureArguments:
         return ReplayConfig(
             policy=self.policy, buffer_size=int(self.buffer_size), score_time=self.score_time, insert_time=self.insert_time,
             reduction=self.reduction, ratio=self.ratio, every=self.replay_every, batch_size=self.replay_batch_size,
+            loss=self.replay_loss, balance=self.balance, aging=bool(self.aging),
         )
 
     def dual_config(self) -> DualConfig:
@@ -141,6 +176,7 @@ class SureArguments:
         for key, value, allowed in [
             ("score_time", self.score_time, ("before", "after")), ("insert_time", self.insert_time, ("before", "after")),
             ("reduction", self.reduction, ("mean", "sum")), ("unit", self.unit, ("step", "example")),
+            ("replay_loss", self.replay_loss, ("joint", "pair")), ("balance", self.balance, ("none", "label")),
         ]:
             if value not in allowed:
                 raise SureclError(f"SureArguments.{key}: one of {', '.join(allowed)}, got {value!r}")
@@ -150,13 +186,23 @@ class SureArguments:
             replay_ratio(self.ratio)
         elif self.replay_every < 1 or self.replay_batch_size < 0:
             raise SureclError("SureArguments: replay_every >= 1 and replay_batch_size >= 0")
+        if self.balance == "label" and self.policy == "none":
+            raise SureclError("SureArguments.balance='label' needs a replay policy (surprise or random), not policy='none'")
+        if self.balance == "label" and not (isinstance(self.label_column, str) and self.label_column):
+            raise SureclError("SureArguments.balance='label' needs label_column: the name of the dataset column holding each example's answer label")
+        if not isinstance(self.aging, bool):
+            raise SureclError(f"SureArguments.aging: True or False, got {self.aging!r}")
+        if self.aging and self.policy != "none" and not policy_class(self.policy).uses_scores:
+            raise SureclError(f"SureArguments.aging: policy {self.policy} keeps no scores to age; use policy='surprise'")
         if self.beta != "auto" and not (isinstance(self.beta, (int, float)) and 0 <= float(self.beta) < 1):
             raise SureclError(f"SureArguments.beta: a number in [0, 1) or 'auto', got {self.beta!r}")
 
 
 class _TaskSets(torch.utils.data.Dataset):
-    """Every task's training set; an item is keyed ``(task, index, kind)``, kind one of
-    :data:`KINDS` (new, replayed, or a padding row a process without items trains at weight 0)."""
+    """Every task's training set; an item is keyed ``(task, index, kind, weight)``, kind one of
+    :data:`KINDS` (new, replayed, or a padding row a process without items trains at weight 0),
+    weight the row's pair weight 1 / (n_new x its pair's size) in a ``replay_loss="pair"`` step
+    (:data:`JOINT` otherwise)."""
 
     def __init__(self, sets: list):
         self.sets = sets
@@ -166,16 +212,16 @@ class _TaskSets(torch.utils.data.Dataset):
         return len(self.sets[self.current])
 
     def __getitem__(self, key):
-        task, index, kind = key
+        task, index, kind, weight = key
         row = self.sets[task][index]
-        return {**row, _MARK: kind}
+        return {**row, _MARK: kind, _WEIGHT: weight}
 
 
 class _PlannedBatches:
     """A batch sampler over a stage's precomputed micro-batches, one list per epoch (this
     process's share of each)."""
 
-    def __init__(self, epochs: list[list[list[tuple[int, int, int]]]]):
+    def __init__(self, epochs: list[list[list[tuple[int, int, int, float]]]]):
         self.epochs = epochs
         self.epoch = 0
 
@@ -199,15 +245,17 @@ class _PlannedLoader(torch.utils.data.DataLoader):
 
 
 class _MarkedCollator:
-    """The user's collator on the rows, plus the batch's counts of new and replayed rows; a
-    padding row (a process whose share of a micro-batch is empty runs one) has its labels
-    masked, so it adds no loss and no token to the loss's denominator."""
+    """The user's collator on the rows, plus the batch's counts of new and replayed rows and,
+    in a ``pair`` step, each row's pair weight; a padding row (a process whose share of a
+    micro-batch is empty runs one) has its labels masked and weight 0, so it adds no loss and
+    no token to the loss's denominator."""
 
     def __init__(self, collate):
         self.collate = collate
 
     def __call__(self, features: list[dict]):
         kinds = [f.pop(_MARK) for f in features]
+        weights = [f.pop(_WEIGHT) for f in features]
         batch = self.collate(features)
         padding = [k for k, kind in enumerate(kinds) if kind == PADDING_ROW]
         if padding:
@@ -216,6 +264,8 @@ class _MarkedCollator:
                     batch[key][padding] = -100
         batch[NEW] = torch.tensor(kinds.count(NEW_ROW))
         batch[REPLAYED] = torch.tensor(kinds.count(REPLAYED_ROW))
+        if weights and min(weights) >= 0:  # the rows of a micro-batch are all of one step
+            batch[WEIGHT] = torch.tensor(weights, dtype=torch.float64)
         return batch
 
 
@@ -234,6 +284,8 @@ class _EmaCallback(TrainerCallback):
         counts[0] += new
         counts[1] += replayed
         t.dual.ema_step(new if t.sure.unit == "example" else 1)
+        if t.sure.aging:
+            t._age(state.global_step - 1)
         return control
 
 
@@ -255,6 +307,8 @@ class SureTrainer(Trainer):
             p.requires_grad_(False)
         set_seed(args.seed)  # the LoRA initialisation
         is_seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
+        if self.sure.replay_loss == "pair" and (kwargs.get("compute_loss_func") is not None or getattr(args, "label_smoothing_factor", 0)):
+            raise SureclError("SureArguments.replay_loss='pair' computes the loss itself (token NLL of the labels); it cannot be combined with compute_loss_func or label_smoothing_factor")
         self.dual = DualLoRA(model, self.sure.lora_config(), self.sure.dual_config(), is_seq2seq)
         self.is_seq2seq = is_seq2seq
         self.replay_cfg = self.sure.replay_config()
@@ -274,6 +328,10 @@ class SureTrainer(Trainer):
         self._local = [0, 0]
         """This process's new and replayed examples since the last optimizer step."""
         self._plan_policy: dict | None = None
+        self._drawn: list[list] = []
+        """Per optimizer step of the stage: the buffer entries it replays (what aging re-scores)."""
+        self.labels: list[list[str] | None] = []
+        """Each task's answer labels (``balance="label"``), else None."""
         self._resume: dict | None = None
         self.resumed_from: str | None = None
         """The checkpoint folder a ``resume_from_checkpoint`` call continued from (None: none)."""
@@ -332,10 +390,14 @@ class SureTrainer(Trainer):
         ``Trainer.train()`` with replay and the EMA. Returns ``train()``'s output, or None for a
         task a resumed run had already finished."""
         t = self.task
+        labels = self._labels(train_dataset)
         data = self._prepared(train_dataset)
         if len(data) == 0:
             raise SureclError(f"SureTrainer.next_task: task {t} has no training examples")
+        if labels is not None and len(labels) != len(data):
+            raise SureclError(f"SureTrainer.next_task: task {t} has {len(labels)} labels in {self.sure.label_column!r} for {len(data)} examples after preparation")
         self.sets.append(data)
+        self.labels.append(labels)
         if resume_from_checkpoint and self._resume is None:
             self._resume = self._find_resume(resume_from_checkpoint)
         resume = self._resume
@@ -358,14 +420,33 @@ class SureTrainer(Trainer):
         if checkpoint is None:
             if t == 0:
                 self.dual.beta = resolve_beta(self.sure.dual_config(), self._ema_units(len(data)))
-            self.policy.at_task_start(t, len(data), self._scorer(data))
+            self.policy.at_task_start(t, len(data), self._scorer(data), *self._label_args(t))
         self.train_dataset = data
         out = self.train(resume_from_checkpoint=checkpoint)
-        self.policy.at_task_end(t, len(data), self._scorer(data))
+        self.policy.at_task_end(t, len(data), self._scorer(data), *self._label_args(t))
         self.task += 1
         if self.args.should_save:
             self._write_state(self.root / f"task-{t}" / END_DIR, done=True)
         return out
+
+    def _labels(self, dataset) -> list[str] | None:
+        """Each example's answer label from ``label_column`` (``balance="label"``), else None."""
+        if self.sure.balance != "label":
+            return None
+        column = self.sure.label_column
+        names = getattr(dataset, "column_names", None)
+        if names is not None:
+            if column not in names:
+                raise SureclError(f"SureArguments.label_column: task {self.task}'s dataset has no column {column!r} (its columns: {', '.join(names)})")
+            return [str(v) for v in dataset[column]]
+        try:
+            return [str(dataset[i][column]) for i in range(len(dataset))]
+        except (KeyError, TypeError, IndexError):
+            raise SureclError(f"SureArguments.label_column: task {self.task}'s rows have no key {column!r}") from None
+
+    def _label_args(self, t: int) -> tuple:
+        """The policy's ``labels`` argument for a balanced buffer (nothing otherwise)."""
+        return (self.labels[t],) if self.labels[t] is not None else ()
 
     def _prepared(self, dataset):
         """The dataset as the model reads it (unused columns removed, as ``Trainer`` does)."""
@@ -403,28 +484,49 @@ class SureTrainer(Trainer):
         so all take the same buffer decisions."""
         return self._sharded(lambda indices: self._surprise(dataset, indices), len(dataset))
 
-    @torch.no_grad()
     def _surprise(self, dataset, indices: list[int]) -> list[float]:
+        return self._surprise_rows([dataset[i] for i in indices])
+
+    @torch.no_grad()
+    def _surprise_rows(self, rows: list) -> list[float]:
         collate = self._collator() if self.sets else self.data_collator
         size = self.args.per_device_eval_batch_size
         out: list[float] = []
         with self.dual.evaluating(FAST) as model:
-            for start in range(0, len(indices), size):
-                rows = [dict(dataset[i]) for i in indices[start : start + size]]
-                batch = {k: v.to(self.args.device) if torch.is_tensor(v) else v for k, v in collate(rows).items()}
-                labels = batch.pop("labels")
-                if self.is_seq2seq:
-                    logits = model(**batch, labels=labels).logits
-                else:
-                    logits = model(**batch).logits[:, :-1]
-                    labels = labels[:, 1:]
-                valid = labels != -100
-                lse = torch.logsumexp(logits.float(), dim=-1)
-                target = logits.gather(2, labels.clamp(min=0).unsqueeze(2)).squeeze(2).float()
-                nll = ((lse - target) * valid).sum(1)
-                values = nll / valid.sum(1).clamp(min=1) if self.sure.reduction == "mean" else nll
+            for start in range(0, len(rows), size):
+                batch = {k: v.to(self.args.device) if torch.is_tensor(v) else v for k, v in collate([dict(r) for r in rows[start : start + size]]).items()}
+                nll, count = self._row_nll(model, batch)
+                values = nll / count.clamp(min=1) if self.sure.reduction == "mean" else nll
                 out += values.tolist()
         return out
+
+    def _row_nll(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's summed NLL (fp32) over the tokens its ``labels`` mark, and their count."""
+        batch = dict(batch)
+        labels = batch.pop("labels")
+        batch.pop("shift_labels", None)
+        if self.is_seq2seq:
+            logits = model(**batch, labels=labels).logits
+        else:
+            logits = model(**batch).logits[:, :-1]
+            labels = labels[:, 1:]
+        valid = labels != -100
+        lse = torch.logsumexp(logits.float(), dim=-1)
+        target = logits.gather(2, labels.clamp(min=0).unsqueeze(2)).squeeze(2).float()
+        return ((lse - target) * valid).sum(1), valid.sum(1)
+
+    def _age(self, step: int) -> None:
+        """``aging``: the entries optimizer step ``step`` of the stage replayed take their
+        surprise under the fast adapter it produced (scored on every W-th entry per process and
+        gathered, so every process holds the same scores)."""
+        entries = self._drawn[step] if step < len(self._drawn) else []
+        if not entries:
+            return
+        rows = [self.sets[e.task][e.index] for e in entries]
+        scores = self._sharded(lambda indices: self._surprise_rows([rows[i] for i in indices]), len(rows))
+        for e, v in zip(entries, scores):
+            check_scores([v], f"#{e.task}", [e.index], "re-scored on replay")
+        self.policy.age(entries, scores)
 
     # ------------------------------------------------------------------ batches with replay
 
@@ -462,35 +564,52 @@ class SureTrainer(Trainer):
             orders = [[i for batch in uniform_batches(n, step, rng) for i in batch] for _ in self._layout(n)[0]]
         return orders
 
-    def _plan(self, t: int, n: int) -> list[list[list[tuple[int, int, int]]]]:
+    def _plan(self, t: int, n: int) -> list[list[list[tuple[int, int, int, float]]]]:
         """Every epoch's micro-batches of the stage (of all processes together): new examples
         in the core's order (:meth:`_orders`), and the replayed entries the policy draws for
-        each optimizer step (``replay_count``)."""
+        each optimizer step (``replay_count``), the j-th into micro-batch j mod GA. With
+        ``replay_loss="pair"`` a step that replays gives each row its pair weight over the whole
+        step: the step's new rows in order (micro-batch after micro-batch), then its replayed
+        rows in draw order, weighted as the core's :func:`surecl.step.pair_weights` (the row's
+        own token count divides it in the training step)."""
         per_epoch, total = self._layout(n)
         ga = self.args.gradient_accumulation_steps
         epochs, steps = [], []
         for sizes, perm in zip(per_epoch, self._orders(t)):
             micro, pos = [], 0
             for size in sizes:
-                micro.append([(t, i, NEW_ROW) for i in perm[pos : pos + size]])
+                micro.append([(t, i, NEW_ROW, JOINT) for i in perm[pos : pos + size]])
                 pos += size
             epochs.append(micro)
             steps += [micro[k : k + ga] for k in range(0, len(micro), ga)]
         sizes = [sum(len(m) for m in step) for step in steps]
         spec = SimpleNamespace(replay=self.replay_cfg)
+        self._drawn = []
         for s, step in enumerate(steps[:total]):
             drawn = self.policy.sample(replay_count(s, sizes, spec)) if self.sure.policy != "none" else []
-            for j, e in enumerate(drawn):
-                step[j % len(step)].append((e.task, e.index, REPLAYED_ROW))
+            self._drawn.append(drawn)
+            if drawn and self.sure.replay_loss == "pair":
+                n_new = sizes[s]
+                weights = pair_weights(n_new, [1] * (n_new + len(drawn)))  # 1 / (n_new x pair size)
+                k = 0
+                for micro in step:  # in place: the epoch's lists are these
+                    micro[:] = [(task, i, kind, weights[k + r]) for r, (task, i, kind, _) in enumerate(micro)]
+                    k += len(micro)
+                for j, e in enumerate(drawn):
+                    step[j % len(step)].append((e.task, e.index, REPLAYED_ROW, weights[n_new + j]))
+            else:
+                for j, e in enumerate(drawn):
+                    step[j % len(step)].append((e.task, e.index, REPLAYED_ROW, JOINT))
         return epochs
 
-    def _share(self, micro: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    def _share(self, micro: list[tuple[int, int, int, float]]) -> list[tuple[int, int, int, float]]:
         """This process's rows of a micro-batch: items rank, rank + W, ... (new, then replayed,
         as the core's ``TrainStep`` splits a step); with none, its first row as padding (every
         process runs every micro-batch's forward and backward, which DDP synchronises)."""
         if self.world == 1:
             return micro
-        return micro[self.rank :: self.world] or [(micro[0][0], micro[0][1], PADDING_ROW)]
+        padding = (micro[0][0], micro[0][1], PADDING_ROW, JOINT if micro[0][3] == JOINT else 0.0)
+        return micro[self.rank :: self.world] or [padding]
 
     def get_train_dataloader(self):
         if not hasattr(self, "_sets"):
@@ -507,7 +626,28 @@ class SureTrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         self._local[0] += int(inputs.pop(NEW, 0))
         self._local[1] += int(inputs.pop(REPLAYED, 0))
-        return super().training_step(model, inputs, num_items_in_batch)
+        weights = inputs.pop(WEIGHT, None)
+        if weights is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+        return self._pair_step(model, inputs, weights)
+
+    def _pair_step(self, model, inputs, weights: torch.Tensor) -> torch.Tensor:
+        """A micro-batch of a ``replay_loss="pair"`` step: loss = sum over its rows of the row's
+        pair weight x its token-mean NLL, times the number of processes (DDP averages the
+        gradients); the weights already divide by the step's n_new, so the micro-batches'
+        losses (of all processes) add up to the step's loss, and the gradient accumulates to
+        the one-process step's. Returns the loss for the Trainer's log (its sum over a step's
+        micro-batches, averaged over processes, is the step's loss)."""
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        with self.compute_loss_context_manager():
+            nll, count = self._row_nll(model, inputs)
+            w = weights.to(device=nll.device, dtype=nll.dtype)
+            loss = self.world * (w * nll / count.clamp(min=1)).sum()
+        if not torch.isfinite(loss):
+            raise SureclError(f"non-finite loss ({loss.item()}) at task {self.task} step {self.state.global_step}: lower learning_rate (or fix the data)")
+        self.accelerator.backward(loss)
+        return loss.detach()
 
     # ------------------------------------------------------------------ evaluation
 
@@ -541,7 +681,9 @@ class SureTrainer(Trainer):
 
     def _write_state(self, folder: Path, done: bool) -> None:
         dual_meta, tensors = self.dual.state_dict()
-        policy = self.policy.state_dict()[0] if done else self._plan_policy
+        policy = self.policy.state_dict()[0]
+        if not done:  # the random state the stage's plan was drawn from (a resumed run redraws it); the buffer as now (aged scores)
+            policy = {**policy, "rng": self._plan_policy["rng"]}
         meta = {
             "format": FORMAT, "task": self.task - 1 if done else self.task, "done": done, "beta": self.dual.beta,
             **dual_meta, "policy": policy, "replay_counts": {str(k): v for k, v in self.replay_counts.items()},
