@@ -77,8 +77,9 @@ class ProbeRun(ContinualRun):
 
         self.adapters.ema_step = ema_step_with_shadows
 
-    def evaluate_stage(self, stage) -> None:
-        super().evaluate_stage(stage)
+    def run_stage(self, s: int) -> None:
+        super().run_stage(s)  # trained, evaluated and checkpointed: the shadows' rows after it
+        stage = self.stages[s]
         last = stage.row == len(self.tasks) - 1
         wanted = list(stage.evaluate) if last else [stage.row]
         slow = self.adapters.slow_params
