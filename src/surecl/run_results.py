@@ -10,6 +10,7 @@ import json
 import surecl.checkpoint as checkpoint
 import surecl.metrics as metrics
 from surecl.evaluate import normalise, task_score
+from surecl.methods.base import learner_of
 from surecl.plugins.faults import fault_point
 from surecl.run_eval import evaluate_task, evaluated
 
@@ -59,6 +60,7 @@ def results(run) -> dict:
         **summary,
         **extra,
         **({"general": general_results(run)} if run.general is not None else {}),
+        "learner": learner_of(run.method),
         "buffer": {"capacity": run.policy.capacity, "size": len(run.policy), "per_task": buffer_counts(run),
                    "labels": buffer_labels(run)},
         "config": run.cfg.to_dict(),

@@ -26,6 +26,7 @@ from surecl.data.general import load_general_probe
 from surecl.data.loading import caller_stream, caller_tasks, load_stream
 from surecl.data.task import Task
 from surecl.errors import SureclError
+from surecl.methods.base import check_declarations
 from surecl.model import default_cache_dir, load_model, prepare_model
 from surecl.plan import ema_units
 from surecl.plugins.base import Plugin, Plugins
@@ -109,6 +110,7 @@ def build_run(
     run.adapters = DualLoRA(loaded.model, cfg.lora, cfg.dual, run.is_seq2seq)
     run.model = run.adapters.model
     run.method = method_class(cfg.method)(method_config(cfg))
+    check_declarations(type(run.method))
     total = sum(len(s) for s in run.train_sets)
     policy_name = cfg.replay.policy if run.method.continual else "none"
     run.policy = policy_class(policy_name)(cfg.replay, buffer_capacity(cfg.replay, total), cfg.seed)
@@ -116,6 +118,7 @@ def build_run(
     if generation and (cfg.replay.balance == "label" or isinstance(run.policy.buffer, OnlineQuotaBuffer)):
         what = "replay.balance=label" if cfg.replay.balance == "label" else f"replay.policy={policy_name} (a quota per answer label)"
         raise SureclError(f"{what} needs labelled tasks; {', '.join(generation)} generate free text (no label set)")
+    run.adapters.learn(run.method.trains)  # the learner as the method's declaration says, before its setup
     run.method.setup(run)
     run.train_step = TrainStep(TrainStep.config_from(cfg), run.method.parameters(run))
     run.trained_params = run.train_step.params
