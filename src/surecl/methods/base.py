@@ -43,7 +43,7 @@ The hooks it may implement beyond a plugin's:
   returns them (prompt tuning: its prompts). Called once, after ``setup``. A list
   of tensors, or of torch param groups (dicts with ``params`` and optionally ``lr``: the
   group's own base learning rate, which ``train.scheduler`` scales as it scales ``train.lr``).
-* ``input_prefix(ctx, task)``  - token ids put before the prompt of every example of
+* ``input_prefix(ctx, task)``  - (a hook every plugin has; a method's is the usual one) token ids put before the prompt of every example of
   ``task`` wherever the run builds the model's input: training (current and replayed
   examples), surprise scoring, evaluation by generation, ranking or perplexity. Asked at each
   use, so the answer may change with the method's state (Progressive Prompts: one more
@@ -52,6 +52,9 @@ The hooks it may implement beyond a plugin's:
   method gives the model's input embedding itself (a hook on the input embedding module);
   no loss or surprise score ever predicts one (:mod:`surecl.nll`), and an encoder-decoder
   keeps them on its encoder side. Default: none.
+* ``sample_replay(ctx, stage, step, count)``  - (a plugin hook) the buffer entries replayed at
+  a step: a method answers it before the replay policy, whose answer is ``count`` uniform draws
+  from its buffer. Default: None (the policy decides).
 * ``validate_config(cfg)``  - a class method run by config validation (``surecl.config.validate``,
   so before anything is loaded, and by ``--dry-run`` and sweeps): raise a one-line
   ``SureclError`` naming the key of a combination the method cannot run (full fine-tuning
