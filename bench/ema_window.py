@@ -68,12 +68,12 @@ class ProbeRun(ContinualRun):
         ]
         step = self.adapters.ema_step
 
-        def ema_step_with_shadows() -> None:
-            step()
+        def ema_step_with_shadows(n: int = 1) -> None:  # n updates at once (dual.unit=example), as DualLoRA.ema_step
+            step(n)
             with torch.no_grad():
                 for sh in self.shadows:
-                    torch._foreach_lerp_(sh.raw, list(fast), 1.0 - sh.beta)
-                    sh.steps += 1
+                    torch._foreach_lerp_(sh.raw, list(fast), 1.0 - sh.beta**n)
+                    sh.steps += n
 
         self.adapters.ema_step = ema_step_with_shadows
 
