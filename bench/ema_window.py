@@ -68,17 +68,18 @@ class ProbeRun(ContinualRun):
         ]
         step = self.adapters.ema_step
 
-        def ema_step_with_shadows() -> None:
-            step()
+        def ema_step_with_shadows(n: int = 1) -> None:  # n updates at once (dual.unit=example), as DualLoRA.ema_step
+            step(n)
             with torch.no_grad():
                 for sh in self.shadows:
-                    torch._foreach_lerp_(sh.raw, list(fast), 1.0 - sh.beta)
-                    sh.steps += 1
+                    torch._foreach_lerp_(sh.raw, list(fast), 1.0 - sh.beta**n)
+                    sh.steps += n
 
         self.adapters.ema_step = ema_step_with_shadows
 
-    def evaluate_stage(self, stage) -> None:
-        super().evaluate_stage(stage)
+    def run_stage(self, s: int) -> None:
+        super().run_stage(s)  # trained, evaluated and checkpointed: the shadows' rows after it
+        stage = self.stages[s]
         last = stage.row == len(self.tasks) - 1
         wanted = list(stage.evaluate) if last else [stage.row]
         slow = self.adapters.slow_params

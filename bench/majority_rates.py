@@ -14,7 +14,7 @@ from pathlib import Path
 
 from surecl.config import config_from_dict
 from surecl.data.loading import load_stream
-from surecl.trainer import majority_rate
+from surecl.run_results import majority_rate
 
 
 def main(folders: list[str]) -> None:

@@ -427,16 +427,17 @@ def test_host_key_keeps_what_changes_the_numbers():
 def test_a_run_resumed_on_another_machine_names_both(tmp_path, tiny_cache, monkeypatch):
     """results.json ``hosts`` lists every machine a run ran on, so its host key is not the last
     machine's alone; the same machine again adds nothing."""
+    import surecl.run_folder as run_folder  # opening the folder adds the machine to hosts
     import surecl.trainer as trainer
 
     small = ["train.epochs=1", "data.n_train=16", "data.n_test=8", "data.tasks=[colors,animals]"]
-    real = trainer.host_info
-    monkeypatch.setattr(trainer, "host_info", lambda dev: {**real(dev), "cpu": "Machine X", "cpu_flags": ["avx512_bf16"]})
+    real = run_folder.host_info
+    monkeypatch.setattr(run_folder, "host_info", lambda dev: {**real(dev), "cpu": "Machine X", "cpu_flags": ["avx512_bf16"]})
     out = tmp_path / "run"
     first = trainer.run(build_config("tiny,surprise", small), out, progress=False, cache_dir=tiny_cache)
     assert [h["cpu"] for h in first["hosts"]] == ["Machine X"]
     (out / "results.json").unlink()  # run again in the folder: it resumes from the last checkpoint
-    monkeypatch.setattr(trainer, "host_info", real)
+    monkeypatch.setattr(run_folder, "host_info", real)
     again = trainer.run(build_config("tiny,surprise", small), out, progress=False, cache_dir=tiny_cache)
     assert again["accuracy_matrix"] == first["accuracy_matrix"]
     assert [h["cpu"] for h in again["hosts"]] == ["Machine X", real(torch.device("cpu"))["cpu"]]

@@ -45,6 +45,7 @@ def outcome(out: Path):
 # scorer and generation; each process writes its record to $SPY_DIR/rank<process index>.json at exit.
 SPIED_CLI = """
 import atexit, json, os, sys
+import surecl.run_eval as run_eval
 import surecl.step as step
 import surecl.trainer as trainer
 from surecl.cli import main
@@ -64,7 +65,7 @@ def spy(name, key, size, module=trainer):
 
 spy("micro_batch_positions", "train", lambda a: len(a[0]), step)  # the rows this process trains on, per step (the training step's)
 spy("score_examples", "score", lambda a: len(a[1]))
-spy("generate_answers", "eval", lambda a: len(a[2]))
+spy("generate_answers", "eval", lambda a: len(a[2]), run_eval)  # evaluation's generation (surecl.run_eval)
 
 
 def dump():

@@ -223,6 +223,24 @@ class DualLoRA(Plugin):
         self.bypassed = True
         self.activate(FAST)
 
+    def learn(self, trains: str) -> None:
+        """Ready the learner for what a method declares it trains (:attr:`surecl.methods.Method.trains`),
+        before the method's ``setup``: ``"fast"``: as built; ``"base"``: :meth:`bypass`;
+        ``"own"``: the fast adapter frozen (:attr:`fast_trainable` off)."""
+        if trains == "base":
+            self.bypass()
+        elif trains == "own":
+            self.fast_trainable = False
+            self.activate(FAST)
+
+    def exported(self) -> list[str]:
+        """The adapters :meth:`export` writes: fast (and slow if dual), none when bypassed or
+        never trained (``fast_trainable`` off: a method that trains something else, such as
+        prompts, would leave only the zero update)."""
+        if self.bypassed or not self.fast_trainable:
+            return []
+        return [FAST, SLOW] if self.dual.enabled else [FAST]
+
     def base_parameters(self) -> dict[str, torch.nn.Parameter]:
         """The base model's own weights, no adapter's, each once (weights tied together, as
         SmolLM2's input and output embeddings, are one parameter, under its first name),
@@ -242,16 +260,13 @@ class DualLoRA(Plugin):
         return self.evaluating(ctx.eval_view)
 
     def outputs(self, ctx) -> list[str]:
-        if self.bypassed or not self.fast_trainable:
-            return []
-        return [f"adapters/{name}" for name in ([FAST, SLOW] if self.dual.enabled else [FAST])]
+        return [f"adapters/{name}" for name in self.exported()]
 
     def export(self, ctx, results: dict) -> None:
         """The adapters in PEFT format, ``adapters/fast`` (and ``adapters/slow`` if dual), each
-        naming its base portably, with its model card and ``prompt.json`` (how to ask it); none when bypassed or never trained
-        (``fast_trainable`` off: a method that trains something else, such as prompts, would
-        leave only the zero update)."""
-        if self.bypassed or not self.fast_trainable:
+        naming its base portably, with its model card and ``prompt.json`` (how to ask it): those of
+        :meth:`exported`, as the method's ``trains`` left the learner."""
+        if not self.exported():
             return
         from surecl._version import version
         from surecl.card import model_card, prompt_spec, run_base
@@ -260,7 +275,7 @@ class DualLoRA(Plugin):
         __version__ = version()
 
         base_model, note = run_base(ctx)
-        for name in [FAST, SLOW] if self.dual.enabled else [FAST]:
+        for name in self.exported():
             summed = (*self.merged_shape(name), self.always_on) if self.always_on else None
             card = model_card(results, name, base_model, note, __version__, summed)
             save_adapter(self, ctx.out_dir / "adapters", name, base_model=base_model, card=card,

@@ -159,14 +159,21 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
         "the run evaluates with it",
     }.get(adapter, f"the `{adapter}` adapter")
     rank, alpha = (summed[0], summed[1]) if summed else (cfg["lora"]["r"], cfg["lora"]["alpha"])
+    learner = results.get("learner") or {}  # the method's declarations (results before them: the learner answered)
     if summed:
+        kept = ", ".join(learner.get("state") or []) or "its frozen adapters"
         role += (
             f", summed with the frozen adapter(s) {', '.join(f'`{n}`' for n in summed[2])} that took part in every forward "
-            "(O-LoRA / N-LoRA: every earlier task's LoRA), stacked into one LoRA adapter"
+            f"(method `{cfg['method']}`'s state: {kept}), stacked into one LoRA adapter"
         )
     own = adapter == "fast" and bool(results.get("fast"))  # a dual run also evaluated its fast adapter
     scores = results["fast"] if own else results
-    evaluated = "this adapter" if own or not cfg["dual"]["enabled"] or adapter == "slow" else "the run's evaluation adapter (slow)"
+    if learner.get("answers", "learner") != "learner":
+        evaluated = f"method `{cfg['method']}`'s own weights for each task ({', '.join(learner.get('state') or []) or 'its eval_context'}), not this adapter"
+    elif own or not cfg["dual"]["enabled"] or adapter == "slow":
+        evaluated = "this adapter"
+    else:
+        evaluated = "the run's evaluation adapter (slow)"
     lines = [
         *front,
         f"# surecl LoRA adapter: {cfg.get('preset') or cfg['method']} ({adapter})",
@@ -259,7 +266,12 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
                          max_new_tokens=cfg.eval.max_new_tokens or max(len(a) for a in answers.values()) + 1,
                          answer_ids={lab: list(ids) for lab, ids in answers.items()})
         tasks.append(entry)
-    evaluated = getattr(ctx.adapters, "eval_adapter", None) if not getattr(ctx.adapters, "bypassed", False) else None
+    method = getattr(ctx, "method", None)
+    learner_answers = getattr(method, "answers", "learner") == "learner" and getattr(method, "trains", "fast") == "fast"
+    if learner_answers:  # the learner's evaluation adapter answered predictions.jsonl
+        evaluated = getattr(ctx.adapters, "eval_adapter", None)
+    else:  # the method's own weights (base weights, prompts, per-task snapshots): the export is named for itself
+        evaluated = "method" if getattr(method, "answers", "learner") != "learner" else None
     spec = {
         "format": PROMPT_FORMAT,
         "adapter": adapter,
@@ -270,6 +282,7 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
                     "prediction, gold and correct (under the normalisation below)",
             "answered_by": evaluated or adapter,
             "this_adapter_answered": evaluated in (None, adapter),
+            "method": {"name": cfg.method, **({"trains": method.trains, "answers": method.answers} if method is not None else {})},
         },
         "template": {
             "prompt": "prompt_head + input + prompt_tail (per task below); prompt_head = [task_prefix] + instruction + "

@@ -5,21 +5,45 @@ A method is a :class:`~surecl.plugins.base.Plugin` (hooks ``before_task``, ``los
 ``after_step``, ``after_task``, ``eval_context``, ``state_dict`` / ``load_state_dict``) that
 also decides:
 
+What a method *is*, as the learner sees it, it states in four declarations (class
+attributes), from which the run, its checkpoints, its exports and the model cards are derived
+(no table anywhere names methods):
+
+* ``trains``  - what the optimizer trains: ``"fast"`` (the learner's fast LoRA adapter, the
+  default), ``"base"`` (the base model's own weights: the run takes the learner's adapters out
+  with :meth:`surecl.adapters.DualLoRA.bypass` before ``setup``, and exports no adapter) or
+  ``"own"`` (modules the method attaches in ``setup``, its ``parameters``: the run freezes the
+  fast adapter before ``setup``, and exports no adapter).
+* ``answers``  - which weights answer at evaluation: ``"learner"`` (the learner's evaluation
+  adapter, slow if dual, else fast, with any always-on frozen adapter beside it) or ``"own"``
+  (the method swaps in weights of its own in ``eval_context``, per-task FT's snapshots: a dual
+  run then has no fast row, ``eval.fast``, and an exported adapter's card says it did not
+  answer).
+* ``state``  - the named parts of the method's own checkpointed state (``state_dict``), in
+  words (``("per-task snapshots",)``); empty: the method checkpoints nothing of its own.
+* ``exports``  - the paths, under the run folder, its ``export`` writes (``("model",)``); the
+  default ``outputs(ctx)`` lists them for the run's manifest.
+
+:func:`learner_of` reads the four into the dict results.json records as ``learner``.
+
+The hooks it may implement beyond a plugin's:
+
 * ``stages(n)``  - which tasks each training stage covers (sequential: one each; MTL: all at
   once). Stage ``s`` fills row ``row`` of the accuracy matrix.
 * ``continual``  - False for MTL: no intermediate rows, no forgetting to measure, no replay.
 * ``fast_eval``  - whether a dual run may also evaluate its fast adapter (``eval.fast``):
-  False where the method swaps the evaluation weights itself (per-task FT).
+  by default where the learner answers (``answers == "learner"``).
 * ``setup(ctx)``  - once, after the model and the learner's adapters exist and before the
   optimizer is built and the model handed to ``accelerate``: a method may attach modules of
   its own to ``ctx.model`` (so they move to the device and take part in DDP's all-reduce),
   freeze or unfreeze weights, or refuse a combination (raise ``SureclError``).
-* ``parameters(ctx)``  - the parameters the optimizer trains (and gradient clipping bounds):
-  by default the learner's fast adapter (``ctx.adapters.fast_params``); full fine-tuning
-  returns the base weights, prompt tuning its prompts. Called once, after ``setup``. A list
+* ``parameters(ctx)``  - the parameters the optimizer trains (and gradient clipping bounds),
+  as ``trains`` says: by default the learner's fast adapter (``ctx.adapters.fast_params``) or
+  the base weights (``ctx.adapters.base_parameters()``); a method that trains its own modules
+  returns them (prompt tuning: its prompts). Called once, after ``setup``. A list
   of tensors, or of torch param groups (dicts with ``params`` and optionally ``lr``: the
   group's own base learning rate, which ``train.scheduler`` scales as it scales ``train.lr``).
-* ``input_prefix(ctx, task)``  - token ids put before the prompt of every example of
+* ``input_prefix(ctx, task)``  - (a hook every plugin has; a method's is the usual one) token ids put before the prompt of every example of
   ``task`` wherever the run builds the model's input: training (current and replayed
   examples), surprise scoring, evaluation by generation, ranking or perplexity. Asked at each
   use, so the answer may change with the method's state (Progressive Prompts: one more
@@ -28,6 +52,9 @@ also decides:
   method gives the model's input embedding itself (a hook on the input embedding module);
   no loss or surprise score ever predicts one (:mod:`surecl.nll`), and an encoder-decoder
   keeps them on its encoder side. Default: none.
+* ``sample_replay(ctx, stage, step, count)``  - (a plugin hook) the buffer entries replayed at
+  a step: a method answers it before the replay policy, whose answer is ``count`` uniform draws
+  from its buffer. Default: None (the policy decides).
 * ``validate_config(cfg)``  - a class method run by config validation (``surecl.config.validate``,
   so before anything is loaded, and by ``--dry-run`` and sweeps): raise a one-line
   ``SureclError`` naming the key of a combination the method cannot run (full fine-tuning
@@ -42,20 +69,40 @@ own and combine with any method. Register your own with :func:`surecl.register_m
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
+from surecl.errors import SureclError
 from surecl.plugins.base import Plugin, Stage
+
+TRAINS = ("fast", "base", "own")
+"""What a method's optimizer may train (:attr:`Method.trains`)."""
+ANSWERS = ("learner", "own")
+"""Which weights may answer at evaluation (:attr:`Method.answers`)."""
 
 
 class Method(Plugin):
     name = "base"
     continual = True
     """False for MTL: no intermediate rows, no forgetting to measure."""
-    fast_eval = True
-    """Whether a dual run may also evaluate its fast adapter (``eval.fast``): False where
-    the method swaps the evaluation weights itself (per-task FT)."""
+    trains: ClassVar[str] = "fast"
+    """What the optimizer trains: ``"fast"`` (the learner's fast adapter), ``"base"`` (the base
+    weights; the adapters bypassed) or ``"own"`` (the method's own modules; the adapters frozen)."""
+    answers: ClassVar[str] = "learner"
+    """Which weights answer at evaluation: ``"learner"`` (the learner's evaluation adapter) or
+    ``"own"`` (the method's, swapped in by its ``eval_context``)."""
+    state: ClassVar[tuple[str, ...]] = ()
+    """The named parts of the method's own checkpointed state, in words (empty: none)."""
+    exports: ClassVar[tuple[str, ...]] = ()
+    """The paths under the run folder that its ``export`` writes."""
     prefix_note = ""
     """What ``input_prefix`` puts before every prompt, in words, for the exported ``prompt.json``
     (empty: nothing)."""
+
+    @property
+    def fast_eval(self) -> bool:
+        """Whether a dual run may also evaluate its fast adapter (``eval.fast``): only where the
+        learner answers (a method that swaps in its own weights would be measured twice)."""
+        return self.answers == "learner"
 
     @classmethod
     def validate_config(cls, cfg) -> None:
@@ -65,9 +112,17 @@ class Method(Plugin):
         """Attach, freeze or check before the optimizer and ``accelerate`` see the model."""
 
     def parameters(self, ctx) -> list:
-        """The parameters the optimizer trains (tensors or param groups): the learner's fast
-        adapter by default."""
-        return list(ctx.adapters.fast_params)
+        """The parameters the optimizer trains (tensors or param groups), as :attr:`trains`
+        declares: the learner's fast adapter, or the base weights."""
+        if self.trains == "fast":
+            return list(ctx.adapters.fast_params)
+        if self.trains == "base":
+            return list(ctx.adapters.base_parameters().values())
+        raise SureclError(f"method {self.name}: trains='own' needs a parameters(ctx) returning the modules it trains")
+
+    def outputs(self, ctx) -> list[str]:
+        """The paths its ``export`` writes: :attr:`exports`."""
+        return list(self.exports)
 
     def input_prefix(self, ctx, task: int) -> Sequence[int]:
         """Token ids before every prompt of ``task``, as the method's state is now (negative:
@@ -78,4 +133,22 @@ class Method(Plugin):
         return [Stage((t,), t, tuple(range(t + 1))) for t in range(n_tasks)]
 
 
-__all__ = ["Method", "Stage"]
+def check_declarations(cls: type) -> None:
+    """Refuse a method class whose declarations are not among the known values (one line)."""
+    if cls.trains not in TRAINS:
+        raise SureclError(f"method {cls.name}: trains={cls.trains!r} is not one of {', '.join(TRAINS)}")
+    if cls.answers not in ANSWERS:
+        raise SureclError(f"method {cls.name}: answers={cls.answers!r} is not one of {', '.join(ANSWERS)}")
+    for what in ("state", "exports"):
+        value = getattr(cls, what)
+        if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
+            raise SureclError(f"method {cls.name}: {what} must be a tuple of non-empty strings, not {value!r}")
+
+
+def learner_of(method) -> dict:
+    """A method's declarations as results.json records them (``learner``): ``trains``,
+    ``answers``, ``state``, ``exports``."""
+    return {"trains": method.trains, "answers": method.answers, "state": list(method.state), "exports": list(method.exports)}
+
+
+__all__ = ["ANSWERS", "TRAINS", "Method", "Stage", "check_declarations", "learner_of"]

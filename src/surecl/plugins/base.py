@@ -12,6 +12,15 @@ these hooks (all optional; the defaults do nothing):
 * ``loss(ctx, loss) -> loss``  - once per optimizer step, on the first micro-batch slice's
   share of the loss, before backward: add a penalty (EWC), inject a fault. The step's examples
   are ``ctx.step_items`` (a consistency term on them: I-LoRA).
+* ``sample_replay(ctx, stage, step, count) -> entries | None``  - the buffer entries replayed
+  at ``step`` of ``stage`` beside its current batch (``count``: how many the schedule asks for,
+  :func:`surecl.plan.replay_count`, 0 on a step without replay). The first plugin in list order
+  that answers (not None) decides; the replay policy answers with ``count`` uniform draws
+  from its buffer, so a method (before it in the list) may replay otherwise. Default: None.
+* ``input_prefix(ctx, task) -> ids``  - token ids put before the prompt of every example of
+  ``task`` wherever the run builds the model's input (training, scoring, evaluation), asked
+  at each use; the run puts every plugin's before the prompt, in list order, leaving out those
+  of the plugins an evaluation leaves out (``ctx.left_out``). Default: none.
 * ``after_step(ctx, record)``   - after each optimizer step, with its :class:`StepRecord`
   (EMA of the slow adapter, buffer insertion and aging, the step log).
 * ``after_task(ctx, stage)``   - after training on a stage, before it is evaluated (Fisher
@@ -53,7 +62,7 @@ Nothing here imports torch: ``surecl --help`` and the registry stay light.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -173,6 +182,9 @@ class RunContext(Protocol):
     eval_view: str | None
     """While evaluating: the adapter asked to answer (None: the run's own answer, slow if dual;
     ``"fast"``: the fast adapter's row of a dual run)."""
+    left_out: tuple
+    """While evaluating the learner's own weights (the before-training row, the general probe):
+    the plugins whose ``eval_context`` and ``input_prefix`` are left out (the method); else ()."""
 
     def batch(self, items: list, shared: bool = False) -> dict: ...
     def score(self, items: list, scope: str | None = None, reduction: str | None = None) -> list[float]: ...
@@ -209,6 +221,14 @@ class Plugin:
 
     def loss(self, ctx: RunContext, loss: torch.Tensor) -> torch.Tensor:
         return loss
+
+    def sample_replay(self, ctx: RunContext, stage: Stage, step: int, count: int) -> list[Entry] | None:
+        """The entries replayed at ``step`` (None: leave it to a later plugin)."""
+        return None
+
+    def input_prefix(self, ctx: RunContext, task: int) -> Sequence[int]:
+        """Token ids before every prompt of ``task`` now (negative: virtual tokens). None by default."""
+        return ()
 
     def after_step(self, ctx: RunContext, record: StepRecord) -> None:
         pass
@@ -260,6 +280,22 @@ class Plugins:
         for p in self._list:
             loss = p.loss(ctx, loss)
         return loss
+
+    def sample_replay(self, ctx: RunContext, stage: Stage, step: int, count: int) -> list[Entry]:
+        """The first answer (not None) of the plugins' ``sample_replay`` in list order; none: no replay."""
+        for p in self._list:
+            entries = p.sample_replay(ctx, stage, step, count)
+            if entries is not None:
+                return entries
+        return []
+
+    def input_prefix(self, ctx: RunContext, task: int, skip: tuple[Plugin, ...] = ()) -> tuple[int, ...]:
+        """Every plugin's ``input_prefix`` for ``task`` but those in ``skip``, in list order."""
+        prefix: tuple[int, ...] = ()
+        for p in self._list:
+            if p not in skip:
+                prefix += tuple(p.input_prefix(ctx, task))
+        return prefix
 
     def after_step(self, ctx: RunContext, record: StepRecord) -> None:
         for p in self._list:

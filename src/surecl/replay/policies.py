@@ -122,6 +122,10 @@ class ReplayPolicy(Plugin):
         """Called after each optimizer step with the current-task examples it trained on (and,
         for policies that ask, their training-loss surprise and answer labels)."""
 
+    def sample_replay(self, ctx, stage, step: int, count: int) -> list[Entry]:
+        """``count`` entries drawn uniformly from the buffer (none on a step without replay)."""
+        return self.sample(count) if count else []
+
     def sample(self, n: int) -> list[Entry]:
         return sample(self.buffer.entries, n, self.rng)
 

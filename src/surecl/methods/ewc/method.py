@@ -18,6 +18,7 @@ from surecl.nll import token_nll
 
 class EWC(Method):
     name = "ewc"
+    state = ("the Fisher information", "the anchor weights")
     Config = EWCConfig
 
     def __init__(self, config: EWCConfig | None = None) -> None:

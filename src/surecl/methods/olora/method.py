@@ -105,6 +105,7 @@ class TaskLoRAs(Method):
     docstring); subclasses add their penalty in :meth:`penalty`."""
 
     name = "task_loras"
+    state = ("the earlier tasks' LoRAs (the always-on past adapter)",)
 
     def __init__(self, config=None) -> None:
         super().__init__(config)

@@ -14,7 +14,8 @@ from surecl.methods.base import Method, Stage
 
 class PerTask(Method):
     name = "per_task"
-    fast_eval = False
+    answers = "own"  # each task's snapshot answers (eval_context); no fast row in a dual run
+    state = ("each task's adapter snapshot",)
 
     def __init__(self, config=None) -> None:
         super().__init__(config)

@@ -39,7 +39,6 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from surecl.adapters import FAST
 from surecl.errors import SureclError
 from surecl.methods.base import Method, Stage
 from surecl.methods.progressive_prompts.config import PromptsConfig
@@ -87,6 +86,9 @@ class PromptModule(nn.Module):
 
 class ProgressivePrompts(Method):
     name = "progressive_prompts"
+    trains = "own"
+    state = ("the learned prompts", "the prompt being trained (mid-task)")
+    exports = ("adapters/prompts",)
     Config = PromptsConfig
     prefix_note = "Progressive Prompts: the soft prompts of adapters/prompts go before every prompt (see its prompts.json)"
 
@@ -127,9 +129,8 @@ class ProgressivePrompts(Method):
                 seen.add(id(module))
                 module.register_forward_pre_hook(self._swap_ids)
                 module.register_forward_hook(self._swap_vectors)
-        # The base and the learner's LoRA stay as they are: nothing but the prompt takes gradients.
-        ctx.adapters.fast_trainable = False
-        ctx.adapters.activate(FAST)
+        # The base and the learner's LoRA stay as they are (trains="own": the run froze the fast
+        # adapter before setup): nothing but the prompt takes gradients.
 
     def parameters(self, ctx) -> list:
         return [{"params": list(self.module.parameters()), "lr": self.config.lr}]
@@ -232,9 +233,6 @@ class ProgressivePrompts(Method):
         if self.training:
             for k, v in module.named_parameters():
                 v.copy_(tensors[f"current.{k}"])
-
-    def outputs(self, ctx) -> list[str]:
-        return ["adapters/prompts"]
 
     def export(self, ctx, results: dict) -> None:
         """``adapters/prompts/`` in the run folder: ``prompts.safetensors`` (``prefix``: the vectors put before the

@@ -3,16 +3,17 @@ in turn by the run's AdamW, no adapter; the forgetting baseline at the bottom of
 main table. With a replay policy it becomes full-FT replay (``replay.policy=surprise``: SuRe
 on the whole model).
 
-* ``setup``: the learner's LoRA adapters leave the run (:meth:`surecl.adapters.DualLoRA.bypass`:
-  every LoRA layer calls its base layer alone, nothing of the adapters is trained or
-  exported) and the base weights become trainable; a bf16 base is refused (below).
-* ``parameters``: the base weights, each once: tied weights (SmolLM2's input and output
+* ``trains = "base"``: before ``setup`` the run takes the learner's LoRA adapters out
+  (:meth:`surecl.adapters.DualLoRA.bypass`: every LoRA layer calls its base layer alone,
+  nothing of the adapters is trained or exported); ``setup`` makes the base weights trainable
+  and refuses a bf16 base (below).
+* ``parameters`` (the default for ``trains = "base"``): the base weights, each once: tied weights (SmolLM2's input and output
   embeddings) are one parameter, so AdamW keeps one pair of moments for them and clipping
   counts them once.
 * state: the base weights (fp32, by transformers name) in every checkpoint; their AdamW
   moments travel with the optimizer's state. For SmolLM2-135M (134.5 M parameters) that is
   3 x 538 MB = 1.61 GB a checkpoint (README).
-* ``export``: the fine-tuned model as a transformers folder ``model/`` (safetensors,
+* ``export`` (``exports = ("model",)``): the fine-tuned model as a transformers folder ``model/`` (safetensors,
   tokenizer, model card) in place of the adapters.
 
 bf16 weights: AdamW moves a weight by about ``lr`` per step (5e-5 here), but a bf16 weight of
@@ -39,6 +40,9 @@ BF16 = (
 
 class SeqFT(Method):
     name = "seq_ft"
+    trains = "base"  # the run bypasses the learner's adapters before setup; parameters(): the base weights
+    state = ("the base model's weights",)
+    exports = ("model",)
 
     @classmethod
     def validate_config(cls, cfg) -> None:
@@ -56,15 +60,11 @@ class SeqFT(Method):
         """The base weights it trains, by transformers name (set in ``setup``)."""
 
     def setup(self, ctx) -> None:
-        ctx.adapters.bypass()
         self.weights = ctx.adapters.base_parameters()
         if any(p.dtype == torch.bfloat16 for p in self.weights.values()):
             raise SureclError(f"{BF16} (model.dtype={ctx.cfg.model.dtype} loaded the base in bf16 on this machine)")
         for p in self.weights.values():
             p.requires_grad_(True)
-
-    def parameters(self, ctx) -> list:
-        return list(self.weights.values())
 
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
         # the live weights, not copies: the checkpoint writes them out before training goes on
@@ -77,9 +77,6 @@ class SeqFT(Method):
             raise SureclError(f"checkpoint: the seq_ft state lacks {len(missing)} base weights ({missing[0]}, ...); use another --out")
         for n, p in self.weights.items():
             p.copy_(tensors[n])
-
-    def outputs(self, ctx) -> list[str]:
-        return ["model"]
 
     def export(self, ctx, results: dict) -> None:
         """The fine-tuned model, ``model/`` in the run folder (the adapters are bypassed)."""

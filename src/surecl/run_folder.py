@@ -1,0 +1,134 @@
+"""A run's folder (:class:`surecl.trainer.ContinualRun`, ``run`` below): opening it (refusing
+what the run must not overwrite, ``--fresh``, resuming from the newest valid checkpoint,
+``config.yaml``), and the checkpoints every component's state goes into and comes back from,
+with the run's own progress (:class:`~surecl.run_state.RunState`) and random streams."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+import surecl.checkpoint as checkpoint
+from surecl.errors import SureclError
+from surecl.model import host_info
+from surecl.plugins.tracking import MARK
+from surecl.run_results import config_header, fingerprints
+from surecl.run_state import RunState
+
+
+def planned_outputs(run) -> list[str]:
+    """Every path the run writes in its folder, relative to it (the containers first)."""
+    extra = (["tensorboard/surecl"] if "tensorboard" in run.trackers else []) + ([MARK] if run.trackers else [])
+    return [*checkpoint.CONTAINERS, *checkpoint.RUN_FILES, *run.plugins.outputs(run), *extra]
+
+
+def open_folder(run, resume: bool, fresh: bool) -> None:
+    """Ready ``run.out_dir`` for the run (inside its lock): refuse a link or a user's file where
+    it writes, remove a killed run's temporaries, clear it with ``fresh``, restore the newest
+    valid checkpoint with ``resume``, write ``config.yaml``, add this machine to ``state.hosts``."""
+    main = run.accelerator.is_main_process
+    if main:
+        for rel in planned_outputs(run):  # a link or a user's file where the run writes: refused before anything changes
+            if not (fresh and run.outputs.owns(rel)):
+                run.outputs.check(rel)
+    if main and not fresh:
+        left = run.outputs.remove_temporaries()  # what a killed write left (checkpoints/.stage-*, .results.json.*)
+        if left:
+            run.log(f"removed {len(left)} temporary file(s) a killed run left: {', '.join(str(p.relative_to(run.out_dir)) for p in left[:4])}"
+                    + (" ..." if len(left) > 4 else ""))
+    if fresh:
+        if main:
+            removed = run.outputs.clear()
+            if removed:
+                run.log(f"--fresh: removed {', '.join(str(p.relative_to(run.out_dir)) for p in removed)} from {run.out_dir}")
+        run.accelerator.wait_for_everyone()
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    run.continuing = resume and not fresh
+    if resume and not fresh:
+        restored = restore(run)
+        if restored:
+            run.log(f"resumed from {restored} at stage {run.state.next_stage}/{len(run.stages)}")
+        elif main and (run.out_dir / "results.json").is_file():
+            missing = ", ".join(run.outputs.missing_final() or []) or "an output"
+            raise SureclError(f"{run.out_dir}: a finished run whose {missing} is missing and no checkpoint remains to "
+                              "write it again; rerun with --fresh to train it again, or choose another --out")
+    if main:  # after the checkpoint check: another run's config stays
+        run.outputs.claim("config.yaml")
+        checkpoint.write_config(run.out_dir, run.cfg, header=config_header(run))
+        run.outputs.claim("log.jsonl")
+        if "tensorboard" in run.trackers:
+            run.outputs.claim("tensorboard/surecl")
+        if run.trackers:
+            run.outputs.claim(MARK)
+    here = host_info(run.device)
+    if not run.state.hosts or run.state.hosts[-1] != here:
+        run.state.hosts.append(here)
+
+
+def from_main(value):
+    """The main process's ``value``, on every process (the lock's agreement between ranks)."""
+    from accelerate.utils import broadcast_object_list
+
+    box = [value]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
+
+
+def save(run) -> None:
+    """Checkpoint every component's state (main process) after the last finished step."""
+    st = run.state
+    name = f"stage-{st.next_stage:04d}" + (f"-step-{st.step:06d}" if st.batches is not None else "")
+    components = {"run": (dataclasses.asdict(st), {}), "rng": rng_state(run), **run.plugins.state_dicts()}
+    if getattr(run, "outputs", None) is None:  # a checkpoint taken outside run() (tests, tools)
+        run.outputs = checkpoint.Manifest(run.out_dir)
+    run.outputs.claim(f"checkpoints/{name}")
+    checkpoint.save(
+        run.out_dir / "checkpoints", name, components,
+        {"config": run.cfg.to_dict(), "tasks": [t.name for t in run.tasks], "data": fingerprints(run)},
+        keep=run.cfg.train.keep_checkpoints,
+    )
+    run.outputs.forget_missing("checkpoints")
+
+
+def restore(run) -> Path | None:
+    """Restore the newest valid checkpoint into the run and its components; say so when a
+    newer one was damaged."""
+    found = checkpoint.load_latest(run.out_dir / "checkpoints", run.log)
+    if found is None:
+        return None
+    from surecl.config import same_config
+
+    if found.meta["tasks"] != [t.name for t in run.tasks] or not same_config(found.meta["config"], run.cfg):
+        raise SureclError(f"{run.out_dir}: holds a run with a different config or task stream; use another --out")
+    saved = found.meta.get("data") or {}  # checkpoints written before fingerprints have none
+    for name, digest in fingerprints(run).items():
+        if name in saved and saved[name] != digest:
+            raise SureclError(f"{run.out_dir}: the data of task {name} changed since {found.folder.name} was written (other "
+                              "sampled rows at the same config); restore that data, or rerun with --fresh to start over on this data")
+    run.plugins.load_state_dicts(found.components)
+    load_rng_state(run, *found.components["rng"])
+    saved = found.components["run"][0]
+    for f in dataclasses.fields(RunState):
+        if f.name in saved:
+            setattr(run.state, f.name, saved[f.name])
+    return found.folder
+
+
+def rng_state(run) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The random streams: the batch plan's, torch's CPU generator and, on a GPU, the
+    device's generator (dropout masks there), so a resumed run draws what it would have."""
+    version, internal, gauss = run.rng.getstate()
+    tensors = {"torch": torch.get_rng_state()}
+    if run.device.type == "cuda":
+        tensors["cuda"] = torch.cuda.get_rng_state(run.device)
+    return {"batches": [version, list(internal), gauss]}, tensors
+
+
+def load_rng_state(run, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and run.device.type == "cuda":
+        torch.cuda.set_rng_state(tensors["cuda"], run.device)
+    version, internal, gauss = meta["batches"]
+    run.rng.setstate((version, tuple(internal), gauss))

@@ -1,0 +1,168 @@
+"""The factory of a run: everything :class:`surecl.trainer.ContinualRun` holds, built from a
+config (and whatever the caller passed in its place), before the loop starts.
+
+:func:`build_run` fills the run in this order, each step depending on the ones before: the
+``accelerate.Accelerator``, the task stream, the base model and tokenizer, the encoded sets
+(read through :class:`~surecl.run_state.InputSets`, which asks the plugins' input prefix), the
+general-ability probe, the learner (:class:`~surecl.adapters.DualLoRA`, drawn right after
+seeding), the method and the replay policy, the method's ``setup`` and the optimizer over what
+it trains, the plugins in hook order, the run's state and its matrices, the stages and the
+EMA's rate. Nothing here trains or writes a file."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
+
+from surecl.adapters import DualLoRA, beta_per_step, resolve_beta
+from surecl.config import RunConfig
+from surecl.data.encode import TaskEncoder
+from surecl.data.general import load_general_probe
+from surecl.data.loading import caller_stream, caller_tasks, load_stream
+from surecl.data.task import Task
+from surecl.errors import SureclError
+from surecl.methods.base import check_declarations
+from surecl.model import default_cache_dir, load_model, prepare_model
+from surecl.plan import ema_units
+from surecl.plugins.base import Plugin, Plugins
+from surecl.plugins.faults import FaultInjection
+from surecl.plugins.steplog import StepLog
+from surecl.plugins.tracking import Tracking, check_trackers
+from surecl.registry import method_class, method_config, policy_class, policy_options
+from surecl.replay.buffer import OnlineQuotaBuffer
+from surecl.replay.policies import buffer_capacity, quota_warning
+from surecl.run_state import InputSets, RunState
+from surecl.step import TrainStep
+
+
+def build_run(
+    run, cfg: RunConfig, out_dir: Path, *, progress: bool = True, cache_dir: Path | None = None, plugins: list[Plugin] = (),
+    log_with: list[str] = (), model=None, tokenizer=None, tasks: list[Task] | None = None,
+) -> None:
+    """Fill ``run`` (a :class:`~surecl.trainer.ContinualRun`) from ``cfg``; see the module docstring
+    and :class:`~surecl.trainer.ContinualRun` for the arguments."""
+    run.cfg = cfg
+    run.out_dir = Path(out_dir)
+    run.progress = progress
+    # No buffer broadcast in DDP's forward: the base's buffers (rotary frequencies) never
+    # change (full fine-tuning trains weights, not buffers), and a collective per forward
+    # would deadlock the ranks, whose steps may run different numbers of forwards
+    # (micro-batch slices and shared prefix passes are cut from each rank's own rows). The one collective of a step is
+    # the gradient all-reduce of its last slice's backward.
+    ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
+    trackers = run.trackers = check_trackers(list(log_with))
+    run.accelerator = Accelerator(
+        cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp], log_with=trackers or None,
+        project_config=ProjectConfiguration(project_dir=str(run.out_dir), logging_dir=str(run.out_dir / "tensorboard")),
+    )
+    run.device = run.accelerator.device
+    run.world, run.rank = run.accelerator.num_processes, run.accelerator.process_index
+    run.rng = random.Random(f"batches:{cfg.seed}")
+    if tasks is not None:
+        tasks = caller_tasks(tasks, cfg)  # in-memory datasets read into tasks
+    run.given_fingerprints = {t.name: t.fingerprint() for t in tasks} if tasks is not None else None
+    """Each task passed from Python as it was passed (before checks and sampling)."""
+    run.tasks = load_stream(cfg, cache_dir=cache_dir) if tasks is None else caller_stream(tasks, cfg)
+    for t in run.tasks:
+        for split, n in t.meta.get("dropped", {}).items():
+            run.log(f"{t.name}: dropped {n} {split} rows whose label is not one of {t.labels} (data.invalid_labels=drop)")
+    if (model is None) != (tokenizer is None):
+        raise SureclError("model and tokenizer: pass both (a model the caller built) or neither (model.name)")
+    run.supplied_model, run.supplied_tasks = model is not None, tasks is not None
+    if model is None:
+        loaded = load_model(cfg.model, run.device, cache_dir or default_cache_dir())
+    else:
+        loaded = prepare_model(model, tokenizer, run.device)
+    run.model_name_or_path = str(getattr(loaded.model.config, "_name_or_path", "") or "") if model is not None else cfg.model.name
+    run.model_class = type(loaded.model).__name__
+    run.tokenizer, run.is_seq2seq, run.model_path = loaded.tokenizer, loaded.is_seq2seq, loaded.path
+    run.base_dtype = loaded.dtype
+    run.share_prefix = cfg.model.share_prefix and not run.is_seq2seq
+    if loaded.note:
+        run.log(f"warning: {loaded.note}")
+    if cfg.data.kind == "text" and run.is_seq2seq:
+        raise SureclError(f"data.kind=text (continual pre-training) needs a causal LM; {cfg.model.name} is encoder-decoder")
+    encoder = TaskEncoder(run.tokenizer, cfg.model.max_length, end_eos=run.is_seq2seq and cfg.model.encoder_eos, task_prefix=cfg.data.task_prefix,
+                          template=cfg.data.template)
+    for t in run.tasks:  # labels the tokenizer cannot tell apart stop here, before any training
+        for warning in encoder.check_labels(t):
+            if cfg.eval.mode == "generate":
+                run.log(f"warning: {warning}")
+    # Tokenised once per dataset; the hot loop only indexes these lists. The run reads them
+    # through InputSets, which puts the plugins' input prefix (if any) before each prompt.
+    run.plugins, run.left_out = None, ()
+    run.train_sets = InputSets([encoder.encode(t, t.train) for t in run.tasks], run.input_prefix)
+    run.test_sets = InputSets([encoder.encode(t, t.test, split="test") for t in run.tasks], run.input_prefix)
+    run.label_answers = [{lab: encoder.answer_ids(lab) for lab in t.labels} for t in run.tasks]
+    run.general = load_general_probe(cfg.eval.general, cfg.eval.general_n, cache_dir)
+    run.general_sets = [encoder.encode(t, t.test, split="test") for t in run.general.tasks] if run.general else []
+    generation = [t.name for t in run.tasks if t.kind == "generate"]
+    probing = any(t.kind == "generate" for t in run.general.tasks) if run.general else False
+    run.stop_ids = encoder.stop_ids() if generation or probing else None
+    # Seeded right before the adapters are drawn, so a cold cache (which builds or converts
+    # the base model first) gives the same LoRA init as a warm one.
+    torch.manual_seed(cfg.seed)
+    run.adapters = DualLoRA(loaded.model, cfg.lora, cfg.dual, run.is_seq2seq)
+    run.model = run.adapters.model
+    run.method = method_class(cfg.method)(method_config(cfg))
+    check_declarations(type(run.method))
+    total = sum(len(s) for s in run.train_sets)
+    policy_name = cfg.replay.policy if run.method.continual else "none"
+    run.policy = policy_class(policy_name)(cfg.replay, buffer_capacity(cfg.replay, total), cfg.seed)
+    run.policy.options = policy_options(cfg, policy_name)
+    if generation and (cfg.replay.balance == "label" or isinstance(run.policy.buffer, OnlineQuotaBuffer)):
+        what = "replay.balance=label" if cfg.replay.balance == "label" else f"replay.policy={policy_name} (a quota per answer label)"
+        raise SureclError(f"{what} needs labelled tasks; {', '.join(generation)} generate free text (no label set)")
+    run.adapters.learn(run.method.trains)  # the learner as the method's declaration says, before its setup
+    run.method.setup(run)
+    run.train_step = TrainStep(TrainStep.config_from(cfg), run.method.parameters(run))
+    run.trained_params = run.train_step.params
+    run.model, run.train_step.optimizer = run.accelerator.prepare(run.model, run.train_step.optimizer)
+    run.steplog = StepLog(StepLog.config_from(cfg))
+    extra = {f"plugin:{p.name}": p for p in plugins}
+    if len(extra) != len(plugins):
+        raise ValueError(f"plugins: two plugins named alike in {[p.name for p in plugins]}")
+    run.plugins = Plugins({
+        "optimizer": run.train_step, "adapters": run.adapters, "method": run.method, "replay": run.policy,
+        **extra, "log": run.steplog, **({"tracking": Tracking()} if trackers else {}), "faults": FaultInjection(),
+    })
+    run.state = RunState(accuracy=[[None] * len(run.tasks) for _ in run.tasks])
+    run.wall = None  # wall clock of the running part (ContinualRun.clock)
+    run.stage = None
+    run.step_items = []
+    run.eval_view = None
+    run.predictions = {}
+    run.eval_fast = cfg.dual.enabled and cfg.eval.fast and run.method.fast_eval
+    if run.eval_fast:
+        run.state.accuracy_fast = [[None] * len(run.tasks) for _ in run.tasks]
+    if run.general is not None:
+        run.state.general = [None] * len(run.tasks)
+        if run.eval_fast:
+            run.state.general_fast = [None] * len(run.tasks)
+    run.stages = run.method.stages(len(run.tasks))
+    first = run.stages[0].tasks
+    run.adapters.beta = resolve_beta(cfg.dual, ema_units(sum(len(run.train_sets[t]) for t in first), cfg, [run.tasks[t].name for t in first]))
+    warn_slow_window(run)
+    warning = quota_warning(type(run.policy), run.policy.capacity, len(run.tasks))
+    if warning:
+        run.log(f"warning: {warning}")
+
+
+def warn_slow_window(run) -> None:
+    """Warn when the slow adapter's EMA window outlasts the first task (no bias correction)."""
+    cfg = run.cfg
+    if not cfg.dual.enabled or cfg.dual.bias_correction:
+        return
+    step_beta = beta_per_step(run.adapters.beta, cfg.dual, cfg.train.batch_size)
+    window = 1.0 / (1.0 - step_beta) if step_beta < 1 else math.inf
+    first = run.steps_in_stage(run.stages[0])
+    if window > first:
+        run.log(
+            f"warning: the slow adapter averages over ~{window:.0f} steps but the first task has {first}; "
+            "it will lag far behind the fast one early on (set dual.bias_correction=true or a smaller dual.beta)"
+        )
