@@ -65,6 +65,7 @@ def main(argv: list[str]) -> None:
     import datasets
     import torch
     from safetensors.torch import save_file
+    from trainer_stops import StopAt
     from transformers import DataCollatorForLanguageModeling, PrinterCallback, TrainerCallback, TrainingArguments
 
     from surecl.config import ModelConfig
@@ -135,24 +136,13 @@ def main(argv: list[str]) -> None:
 
     trainer._write_state = spied_write
 
-    class StopAt(TrainerCallback):
-        def __init__(self, task: int, step: int):
-            self.task, self.step, self.calls = task, step, -1
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.calls += 1
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if self.calls == self.task and state.global_step == self.step:
-                raise Stop
-
     class GradNorm(TrainerCallback):
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             record["grad_norms"].append(float(torch.cat([p.grad.flatten() for p in trainer.dual.fast_params]).norm()))
 
     trainer.add_callback(GradNorm())
     if opts.stop:
-        trainer.add_callback(StopAt(*opts.stop))
+        trainer.add_callback(StopAt(*opts.stop, error=Stop))
     try:
         for t in range(TASKS):
             if trainer.next_task(train[t], resume_from_checkpoint=True if opts.resume else None) is not None:

@@ -12,6 +12,7 @@ import torch
 
 datasets = pytest.importorskip("datasets")
 
+from trainer_stops import Interrupt, StopAt  # noqa: E402
 from transformers import DataCollatorForLanguageModeling, TrainerCallback, TrainingArguments  # noqa: E402
 
 from surecl.data.tiny import tiny_stream  # noqa: E402
@@ -249,24 +250,6 @@ def test_replay_option_errors_are_one_line(tiny_loaded, tmp_path):
     with pytest.raises(SureclError, match="no column 'answer'") as err:
         trainer.next_task(task_sets(tiny_loaded.tokenizer)[0])
     assert "\n" not in str(err.value)
-
-
-class Interrupt(Exception):
-    pass
-
-
-class StopAt(TrainerCallback):
-    """Stops the job (as a kill would) after optimizer step ``step`` of the ``task``-th train() call."""
-
-    def __init__(self, task: int, step: int):
-        self.task, self.step, self.calls = task, step, -1
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.calls += 1
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.calls == self.task and state.global_step == self.step:
-            raise Interrupt
 
 
 def test_resume_with_every_option_ends_as_an_uninterrupted_run(tiny_loaded, tmp_path):

@@ -12,7 +12,8 @@ import torch
 
 datasets = pytest.importorskip("datasets")
 
-from transformers import DataCollatorForLanguageModeling, TrainerCallback, TrainingArguments  # noqa: E402
+from trainer_stops import Interrupt, StopAt  # noqa: E402
+from transformers import DataCollatorForLanguageModeling, TrainingArguments  # noqa: E402
 
 from surecl.adapters import FAST  # noqa: E402
 from surecl.data.tiny import tiny_stream  # noqa: E402
@@ -173,24 +174,6 @@ def test_several_processes_need_the_loss_normalised_over_all(tiny_loaded, tmp_pa
 
 
 # ---------------------------------------------------------------------- checkpoints and resume
-
-
-class Interrupt(Exception):
-    pass
-
-
-class StopAt(TrainerCallback):
-    """Stops the job (as a kill would) after optimizer step ``step`` of the ``task``-th train() call."""
-
-    def __init__(self, task: int, step: int):
-        self.task, self.step, self.calls = task, step, -1
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.calls += 1
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.calls == self.task and state.global_step == self.step:
-            raise Interrupt
 
 
 def final_state(trainer: SureTrainer):
