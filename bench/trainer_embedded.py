@@ -17,8 +17,10 @@ Wall time: each side's training + scoring (``timing.train + timing.score`` of th
 results.json; the ``next_task`` calls of the Trainer script), and its evaluation, measured
 one after the other in one process on one machine.
 
-Usage (from the repository root; about 20 + 20 minutes at one thread on machine B):
+Usage (from the repository root; about 20 + 20 minutes at one thread on machine B alone):
   OMP_NUM_THREADS=1 PYTHONPATH=src python bench/trainer_embedded.py --seed 0 [--json out.json]
+The core run keeps checkpoints in ``--out`` (default runs/trainer-embedded-s<seed>/core) and
+resumes after a stop; the Trainer script's numbers are kept in ``<out>/trainer.json``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from trainer_agreement import answer_rows, right_pad_collator  # noqa: E402
 
 ALIGN = ["train.fresh_optimizer=true", "replay.scope=label", "model.share_prefix=false", "train.checkpoint_every=0",
          "eval.before=false"]
+"""What the core run changes of the default run to match what a Trainer script does (stage-end
+checkpoints only)."""
 
 
 def core_run(seed: int, out: Path, config: str = "slow_surprise", extra: list[str] | None = None):
@@ -108,6 +112,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the numbers here")
+    ap.add_argument("--out", type=Path, help="where the two runs keep their state (default runs/trainer-embedded-s<seed>): "
+                    "rerun the same command after a stop and the core run resumes from its checkpoints, a finished "
+                    "Trainer script is read back")
     ap.add_argument("--config", default="slow_surprise", help="presets of the core run (default: the default run's); "
                     "'tiny,slow_surprise' with data.tasks=[colors,animals] checks the script in a minute")
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the core run (the Trainer script follows them)")
@@ -115,9 +122,17 @@ def main() -> int:
     from surecl.model import host_info
     from surecl.report import host_key
 
-    with tempfile.TemporaryDirectory() as tmp:
-        core, res = core_run(args.seed, Path(tmp) / "core", args.config, args.overrides)
-        tr = trainer_run(args.seed, Path(tmp) / "trainer", core)
+    out_dir = args.out or Path("runs") / f"trainer-embedded-s{args.seed}"
+    core, res = core_run(args.seed, out_dir / "core", args.config, args.overrides)  # resumes from its checkpoints
+    done = out_dir / "trainer.json"
+    if done.is_file():
+        tr = json.loads(done.read_text())
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            tr = trainer_run(args.seed, Path(tmp) / "trainer", core)
+        from surecl.checkpoint import write_text
+
+        write_text(done, json.dumps(tr))
     timing = res["timing"]
     core_buffer = [(e["task"], e["index"]) for e in core.policy.buffer.state_dict()["entries"]]
     out = {
@@ -126,7 +141,7 @@ def main() -> int:
                  "train_s": timing["train"] + timing["score"], "eval_s": timing["eval"],
                  "ema": [core.adapters.beta, core.adapters.steps, core.adapters.updates]},
         "trainer": {k: v for k, v in tr.items() if k != "buffer"},
-        "same_buffer": sorted(core_buffer) == sorted(tr["buffer"]),
+        "same_buffer": sorted(core_buffer) == sorted(tuple(x) for x in tr["buffer"]),
     }
     out["host_key"] = host_key({"host": out["host"]})
     fmt = lambda row: " | ".join("-" if v is None else f"{v:.1f}" for v in row)  # noqa: E731
