@@ -91,6 +91,15 @@ METRIC_NAMES = {"accuracy": "accuracy (%)", "exact_match": "exact match (%)", "r
 """How reports name each metric."""
 
 
+def task_metrics(tasks, mode: str) -> dict[str, str]:
+    """Each task's metric, the unit of its column of the score matrix: ``perplexity`` for every
+    task under ``eval.mode=perplexity``, else the task's own (accuracy, rouge_l, exact_match,
+    or perplexity for a text task)."""
+    if mode == "perplexity":
+        return {t.name: "perplexity" for t in tasks}
+    return {t.name: t.score_metric for t in tasks}
+
+
 def metric_words(metric: str, per_task: dict[str, str] | None = None) -> str:
     """A run's metric as a report says it: ``accuracy (%)``, ``ROUGE-L (F, x100)``, ... or,
     for a stream whose tasks differ (``mixed``), each task's."""

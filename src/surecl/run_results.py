@@ -30,10 +30,8 @@ def majority_rate(task) -> float | None:
 
 
 def metrics_of_tasks(run) -> dict[str, str]:
-    """Each task's metric, the unit of its column of the score matrix."""
-    if run.cfg.eval.mode == "perplexity":
-        return {t.name: "perplexity" for t in run.tasks}
-    return {t.name: t.score_metric for t in run.tasks}
+    """Each task's metric, the unit of its column of the score matrix (:func:`surecl.metrics.task_metrics`)."""
+    return metrics.task_metrics(run.tasks, run.cfg.eval.mode)
 
 
 def results(run) -> dict:

@@ -30,6 +30,7 @@ import os
 import time
 
 from surecl.errors import SureclError
+from surecl.metrics import task_metrics
 from surecl.plugins.base import Plugin, Stage, StepRecord
 
 PROJECT = "surecl"
@@ -119,7 +120,8 @@ class Tracking(Plugin):
     def after_eval(self, ctx, stage: Stage | None) -> None:
         self._start(ctx)
         names = [t.name for t in ctx.tasks]
-        keys = [f"{metric}/{name}" for name, metric in zip(names, task_metrics(ctx))]
+        metric_of = task_metrics(ctx.tasks, ctx.cfg.eval.mode)
+        keys = [f"{metric_of[name]}/{name}" for name in names]
         self._general_initial(ctx)
         if stage is None:
             if not self.sent["initial"]:
@@ -156,15 +158,6 @@ class Tracking(Plugin):
             self._log(ctx, values, ctx.state.global_step)
             self._sent(ctx, "summary", True)
         ctx.accelerator.end_training()
-
-
-def task_metrics(ctx) -> list[str]:
-    """Each stream task's metric, the unit of its column (``perplexity`` for every task under
-    ``eval.mode=perplexity``; else the task's own: accuracy, rouge_l, exact_match, or
-    perplexity for a text task)."""
-    if ctx.cfg.eval.mode == "perplexity":
-        return ["perplexity"] * len(ctx.tasks)
-    return [t.score_metric for t in ctx.tasks]
 
 
 def _fast(key: str) -> str:
