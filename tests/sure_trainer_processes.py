@@ -29,6 +29,7 @@ script with ``resume_from_checkpoint=True``.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import sys
@@ -52,6 +53,15 @@ class Stop(Exception):
     pass
 
 
+def exit_record(out: Path, rank: str) -> None:
+    """At exit (registered first, so after the library's own exit handlers): whether the
+    torch.distributed group was still up, in ``OUT/exit<rank>.json``."""
+    import torch.distributed as dist
+
+    if out.is_dir():
+        (out / f"exit{rank}.json").write_text(json.dumps({"group_up": dist.is_initialized()}))
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -61,6 +71,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--sft", action="store_true")
     parser.add_argument("--pair", action="store_true")
     opts = parser.parse_args(argv)
+    atexit.register(exit_record, Path(opts.out), os.environ.get("RANK", "0"))
 
     import datasets
     import torch

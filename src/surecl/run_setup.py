@@ -33,6 +33,7 @@ from surecl.plugins.base import Plugin, Plugins
 from surecl.plugins.faults import FaultInjection
 from surecl.plugins.steplog import StepLog
 from surecl.plugins.tracking import Tracking, check_trackers
+from surecl.processes import release_at_exit
 from surecl.registry import method_class, method_config, policy_class, policy_options
 from surecl.replay.buffer import OnlineQuotaBuffer
 from surecl.replay.policies import buffer_capacity, quota_warning
@@ -62,6 +63,8 @@ def build_run(
     )
     run.device = run.accelerator.device
     run.world, run.rank = run.accelerator.num_processes, run.accelerator.process_index
+    if run.world > 1:
+        release_at_exit()
     run.rng = random.Random(f"batches:{cfg.seed}")
     if tasks is not None:
         tasks = caller_tasks(tasks, cfg)  # in-memory datasets read into tasks

@@ -78,6 +78,7 @@ from surecl.config import DualConfig, LoraConfig, ReplayConfig, replay_ratio
 from surecl.data.encode import uniform_batches
 from surecl.errors import SureclError
 from surecl.plan import replay_count
+from surecl.processes import release_at_exit
 from surecl.registry import policy_class, policy_spec
 from surecl.replay.policies import check_scores
 from surecl.step import pair_weights
@@ -352,6 +353,7 @@ class SureTrainer(Trainer):
         """One-line errors for multi-process settings whose step would not be the one-process step."""
         if self.world == 1:
             return
+        release_at_exit()
         if self.is_deepspeed_enabled or self.is_fsdp_enabled:
             raise SureclError("SureTrainer: DeepSpeed and FSDP are not supported (the slow adapter's EMA needs the whole fast adapter on every process); use plain DDP")
         if any(getattr(self, f"get_{kind}_size", lambda: 1)() != 1 for kind in ("tp", "cp", "sp")):

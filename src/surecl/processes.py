@@ -1,0 +1,34 @@
+"""Leaving a several-process run cleanly.
+
+A process that exits with its ``torch.distributed`` process group still up can abort
+(``terminate called without an active exception``, SIGABRT, exit code -6) after its work is done:
+gloo's worker threads may still hold finished work objects whose tensors are released during
+interpreter finalisation, when the interpreter can no longer take the GIL. The group is therefore
+torn down while the interpreter is still whole: :func:`release_at_exit` registers, once per
+process, an ``atexit`` handler that destroys the default group if one is still up. A script that
+destroys the group itself (``accelerator.end_training()``, ``dist.destroy_process_group()``) is
+unaffected: the handler then finds none. ``surecl run`` and the Trainer integrations call it when
+they run in several processes.
+"""
+
+from __future__ import annotations
+
+import atexit
+
+_registered = False
+
+
+def release_at_exit() -> None:
+    """Destroy the default ``torch.distributed`` process group at interpreter exit, if one is
+    still up then (idempotent: registers the handler once)."""
+    global _registered
+    if not _registered:
+        atexit.register(_destroy_group)
+        _registered = True
+
+
+def _destroy_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
