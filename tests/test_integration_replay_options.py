@@ -246,6 +246,10 @@ def test_replay_option_errors_are_one_line(tiny_loaded, tmp_path):
         )
     with pytest.raises(SureclError, match="label_smoothing_factor"):
         trainer_for(tiny_loaded, tmp_path, SureArguments(replay_loss="pair"), label_smoothing_factor=0.1)
+    moe = copy.deepcopy(tiny_loaded.model)
+    moe.config.output_router_logits = True  # a mixture of experts' auxiliary loss, which the pair loss would drop
+    with pytest.raises(SureclError, match="output_router_logits"):
+        SureTrainer(model=moe, args=TrainingArguments(str(tmp_path), report_to=[], use_cpu=True), sure=SureArguments(replay_loss="pair"))
     trainer = trainer_for(tiny_loaded, tmp_path, SureArguments(balance="label", label_column="answer"))
     with pytest.raises(SureclError, match="no column 'answer'") as err:
         trainer.next_task(task_sets(tiny_loaded.tokenizer)[0])
@@ -348,3 +352,18 @@ def test_a_process_without_rows_in_a_pair_step_adds_nothing(tiny_loaded, tmp_pat
     loss = trainer.training_step(trainer.model, batch)
     assert loss.item() == 0.0
     assert all(p.grad is None or not p.grad.any() for p in trainer.dual.fast_params)
+
+
+def test_a_non_finite_pair_loss_stops_in_one_line(tiny_loaded, tmp_path, monkeypatch):
+    trainer = trainer_for(tiny_loaded, tmp_path, SureArguments(buffer_size=8, replay_loss="pair"))
+
+    row_nll = trainer._row_nll
+
+    def nan_rows(model, inputs):  # in training only (surprise scoring runs in eval mode)
+        nll, count = row_nll(model, inputs)
+        return (nll * float("nan") if model.training else nll), count
+
+    monkeypatch.setattr(trainer, "_row_nll", nan_rows)
+    with pytest.raises(SureclError, match="non-finite loss .* lower learning_rate") as err:
+        trainer.next_task(task_sets(tiny_loaded.tokenizer)[0])
+    assert "\n" not in str(err.value)

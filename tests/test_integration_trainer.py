@@ -141,6 +141,18 @@ def test_ema_units(tiny_loaded, tmp_path, unit):
     assert not torch.allclose(fast, slow)
 
 
+def test_fractional_epochs_plan_the_trainers_steps(tiny_loaded, tmp_path):
+    """num_train_epochs=1.5 stops mid-way through the second epoch, as the Trainer counts it
+    (ceil(1.5 x 3) = 5 optimizer steps of 20 examples in batches of 8): the plan, the replay
+    counts and the EMA's units (and with them beta='auto') follow those 5 steps."""
+    _, sets = lm_sets(tiny_loaded.tokenizer, n_train=20)
+    trainer = make_trainer(tiny_loaded, tmp_path, SureArguments(buffer_size=8, unit="example", beta="auto"), num_train_epochs=1.5)
+    assert trainer._ema_units(20) == 8 + 8 + 4 + 8 + 8
+    trainer.next_task(sets[0])
+    assert trainer.state.global_step == trainer.dual.steps == 5
+    assert trainer.dual.updates == 36 and trainer.replay_counts[0][0] == 36
+
+
 def test_evaluate_answers_with_the_slow_adapter(tiny_loaded, tmp_path):
     _, sets = lm_sets(tiny_loaded.tokenizer, n_train=16)
     trainer = make_trainer(tiny_loaded, tmp_path, SureArguments(buffer_size=8, beta=0.5))
@@ -267,3 +279,52 @@ def test_learns_and_replay_forgets_less(tiny_loaded, tmp_path, seed):
         trainer.next_task(completion_set(tok, stream[1].train))
         rise[policy] = trainer.evaluate(test0)["eval_loss"] - learned
     assert rise["none"] > 1.5 * rise["surprise"] > 0
+
+
+def test_resume_refuses_what_would_silently_be_another_run(tiny_loaded, tmp_path):
+    """Resuming with other SureArguments, inside a task under another batch plan, from a
+    folder that is no SureTrainer state, from a checkpoint the job stopped writing, or from one
+    saved without the optimizer (save_only_model): one line each, nothing trained."""
+    _, sets = lm_sets(tiny_loaded.tokenizer, n_train=24)
+    sure = SureArguments(buffer_size=9, ratio="1:2", beta=0.9)
+    save = dict(save_strategy="steps", save_steps=2)
+    out = tmp_path / "run"
+    first = make_trainer(tiny_loaded, out, sure, **save)
+    first.add_callback(StopAt(task=1, step=3))
+    with pytest.raises(Interrupt):
+        for ds in sets[:2]:
+            first.next_task(ds)
+    last = out / "task-1" / "checkpoint-2"
+    assert last.is_dir()
+
+    def refused(match, sure_now=sure, where=True, **kw):
+        trainer = make_trainer(tiny_loaded, out, sure_now, **{**save, **kw})
+        with pytest.raises(SureclError, match=match) as err:
+            for ds in sets[:2]:
+                trainer.next_task(ds, resume_from_checkpoint=where)
+        assert "\n" not in str(err.value)
+
+    refused(r"other SureArguments \(buffer_size 9 -> 12, ratio '1:2' -> '1:3'\)", SureArguments(buffer_size=12, ratio="1:3", beta=0.9))
+    refused(r"another batch plan \(micro_batch 8 -> 4, accumulation 1 -> 2;", per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    refused("no SuRe state there", where=str(tmp_path / "nowhere"))
+    # the same batch plan resumes: 8 a micro-batch whatever splits it
+    make_trainer(tiny_loaded, out, sure, **save).next_task(sets[0], resume_from_checkpoint=True)
+
+    (last / "trainer_state.json").unlink()  # as a job killed while the Trainer saved
+    trainer = make_trainer(tiny_loaded, out, sure, **save)
+    with pytest.raises(SureclError, match="incomplete checkpoint"):
+        trainer.next_task(sets[0], resume_from_checkpoint=str(last))
+    # with True the newest complete checkpoint is taken: task 1's end was never written, its
+    # checkpoint-2 now lacks the Trainer's state, so task 0's end is where the run resumes
+    trainer = make_trainer(tiny_loaded, out, sure, **save)
+    assert trainer.next_task(sets[0], resume_from_checkpoint=True) is None and trainer.resumed_from.endswith("sure-end")
+
+    only_model = tmp_path / "only-model"
+    first = make_trainer(tiny_loaded, only_model, sure, save_only_model=True, **save)
+    first.add_callback(StopAt(task=0, step=3))
+    with pytest.raises(Interrupt):
+        first.next_task(sets[0])
+    trainer = make_trainer(tiny_loaded, only_model, sure, save_only_model=True, **save)
+    with pytest.raises(SureclError, match="without the optimizer's state") as err:
+        trainer.next_task(sets[0], resume_from_checkpoint=True)
+    assert "\n" not in str(err.value)

@@ -184,6 +184,17 @@ def test_what_it_cannot_run_is_a_one_line_error(tiny_loaded, tmp_path, settings,
     assert "\n" not in str(err.value)
 
 
+def test_pair_loss_refuses_another_trl_loss_type(tiny_loaded, tmp_path):
+    """The pair loss computes the token NLL itself: a TRL loss_type it would silently replace
+    ('dft') is refused in one line; the default 'nll' is the pair loss's own."""
+    args = SFTConfig(str(tmp_path), report_to=[], use_cpu=True, bf16=False, loss_type="dft")
+    with pytest.raises(SureclError, match="loss_type other than 'nll'") as err:
+        SureSFTTrainer(model=copy.deepcopy(tiny_loaded.model), args=args, processing_class=chat_tokenizer(tiny_loaded), sure=SureArguments(replay_loss="pair"))
+    assert "\n" not in str(err.value)
+    args = SFTConfig(str(tmp_path), report_to=[], use_cpu=True, bf16=False)
+    SureSFTTrainer(model=copy.deepcopy(tiny_loaded.model), args=args, processing_class=chat_tokenizer(tiny_loaded), sure=SureArguments(replay_loss="pair"))
+
+
 def test_without_trl_the_error_names_the_extra():
     code = (
         "import sys\n"

@@ -880,3 +880,19 @@ def test_general_probe_is_aggregated_per_row(tmp_path, capsys):
     assert "| 40.00 | 41.25 | +1.25 ± " in lines["slow_surprise"]
     csv_text = (tmp_path / "rep" / "general.csv").read_text().splitlines()
     assert csv_text[0] == "row,text_before,text_after,text_change_mean,text_change_std,text_n,instruct_before,instruct_after,instruct_change_mean,instruct_change_std,instruct_n"
+
+
+def test_mixed_metric_streams_in_other_orders_are_one_metric():
+    """A mixed stream's orders score each task in its own metric: the same metric whatever the
+    task order; another task-to-metric assignment is another metric."""
+    from surecl.report import one_metric, run_metric
+
+    def mixed(metrics: dict) -> dict:
+        return {"metric": "mixed", "metrics": metrics}
+
+    order1 = mixed({"qa": "rouge_l", "colors": "accuracy"})
+    order2 = mixed({"colors": "accuracy", "qa": "rouge_l"})
+    assert run_metric(order1) == run_metric(order2) == "mixed (colors accuracy, qa rouge_l)"
+    assert one_metric([(None, order1), (None, order2)]) == run_metric(order1)
+    with pytest.raises(SureclError, match="different metrics"):
+        one_metric([(None, order1), (None, mixed({"qa": "exact_match", "colors": "accuracy"}))])

@@ -245,10 +245,11 @@ def find_runs(paths: list[Path]) -> list[dict]:
 
 def run_metric(results: dict) -> str:
     """What a run's matrix is scored in: its ``metric`` (accuracy, rouge_l, exact_match,
-    perplexity), a ``mixed`` stream's per-task metrics spelled out."""
+    perplexity), a ``mixed`` stream's per-task metrics spelled out by task name (not in the
+    stream's order: the orders of one stream are one metric)."""
     metric = results.get("metric", "accuracy")
     if metric == "mixed" and isinstance(results.get("metrics"), dict):
-        return "mixed (" + ", ".join(f"{t} {m}" for t, m in results["metrics"].items()) + ")"
+        return "mixed (" + ", ".join(f"{t} {m}" for t, m in sorted(results["metrics"].items())) + ")"
     return metric
 
 

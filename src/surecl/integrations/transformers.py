@@ -308,8 +308,15 @@ class SureTrainer(Trainer):
             p.requires_grad_(False)
         set_seed(args.seed)  # the LoRA initialisation
         is_seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
-        if self.sure.replay_loss == "pair" and (kwargs.get("compute_loss_func") is not None or getattr(args, "label_smoothing_factor", 0)):
-            raise SureclError("SureArguments.replay_loss='pair' computes the loss itself (token NLL of the labels); it cannot be combined with compute_loss_func or label_smoothing_factor")
+        if self.sure.replay_loss == "pair" and (
+            kwargs.get("compute_loss_func") is not None or getattr(args, "label_smoothing_factor", 0)
+            or getattr(args, "loss_type", None) not in (None, "nll") or getattr(model.config, "output_router_logits", False)
+        ):
+            raise SureclError(
+                "SureArguments.replay_loss='pair' computes the loss itself (token NLL of the labels); it cannot be combined with "
+                "compute_loss_func, label_smoothing_factor, a TRL loss_type other than 'nll' or a model's router auxiliary loss "
+                "(output_router_logits)"
+            )
         self.dual = DualLoRA(model, self.sure.lora_config(), self.sure.dual_config(), is_seq2seq)
         self.is_seq2seq = is_seq2seq
         self.replay_cfg = self.sure.replay_config()
@@ -544,7 +551,7 @@ class SureTrainer(Trainer):
             epochs = math.ceil(total / steps_per_epoch)
         else:
             epochs = math.ceil(self.args.num_train_epochs)
-            total = steps_per_epoch * epochs
+            total = math.ceil(self.args.num_train_epochs * steps_per_epoch)  # the Trainer's count: 1.5 epochs stop mid-way
         return [batches] * epochs, total
 
     def _ema_units(self, n: int) -> int:
@@ -646,8 +653,12 @@ class SureTrainer(Trainer):
             nll, count = self._row_nll(model, inputs)
             w = weights.to(device=nll.device, dtype=nll.dtype)
             loss = self.world * (w * nll / count.clamp(min=1)).sum()
-        if not torch.isfinite(loss):
-            raise SureclError(f"non-finite loss ({loss.item()}) at task {self.task} step {self.state.global_step}: lower learning_rate (or fix the data)")
+        bad = torch.tensor(0.0 if torch.isfinite(loss) else 1.0, device=loss.device)
+        if self.world > 1:  # every process stops, not only the one whose rows gave it (the others would wait in the all-reduce)
+            bad = self.accelerator.reduce(bad, "sum")
+        if bad.item():
+            where = f" (on {int(bad.item())} of {self.world} processes)" if self.world > 1 else f" ({loss.item()})"
+            raise SureclError(f"non-finite loss{where} at task {self.task} step {self.state.global_step}: lower learning_rate (or fix the data)")
         self.accelerator.backward(loss)
         return loss.detach()
 
@@ -689,7 +700,7 @@ class SureTrainer(Trainer):
         meta = {
             "format": FORMAT, "task": self.task - 1 if done else self.task, "done": done, "beta": self.dual.beta,
             **dual_meta, "policy": policy, "replay_counts": {str(k): v for k, v in self.replay_counts.items()},
-            "sure": asdict(self.sure),
+            "sure": asdict(self.sure), "plan": self._plan_key(),
         }
         folder = Path(folder)
         write_tensors(folder / STATE_TENSORS, tensors)
@@ -704,17 +715,42 @@ class SureTrainer(Trainer):
             raise SureclError(f"{folder / STATE_JSON}: format {meta.get('format')} is not {FORMAT}")
         if meta["task"] != self.task:
             raise SureclError(f"{folder}: a checkpoint of task {meta['task']}, but this is task {self.task}: call next_task once per task, in order")
+        self._check_same_settings(folder, meta)
         self.dual.load_state_dict(meta, load_file(str(folder / STATE_TENSORS)))
         self.dual.beta = meta["beta"]
         self.policy.load_state_dict(meta["policy"])
         self.replay_counts = {int(k): v for k, v in meta["replay_counts"].items()}
 
+    def _plan_key(self) -> dict:
+        """What a stage's batch plan (:meth:`_plan`) is drawn from besides SuRe's settings: a
+        checkpoint inside a task resumes exactly only under the same values (the Trainer skips
+        the steps already taken in the plan it redraws)."""
+        a = self.args
+        return {"micro_batch": a.per_device_train_batch_size * self.world, "accumulation": a.gradient_accumulation_steps,
+                "seed": a.seed, "epochs": a.num_train_epochs, "max_steps": a.max_steps, "drop_last": a.dataloader_drop_last}
+
+    def _check_same_settings(self, folder: Path, meta: dict) -> None:
+        """One line when the run resumed from ``folder`` had other SuRe settings, or (inside a
+        task) another batch plan, than this one: the resumed run would silently be another run."""
+        now = json.loads(json.dumps(asdict(self.sure)))
+        saved = meta.get("sure")
+        if isinstance(saved, dict) and saved != now:
+            keys = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+            changed = ", ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in keys)
+            raise SureclError(f"{folder}: this run was saved with other SureArguments ({changed}); resume with the same settings, or start a new output_dir")
+        plan = meta.get("plan")
+        if not meta.get("done") and isinstance(plan, dict) and plan != self._plan_key():
+            changed = ", ".join(f"{k} {plan.get(k)!r} -> {v!r}" for k, v in self._plan_key().items() if plan.get(k) != v)
+            raise SureclError(
+                f"{folder}: a checkpoint inside task {meta['task']} saved under another batch plan ({changed}; micro_batch is "
+                "per_device_train_batch_size x processes); resume it with the same values, or from the task's end"
+            )
+
     def _find_resume(self, where: str | bool) -> dict | None:
         """The state to resume from: a checkpoint folder, or with ``True`` the newest in
         ``output_dir`` (a mid-task checkpoint or a task's end); None when there is none."""
         if where is not True:
-            meta = json.loads((Path(where) / STATE_JSON).read_text(encoding="utf-8"))
-            return {"task": meta["task"], "path": str(where), "done": meta["done"]}
+            return _given_resume(Path(where))
         tasks = sorted((int(m.group(1)) for p in self.root.glob("task-*") if (m := re.fullmatch(r"task-(\d+)", p.name))), reverse=True)
         for k in tasks:
             folder = self.root / f"task-{k}"
@@ -722,6 +758,7 @@ class SureTrainer(Trainer):
                 return {"task": k, "path": str(folder / END_DIR), "done": True}
             for last in _checkpoints(folder):
                 if _complete(last):
+                    _check_resumable(last)
                     return {"task": k, "path": str(last), "done": False}
         return None
 
@@ -744,6 +781,41 @@ def _complete(folder: Path) -> bool:
     except (OSError, ValueError):
         return False
     return True
+
+
+def _given_resume(folder: Path) -> dict:
+    """``resume_from_checkpoint=<folder>``: a task's end (``task-<k>/sure-end``) or a complete
+    checkpoint a SureTrainer wrote, else one line saying what the folder is not."""
+    state = folder / STATE_JSON
+    if not state.is_file():
+        raise SureclError(
+            f"resume_from_checkpoint={str(folder)!r}: no SuRe state there ({STATE_JSON}); pass a checkpoint-N or sure-end "
+            "folder a SureTrainer wrote, or True for the newest in output_dir"
+        )
+    try:
+        meta = json.loads(state.read_text(encoding="utf-8"))
+        task, done = int(meta["task"]), bool(meta["done"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SureclError(f"{state}: not a SureTrainer state ({type(exc).__name__}: {exc})") from None
+    if not done:
+        if not _complete(folder):
+            raise SureclError(
+                f"{folder}: an incomplete checkpoint (the Trainer's {TRAINER_STATE_NAME} is missing or unreadable: the job "
+                "stopped while saving it); pass the checkpoint before it, or True for the newest complete one"
+            )
+        _check_resumable(folder)
+    return {"task": task, "path": str(folder), "done": done}
+
+
+def _check_resumable(folder: Path) -> None:
+    """A checkpoint inside a task resumes exactly only with the optimizer's state, which
+    ``save_only_model=True`` leaves out (the Trainer would restart AdamW and the schedule
+    silently)."""
+    if not any(folder.glob("optimizer*")):
+        raise SureclError(
+            f"{folder}: a checkpoint without the optimizer's state (saved with save_only_model=True), from which a task "
+            "cannot resume where it stopped; resume from the task's end (task-<k>/sure-end), or save with save_only_model=False"
+        )
 
 
 def _is_hf_dataset(obj) -> bool:
