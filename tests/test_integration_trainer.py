@@ -310,12 +310,12 @@ def test_resume_refuses_what_would_silently_be_another_run(tiny_loaded, tmp_path
     # the same batch plan resumes: 8 a micro-batch whatever splits it
     make_trainer(tiny_loaded, out, sure, **save).next_task(sets[0], resume_from_checkpoint=True)
 
-    (last / "trainer_state.json").unlink()  # as a job killed while the Trainer saved
+    (last / "rng_state.pth").unlink()  # as a job killed while the Trainer saved
     trainer = make_trainer(tiny_loaded, out, sure, **save)
     with pytest.raises(SureclError, match="incomplete checkpoint"):
         trainer.next_task(sets[0], resume_from_checkpoint=str(last))
     # with True the newest complete checkpoint is taken: task 1's end was never written, its
-    # checkpoint-2 now lacks the Trainer's state, so task 0's end is where the run resumes
+    # checkpoint-2 now lacks an RNG state, so task 0's end is where the run resumes
     trainer = make_trainer(tiny_loaded, out, sure, **save)
     assert trainer.next_task(sets[0], resume_from_checkpoint=True) is None and trainer.resumed_from.endswith("sure-end")
 

@@ -700,7 +700,7 @@ class SureTrainer(Trainer):
         meta = {
             "format": FORMAT, "task": self.task - 1 if done else self.task, "done": done, "beta": self.dual.beta,
             **dual_meta, "policy": policy, "replay_counts": {str(k): v for k, v in self.replay_counts.items()},
-            "sure": asdict(self.sure), "plan": self._plan_key(),
+            "sure": asdict(self.sure), "plan": self._plan_key(), "processes": self.world,
         }
         folder = Path(folder)
         write_tensors(folder / STATE_TENSORS, tensors)
@@ -771,15 +771,22 @@ def _checkpoints(folder: Path) -> list[Path]:
 
 def _complete(folder: Path) -> bool:
     """A checkpoint the Trainer finished writing: SuRe's state (written first, atomically) and
-    the Trainer's ``trainer_state.json``, which it writes last (after the weights, optimizer,
-    scheduler and RNG states), parsing. A job killed while saving leaves a folder without it,
-    which a resume passes over for the one before."""
+    the Trainer's ``trainer_state.json``, which the main process writes last (after the weights,
+    optimizer, scheduler and its RNG state), parsing; with the optimizer's state saved, every
+    process's RNG state too (each process writes its own, unsynchronised with the main one). A
+    job killed while saving leaves a folder without one of them, which a resume passes over for
+    the one before."""
     if not (folder / STATE_JSON).is_file():
         return False
     try:
         json.loads((folder / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        processes = int(json.loads((folder / STATE_JSON).read_text(encoding="utf-8")).get("processes", 1))
+    except (OSError, ValueError, TypeError, AttributeError):
         return False
+    if any(folder.glob("optimizer*")):
+        names = ["rng_state.pth"] if processes == 1 else [f"rng_state_{r}.pth" for r in range(processes)]
+        if not all((folder / name).is_file() and (folder / name).stat().st_size > 0 for name in names):
+            return False
     return True
 
 
@@ -800,8 +807,8 @@ def _given_resume(folder: Path) -> dict:
     if not done:
         if not _complete(folder):
             raise SureclError(
-                f"{folder}: an incomplete checkpoint (the Trainer's {TRAINER_STATE_NAME} is missing or unreadable: the job "
-                "stopped while saving it); pass the checkpoint before it, or True for the newest complete one"
+                f"{folder}: an incomplete checkpoint (the Trainer's {TRAINER_STATE_NAME} or a process's RNG state is missing or "
+                "unreadable: the job stopped while saving it); pass the checkpoint before it, or True for the newest complete one"
             )
         _check_resumable(folder)
     return {"task": task, "path": str(folder), "done": done}
