@@ -322,9 +322,17 @@ def test_default_claims(runs_order):
     t = 5.5 / (math.sqrt(5 / 3) / 2)
     assert float(scl["t_stat"]) == pytest.approx(t, abs=1e-5)
     assert float(scl["t_p"]) == pytest.approx(2 * (1 - t_cdf(t, 3)), abs=1e-6)
-    # Holm over the two Standard CL claims: slow > seq_lora differs by 20 at every pair (p 0), so
-    # slow > fast is the larger p-value and keeps it (x 1)
-    assert (scl["holm_family"], float(scl["holm_p"])) == ("2", pytest.approx(float(scl["t_p"]), abs=1e-6))
+    # Holm over every tested row of the table (both claims in Standard CL, LNT and all), by hand:
+    # p-values sorted, the j-th (from 0) times (m - j), then the running maximum
+    raw = [(r["claim"], r["benchmark"], float(r["t_p"])) for r in rows if r["t_p"] != ""]
+    assert len(raw) == 6 and all(r["holm_family"] == "6" for r in rows if r["t_p"] != "")
+    adjusted, running = {}, 0.0
+    for j, (claim, bench, p) in enumerate(sorted(raw, key=lambda x: x[2])):
+        running = max(running, min(1.0, (len(raw) - j) * p))
+        adjusted[(claim, bench)] = running
+    for r in rows:
+        if r["t_p"] != "":
+            assert float(r["holm_p"]) == pytest.approx(adjusted[(r["claim"], r["benchmark"])], abs=1e-5)
     assert (scl["sign_wins"], scl["sign_losses"], float(scl["sign_p"])) == ("4", "0", 0.125)  # 2 / 2^4
     # LNT: {5, 7}, n = 2: t = 6 on 1 df, p = 0.1051 -> not shown
     lnt = by[("slow_surprise > slow_surprise (fast)", "LNT")]
@@ -714,14 +722,16 @@ def test_holm_adjusts_over_the_claims_of_one_benchmark_group(tmp_path):
     assert rev[("seq_lora > ewc", "Standard CL")]["verdict"] == "contradicted"
 
 
-def test_holm_families_are_the_benchmark_groups(runs_order):
+def test_holm_family_is_the_whole_claims_table(runs_order):
+    """One family per table: the claims of every benchmark group and the "all" rows together."""
     from surecl.stats import holm
 
     by = claims_csv(paper_report([runs_order]))
-    for group in ("Standard CL", "LNT", "all"):
-        rows = [r for (_, g), r in by.items() if g == group]
-        assert len(rows) == 2
-        assert [float(r["holm_p"]) for r in rows] == pytest.approx(holm([float(r["t_p"]) for r in rows]), abs=1e-6)
+    rows = list(by.values())
+    assert {g for _, g in by} == {"Standard CL", "LNT", "all"} and len(rows) == 6
+    # (the CSV rounds p-values to 6 decimals, and the adjustment multiplies them by up to 6)
+    assert [float(r["holm_p"]) for r in rows] == pytest.approx(holm([float(r["t_p"]) for r in rows]), abs=1e-5)
+    assert {r["holm_family"] for r in rows} == {"6"}
 
 
 HOST_A = {"cpu": "Xeon", "cpu_flags": ["avx2", "avx512_bf16"], "threads": 1, "torch": "2.13.0"}
@@ -896,3 +906,71 @@ def test_mixed_metric_streams_in_other_orders_are_one_metric():
     assert one_metric([(None, order1), (None, order2)]) == run_metric(order1)
     with pytest.raises(SureclError, match="different metrics"):
         one_metric([(None, order1), (None, mixed({"qa": "exact_match", "colors": "accuracy"}))])
+
+
+def test_a_joint_run_counts_for_every_task_it_learns(tmp_path):
+    """MTL's matrix has one row (after the joint stage): its entry for task j is what it learned
+    of j, so a task only MTL learns above its majority class is learned."""
+    root = tmp_path / "lnt"
+    for seed in range(2):
+        _three_task_run(root, "seq_lora", seed, (30, 50, 50), (80, 50, 50), (25, 50, 50))
+        d = root / rel("mtl", "4", seed)
+        d.mkdir(parents=True)
+        res = {"tasks": ["a", "b", "c"], "metric": "accuracy", "accuracy_matrix": [[80.0, 85.0, 50.0]], "fp": 71.7, "ap": 71.7,
+               "forgetting": 0.0, "bwt": 0.0, "avg_incremental": 71.7, "majority": {"a": 25, "b": 50, "c": 50},
+               "config": {"preset": "mtl", "method": "mtl", "seed": seed, "data": {"order": "4", "draw": "order"}}}
+        (d / "results.json").write_text(json.dumps(res))
+    st = Study.load([root])
+    rates = {t: (best, row) for t, _, best, row in st.task_rates("4")}
+    assert rates["b"] == (85.0, "mtl")
+    assert st.unlearned("4") == ["c"]
+
+
+def test_the_sign_test_counts_units_where_a_is_better_for_lower_is_better_metrics(tmp_path):
+    """Forgetting: lower is better, so A forgetting less than B at every unit is 4 wins, 0 losses."""
+    root = tmp_path / "r"
+    for seed in range(4):
+        put(root, "seq_lora", "1", seed, 40.0 - seed, 80.0, draw="order")  # forgets 40 + seed
+        put(root, "surprise", "1", seed, 60.0 + seed, 70.0, draw="order")  # forgets 10 - seed
+    rep = paper_report([root], metric="forgetting", claims="none", custom_claims=["surprise>seq_lora"])
+    row = claims_csv(rep)[("surprise > seq_lora", "Standard CL")]
+    assert (row["verdict"], row["sign_wins"], row["sign_losses"]) == ("shown", "4", "0")
+    assert float(row["mean_diff"]) < 0  # A - B in forgetting: A forgets less
+
+
+def test_runs_of_other_configurations_pooled_in_one_cell_are_named(tmp_path, capsys):
+    """Two seeds of a row on one model and a third on another are one mean in the table: the
+    report's header (paper layout) and a warning (orders layout) name the key and the seeds. A
+    difference in a section the row's method does not read is not one."""
+    root = tmp_path / "r"
+    for seed, model, lam in ((0, "t5-large", 0.4), (1, "t5-large", 1e-4), (2, "tiny", 1e-4)):
+        d = put(root, "surprise", "1", seed, 50.0 + seed, 80.0, draw="order")
+        res = json.loads((d / "results.json").read_text())
+        res["config"]["model"] = {"name": model}
+        res["config"]["nlora"] = {"lambda_l1": lam}  # another method's section: read by no surprise run
+        (d / "results.json").write_text(json.dumps(res))
+    md = paper_report([root], claims="none").markdown()
+    assert "**Runs pooled into one cell differ in configuration**" in md
+    assert '- surprise, order 1: model.name "t5-large" at seeds 0, 1; "tiny" at seed 2' in md
+    assert "nlora" not in md
+    assert main(["report", str(root)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: runs pooled into one cell differ in configuration") == 1 and "model.name" in err
+
+
+def test_orders_layout_refuses_a_duplicated_run_and_a_config_without_order(tmp_path, capsys):
+    root = tmp_path / "r"
+    for seed in range(2):
+        put(root, "seq_lora", "1", seed, 50.0, 80.0)
+    shutil.copytree(root / "seq_lora" / "order1" / "seed0", root / "copy" / "seed0")
+    assert main(["report", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "two runs of row 'seq_lora', order 1, seed 0" in err and err.count("\n") == 1
+    bad = tmp_path / "bad"
+    d = put(bad, "seq_lora", "1", 0, 50.0, 80.0)
+    res = json.loads((d / "results.json").read_text())
+    res["config"] = {"method": "x", "seed": 0}
+    (d / "results.json").write_text(json.dumps(res))
+    assert main(["report", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "no config with preset/method, data.order and seed" in err and "Traceback" not in err and err.count("\n") == 1

@@ -61,6 +61,8 @@ def test_plan_with_named_orders_and_groups(tmp_path):
         ("seeds: [zero]\nmethods: [x]\n", "not an integer"),
         ("orders: [1]\ngroups: [{methods: [x], orders: [9]}]\n", "not among the plan's orders"),
         ("groups: [{methods: [x], colour: red}]\n", "unknown key"),
+        ("groups: [{methods: [x], seeds: []}]\n", r"seeds: empty, so the group would plan no run"),
+        ("orders: [1]\ngroups: [{methods: [x], orders: []}]\n", r"orders: empty"),
         (": : :\n", "invalid YAML"),
     ],
 )
@@ -86,7 +88,8 @@ def test_protocol_preset_orders_are_the_sweep_default():
 def test_command_line_replaces_plan_values_and_keeps_named_orders(tmp_path, tiny_cache, monkeypatch):
     monkeypatch.setenv("SURECL_CACHE", str(tiny_cache))
     f = tmp_path / "study.yaml"
-    f.write_text("config: tiny\norders: {a: [colors], b: [animals]}\nseeds: [0, 1, 2]\nmethods: [seq_lora, reservoir]\n")
+    f.write_text("config: tiny\norders: {a: [colors], b: [animals]}\nseeds: [0, 1, 2]\nmethods: [seq_lora, reservoir]\n"
+                 "overrides: [train.epochs=3, data.n_train=16]\n")
     out = tmp_path / "out"
     assert main(["sweep", "--plan", str(f), "--out", str(out), "--methods", "seq_lora", "--orders", "b", "--seeds", "1", "--quiet",
                  "train.epochs=1", "data.n_train=8", "data.n_test=4"]) == 0
@@ -94,6 +97,8 @@ def test_command_line_replaces_plan_values_and_keeps_named_orders(tmp_path, tiny
     assert [r["path"] for r in plan["runs"]] == ["seq_lora/order-b/seed1"]
     res = json.loads((out / "seq_lora/order-b/seed1/results.json").read_text())
     assert res["tasks"] == ["animals"]
+    # the command line's overrides replace the plan's own
+    assert (res["config"]["train"]["epochs"], res["config"]["data"]["n_train"]) == (1, 8)
 
 
 def test_finished_runs_stay_finished_when_the_config_gains_a_key():

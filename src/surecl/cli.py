@@ -156,9 +156,11 @@ def cmd_sweep(args) -> int:
         plan.layout = args.layout
     if not (plan.orders and plan.seeds):
         raise SureclError("sweep: --methods, --orders and --seeds each need at least one value")
+    # the command line's overrides replace the plan's own; a group's overrides and grid values still decide their runs
+    plan.overrides = plan.overrides + list(args.overrides)
     planned, todo = [], []
     for r in expand(plan):
-        cfg = build_config(f"{plan.config},{r.method}" if plan.config else r.method, list(args.overrides) + r.overrides)
+        cfg = build_config(f"{plan.config},{r.method}" if plan.config else r.method, r.overrides)
         todo.append((cfg, root / r.path))
         planned.append({"row": r.row, "method": r.method, "grid": dict(p.split("=", 1) for p in r.point), "order": r.order,
                         "seed": r.seed, "dual": bool(cfg.dual.enabled and cfg.eval.fast), "path": r.path})
@@ -208,7 +210,7 @@ def _order_benchmarks(specs: list[str]) -> dict[str, str]:
 
 def cmd_report(args) -> int:
     from surecl.checkpoint import write_text
-    from surecl.report import METRICS, aggregate, one_metric, read_results, table_csv, table_markdown
+    from surecl.report import METRICS, aggregate, one_metric, pooled_differences, read_results, table_csv, table_markdown
 
     if args.metric not in METRICS:
         raise SureclError(f"--metric: unknown metric {args.metric!r} (choose from {', '.join(METRICS)})")
@@ -233,6 +235,8 @@ def cmd_report(args) -> int:
     one_metric(found)
     runs = [r for _, r in found]
     orders, rows = aggregate(runs, args.metric)
+    for line in pooled_differences(runs):
+        print(f"surecl: warning: runs pooled into one cell differ in configuration: {line}", file=sys.stderr)
     md = table_markdown(orders, rows, args.metric, runs[0].get("metric", "accuracy"))
     print(md)
     if args.csv:
@@ -331,7 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--layout", choices=("orders", "paper"), default=None,
                    help="report at the end (default: the plan's, else orders): orders -> <out>/table.md/.csv; paper -> <out>/report/ (see surecl report --layout paper)")
     s.add_argument("--quiet", action="store_true")
-    s.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    s.add_argument("overrides", nargs="*", metavar="key.sub=value",
+                   help="applied to every run after the plan's own overrides (which they replace); a group's overrides and grid values still decide their runs")
     s.set_defaults(func=cmd_sweep)
 
     rep = sub.add_parser("report", help="aggregate runs into the paper's table shape")

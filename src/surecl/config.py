@@ -656,12 +656,20 @@ def same_config(saved: dict[str, Any], cfg: RunConfig) -> bool:
         old, new = config_from_dict(saved).to_dict(), cfg.to_dict()
     except SureclError:
         return False
+    return read_view([old, new]) == read_view([new, old])
+
+
+def read_view(trees: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first of ``trees`` (config trees as saved) as far as a run of any of them reads it:
+    without a registered method's or policy's own section when none of their methods and
+    policies reads it, and without the options :func:`_read_only` drops. Two runs whose views
+    are equal ran the same configuration."""
+    tree = dict(trees[0])
+    used = {t.get("method") for t in trees} | {(t.get("replay") or {}).get("policy") for t in trees}
     for section, (_, readers) in registry.sections().items():
-        used = {old.get("method"), new.get("method"), old.get("replay", {}).get("policy"), new.get("replay", {}).get("policy")}
         if not used & set(readers):
-            old.pop(section, None)
-            new.pop(section, None)
-    return _read_only(old) == _read_only(new)
+            tree.pop(section, None)
+    return _read_only(tree)
 
 
 RESULT_NEUTRAL = (("train", "keep_checkpoints"), ("log_every",))

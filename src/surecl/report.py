@@ -16,6 +16,7 @@ from pathlib import Path
 from statistics import fmean, median, stdev
 
 from surecl.checkpoint import write_text
+from surecl.config import read_view
 from surecl.errors import SureclError
 from surecl.metrics import METRIC_NAMES, metric_words
 
@@ -253,6 +254,58 @@ def run_metric(results: dict) -> str:
     return metric
 
 
+POOLED_KEYS_FREE = ("seed", "preset")
+"""Config keys the runs of one table cell (row, order) may differ in: the seed is the cell's
+replicate, the preset its row name."""
+MAX_DIFFERENCES = 8
+"""The most pooled-config differences a report spells out (then a count)."""
+
+
+def _flat_config(cfg: dict, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in cfg.items():
+        if isinstance(v, dict):
+            out.update(_flat_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True)
+    return out
+
+
+def config_differences(cells: dict[tuple[str, str], list[tuple[object, dict]]]) -> list[str]:
+    """One line per (row, order) cell whose runs (seed, config) differ in a config key other than
+    the seed that they read (:func:`surecl.config.read_view`: another method's section, or the EMA
+    window under a numeric beta, is not read; a key some run did not record, written before it
+    existed, is not compared): such
+    runs are pooled into one mean, so a reader must know. E.g. a run of ``--config surprise
+    replay.buffer_size=300`` beside default surprise runs, or two models at different seeds."""
+    lines = []
+    for (row, order), runs in sorted(cells.items()):
+        if len(runs) < 2:
+            continue
+        cfgs = [cfg for _, cfg in runs]
+        flats = [(seed, _flat_config(read_view([cfg, *cfgs]))) for seed, cfg in runs]
+        keys = set.intersection(*(set(f) for _, f in flats)) - set(POOLED_KEYS_FREE)
+        for key in sorted(keys):
+            by_value: dict[str, list[str]] = defaultdict(list)
+            for seed, f in flats:
+                by_value[f[key]].append(str(seed))
+            if len(by_value) > 1:
+                parts = "; ".join(f"{v} at seed{'s' if len(ss) > 1 else ''} {', '.join(sorted(ss))}" for v, ss in by_value.items())
+                lines.append(f"{row}, order {order}: {key} {parts}")
+    if len(lines) > MAX_DIFFERENCES:
+        lines = lines[:MAX_DIFFERENCES] + [f"... and {len(lines) - MAX_DIFFERENCES} more"]
+    return lines
+
+
+def pooled_differences(runs: list[dict]) -> list[str]:
+    """:func:`config_differences` of results dicts, by (row, order) as :func:`aggregate` pools them."""
+    cells: dict[tuple[str, str], list[tuple[object, dict]]] = defaultdict(list)
+    for r in runs:
+        cfg = r["config"]
+        cells[(str(cfg.get("preset") or cfg["method"]), str(cfg["data"]["order"]))].append((_seed(cfg.get("seed")), cfg))
+    return config_differences(cells)
+
+
 def one_metric(found: list[tuple[Path | None, dict]]) -> str:
     """The one metric every run is scored in; a one-line error naming each metric with its
     number of runs and one of its files when they differ (an FP in accuracy and one in
@@ -277,11 +330,19 @@ def aggregate(runs: list[dict], metric: str = "fp") -> tuple[list[str], list[tup
     than two such seeds."""
     table: dict[str, dict[str, list[tuple[object, float]]]] = defaultdict(lambda: defaultdict(list))
     one_metric([(None, r) for r in runs])
+    seen: set[tuple[str, str, object]] = set()
     for r in runs:
+        try:
+            cfg = r["config"]
+            row, order, seed = str(cfg.get("preset") or cfg["method"]), str(cfg["data"]["order"]), _seed(cfg.get("seed"))
+        except (KeyError, TypeError, AttributeError):
+            raise SureclError("report: a results.json has no config with preset/method, data.order and seed; move it away or name the run folders to report") from None
+        if (row, order, seed) in seen:  # a copied run folder would count twice
+            raise SureclError(f"report: two runs of row {row!r}, order {order}, seed {seed}; report them separately")
+        seen.add((row, order, seed))
         if r.get(metric) is None:
             continue
-        cfg = r["config"]
-        table[cfg.get("preset") or cfg["method"]][str(cfg["data"]["order"])].append((_seed(cfg.get("seed")), r[metric]))
+        table[row][order].append((seed, r[metric]))
     orders = sorted({o for cells in table.values() for o in cells}, key=lambda o: (not o.isdigit(), o.zfill(3)))
     rows = []
     for method, cells in table.items():
@@ -589,6 +650,8 @@ class Study:
 
     def __init__(self, records: dict[Key, Record], expected: dict[Key, str], kind: str, bench_of: dict[str, str]):
         self.records, self.expected, self.kind, self.bench_of = records, expected, kind, bench_of
+        self.pooled_differences: list[str] = []
+        """:func:`config_differences` of the runs pooled per (row, order): said in the report's header."""
         keys = set(records) | set(expected)
         self.rows = sorted({k[0] for k in keys}, key=row_sort_key)
         self.orders = sorted({k[1] for k in keys}, key=order_key)
@@ -605,6 +668,7 @@ class Study:
         found = read_results(paths)
         kind = one_metric(found)
         records: dict[Key, Record] = {}
+        cells: dict[tuple[str, str], list[tuple[object, dict]]] = defaultdict(list)
         for f, r in found:
             try:
                 cfg = r["config"]
@@ -612,6 +676,7 @@ class Study:
                 order, seed = str(cfg["data"]["order"]), _seed(cfg["seed"])
             except (KeyError, TypeError):
                 raise SureclError(f"report: {f} has no config with preset/method, data.order and seed") from None
+            cells[(row, order)].append((seed, cfg))
             variants = [(row, r)]
             if isinstance(r.get("fast"), dict):
                 variants.append((row + FAST, r["fast"]))
@@ -654,7 +719,9 @@ class Study:
             for o in orders:
                 for s in seeds:
                     expected.setdefault((row, o, s), "")
-        return cls(records, expected, kind, bench_of)
+        st = cls(records, expected, kind, bench_of)
+        st.pooled_differences = config_differences(cells)
+        return st
 
     # ---------------------------------------------------------------- tasks learned
     def task_rates(self, order: str) -> list[tuple[str, float, float | None, str | None]]:
@@ -670,11 +737,13 @@ class Study:
                 continue
             by_row: dict[str, list[float]] = defaultdict(list)
             for r in recs:
-                if r.tasks == tasks and j < len(r.matrix):
-                    # right after learning task j; a joint run (MTL) has only its last row
-                    v = r.matrix[j][j] if r.matrix[j][j] is not None else r.matrix[-1][j]
-                    if v is not None:
-                        by_row[r.row].append(v)
+                if r.tasks != tasks:
+                    continue
+                # right after learning task j; a joint run (MTL) has only its last row
+                right_after = r.matrix[j][j] if j < len(r.matrix) else None
+                v = right_after if right_after is not None else r.matrix[-1][j]
+                if v is not None:
+                    by_row[r.row].append(v)
             best = max(((fmean(v), row) for row, v in by_row.items()), default=(None, None))
             out.append((task, majority[task], best[0], best[1]))
         return out
@@ -869,6 +938,10 @@ class PaperReport:
                 f"orders {', '.join(st.orders)}, seeds {', '.join(map(str, st.seeds))}."]
         if n_missing:
             head += ["", f"**{n_missing} expected run(s) missing**: cells marked {DAGGER} are computed from fewer runs; see \"Missing runs\"."]
+        if st.pooled_differences:
+            head += ["", "**Runs pooled into one cell differ in configuration** (besides the seed; check that each difference "
+                     "is one you meant to pool, else report those runs separately):", "",
+                     *(f"- {line}" for line in st.pooled_differences)]
         parts = ["\n".join(head)]
         for t in self.tables:
             body = f"## {t.title}\n\n{t.markdown}"
@@ -1099,6 +1172,8 @@ def claim_units(pairs: list[_Pair]) -> tuple[str, list[tuple[str, float, str]]]:
     are averaged into one unit ("seed", or "mixed" where the draws differ). A seed unit is
     cross-host ("other") when any of its pairs is, unrecorded when any is (and none is cross-host),
     else same-host."""
+    if not pairs:
+        return "none", []
     draws = {p.draw for p in pairs}
     if draws == {"order"}:
         return "order", [(f"{p.order}/{p.seed}", p.diff, p.where) for p in pairs]
@@ -1123,7 +1198,7 @@ def _fmt_p(p: float | None) -> str:
 def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: float = 0.95) -> Table:
     """Paired claims "A > B" per benchmark group: the independent units (see :func:`claim_units`),
     same-host units only where at least :data:`MIN_SAME_HOST` exist, the Student-t interval, the
-    paired t-test's raw p-value, its Holm adjustment over the claims of the same benchmark group,
+    paired t-test's raw p-value, its Holm adjustment over every claim row of the table,
     the exact sign test, and the verdict from the Holm-adjusted p-value at 1 − ``level``."""
     from surecl.stats import holm, p_verdict, paired, sign_test
 
@@ -1167,14 +1242,15 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
             used = [u for u in units if u[2] == "same"] if same_only else units
             diffs = [u[1] for u in used]
             res = paired(diffs, level)
+            better = diffs if up else [-x for x in diffs]  # the sign test counts units where A is better
             entries.append({"a": a, "b": b, "group": g, "kind": kind, "n_all": len(units), "same": same, "cross": cross,
-                            "unrec": unrec, "same_only": same_only, "res": res, "sign": sign_test(diffs)})
-    for g in {e["group"] for e in entries}:
-        family = [e for e in entries if e["group"] == g]
-        for e, adj in zip(family, holm([e["res"].p for e in family])):
-            e["holm"], e["family"] = adj, sum(1 for x in family if x["res"].p is not None)
+                            "unrec": unrec, "same_only": same_only, "res": res, "sign": sign_test(better)})
+    # one family: every tested row of this table (each benchmark group's and the "all" rows)
+    family_size = sum(1 for x in entries if x["res"].p is not None)
+    for e, adj in zip(entries, holm([e["res"].p for e in entries])):
+        e["holm"], e["family"] = adj, family_size
 
-    kinds = sorted({e["kind"] for e in entries}, key=["seed", "mixed", "order"].index)
+    kinds = sorted({e["kind"] for e in entries if e["kind"] != "none"}, key=["seed", "mixed", "order"].index)
     show_kind = len(kinds) > 1
     if not kinds:
         unit_words = "unit: seed where samples are shared across orders (data.draw=shared), (order, seed) where every run is an independent draw (data.draw=order)"
@@ -1189,8 +1265,8 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         "examples, so a seed's differences are averaged over its orders (those of the row's benchmark group) into one unit; "
         "with independent draws each (order, seed) pair is a unit. "
         f"{pct} two-sided Student-t interval mean ± t·sd/√n (unadjusted); t p: two-sided paired t-test (raw); "
-        f"**Holm p**: Holm's step-down adjustment over the claims of the same benchmark group in this table (the rows "
-        f"with the same benchmark; claims with n < 2 are not tested and not counted); sign test: units where A is better "
+        f"**Holm p**: Holm's step-down adjustment over every claim row of this table (all benchmark groups and their "
+        f"\"all\" rows together; claims with n < 2 are not tested and not counted); sign test: units where A is better "
         "/ worse (ties dropped) and its exact two-sided binomial p-value. **Verdicts use Holm-adjusted p-values at "
         f"{alpha:g}**: **shown**: Holm p < {alpha:g} and the mean favours A (its interval lies {side} 0 or not: the "
         f"interval is not adjusted); **contradicted**: Holm p < {alpha:g} and the mean favours B; **not shown**: otherwise. "

@@ -171,6 +171,9 @@ def load_plan(name_or_path: str) -> Plan:
             group["overrides"] = _strings(g["overrides"], f"{where}.overrides")
         if not group["methods"]:
             raise SureclError(f"{where}: a group needs methods")
+        for key in ("seeds", "orders"):
+            if key in group and not group[key]:
+                raise SureclError(f"{where}.{key}: empty, so the group would plan no run; give at least one, or leave the key out for the plan's")
         plan.groups.append(group)
     return plan
 
