@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,9 @@ CASES = {
     "model path missing": (["model.name=/nonexistent/model"], None, ["model.name", "/nonexistent/model"]),
     "benchmark folder missing": (["data.benchmark=/nonexistent/bench"], "skip-bench", ["/nonexistent/bench", "does not exist"]),
     "not a benchmark folder": ([], lambda root: (root / "instruction_config.json").unlink(), ["instruction_config.json"]),
+    "task name in two groups": ([], lambda root: shutil.copytree(root / "TC" / "topics", root / "SC" / "topics"),
+                                ["two tasks named 'topics'", "SC/topics", "TC/topics"]),
+    "benchmark manifest not an object": ([], put_json("MANIFEST.json", ["topics", "moods"]), ["MANIFEST.json", "'order' is a list"]),
     "jsonl missing": (["data.jsonl=[/nonexistent.jsonl]"], None, ["/nonexistent.jsonl", "does not exist"]),
     "config file missing": (["--config", "/nonexistent.yaml"], None, ["/nonexistent.yaml", "does not exist"]),
     "text stream scored by accuracy": (["data.kind=text"], None, ["eval.mode", "perplexity"]),

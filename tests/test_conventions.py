@@ -219,7 +219,7 @@ def test_run_outputs_adopts_an_earlier_versions_exact_names(tmp_path):
     (tmp_path / "results.json").write_text("x")
     assert run_outputs(tmp_path) == []  # no manifest and no run folder of an earlier version: nothing is surecl's
     (tmp_path / ".surecl-lock").write_text("{}")
-    for name in ("log.jsonl", "config.yaml", "report.md", "heatmap.png", "buffer.json", ".results.json.x1y2", "README.md"):
+    for name in ("log.jsonl", "config.yaml", "report.md", "heatmap.png", "buffer.json", ".results.json.x1y2z3w4", "README.md"):
         (tmp_path / name).write_text("x")
     for folder in ("checkpoints/stage-0001", "checkpoints/.stage-0002.tmp", "adapters/fast", "adapters/.slow.old",
                    "adapters/fast-run1", "checkpoints/stage-notes", "model"):
@@ -230,7 +230,7 @@ def test_run_outputs_adopts_an_earlier_versions_exact_names(tmp_path):
     assert found[:2] == ["config.yaml", "results.json"]  # a cut-short removal never looks finished
     assert sorted(found) == sorted([
         "config.yaml", "results.json", "buffer.json", "log.jsonl", "report.md", "heatmap.png", "checkpoints/stage-0001",
-        "checkpoints/.stage-0002.tmp", "adapters/fast", ".results.json.x1y2",
+        "checkpoints/.stage-0002.tmp", "adapters/fast", ".results.json.x1y2z3w4",
     ]), found
 
 

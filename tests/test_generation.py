@@ -321,11 +321,35 @@ def test_surprise_on_generation_targets_equals_a_plain_nll_loop(scope, reduction
 
 
 def test_long_targets_keep_their_room(tiny_loaded):
-    """A target longer than model.max_length leaves keeps at least half of it; the prompt is cut."""
+    """A target longer than model.max_length leaves keeps at least half of it; the prompt is cut,
+    and the encoder counts the cut rows per task and split (what the run warns about)."""
     long = " ".join(["warm"] * 80)
-    task = Task("t", "", [], [Example(" ".join(["the"] * 80), long)], [Example("the", "warm")], kind="generate")
-    [e] = TaskEncoder(tiny_loaded.tokenizer, max_length=64).encode(task, task.train)
+    task = Task("t", "", [], [Example(" ".join(["the"] * 80), long), Example("the", "warm")], [Example("the", "warm")], kind="generate")
+    enc = TaskEncoder(tiny_loaded.tokenizer, max_length=64)
+    [e, short] = enc.encode(task, task.train)
     assert len(e) <= 64 and len(e.answer) == 32 and e.label == long
+    enc.encode(task, task.test, split="test")
+    assert enc.cut == {("t", "train"): (1, 2)}
+
+
+def test_a_long_conversation_trains_on_its_last_turn_when_all_would_not_fit(chat_tok):
+    """Training scores every assistant turn from the first on; when they do not all fit in
+    max_length, the last turn (the row's target) is scored with the earlier ones as its prompt,
+    rather than cut off the end."""
+    first = " ".join(["hello"] * 40)
+    turns = (("user", "hi"), ("assistant", first), ("user", "bye ?"), ("assistant", "see you"))
+    task = Task("chat", "", [], [Example("bye ?", "see you", turns)], [Example("bye ?", "see you", turns)], kind="generate")
+    [row] = TaskEncoder(chat_tok, max_length=32).encode(task, task.train)
+    assert row.answer == ids(chat_tok, "see you <|im_end|>") and row.mask is None and len(row) <= 32
+    [whole] = TaskEncoder(chat_tok, max_length=128).encode(task, task.train)  # room for every turn: all scored
+    assert whole.scored == 40 + 1 + 3
+
+
+def test_continual_pretraining_texts_cut_to_max_length_are_counted(tiny_loaded):
+    task = Task("docs", "", [], [Example(" ".join(["warm"] * 200), ""), Example("short text", "")], [], kind="text")
+    enc = TaskEncoder(tiny_loaded.tokenizer, max_length=64)
+    long, short = enc.encode(task, task.train)
+    assert len(long.answer) == 63 and enc.cut == {("docs", "train"): (1, 2)}
 
 
 # ----------------------------------------------------------------------------- a tiny generation stream
@@ -400,3 +424,14 @@ def test_classification_and_generation_in_one_stream_under_rank(tmp_path, tiny_c
     assert z[1] <= 20 and a[1][1] >= 60  # generated: learned from ~0
     report = (tmp_path / "run" / "report.md").read_text()
     assert f"{classify.name} accuracy (%)" in report and f"{generate.name} ROUGE-L (F, x100)" in report
+
+
+def test_jsonl_lines_end_at_newlines_only(tmp_path):
+    """A string holding U+2028 or U+0085 (json.dumps(ensure_ascii=False) writes them raw) is one
+    row, not a broken line; header labels are stripped as row labels are."""
+    f = tmp_path / "t.jsonl"
+    rows = [{"task": "t", "labels": ["yes ", "no"]}, {"sentence": "first\u2028second\u0085third", "label": "yes"},
+            {"sentence": "b", "label": "no", "split": "test"}]
+    f.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
+    task = load_jsonl_task(f)
+    assert task.labels == ["yes", "no"] and task.train[0].sentence == "first\u2028second\u0085third" and len(task.test) == 1

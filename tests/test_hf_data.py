@@ -444,3 +444,15 @@ def test_tiny_run_learns_from_two_hf_tasks_as_from_jsonl(tmp_path, tiny_cache):
     assert res["accuracy_matrix"] == ref["accuracy_matrix"]
     logs = [(tmp_path / r / "log.jsonl").read_text() for r in ("run-hf", "run-jsonl")]
     assert logs[0] == logs[1]
+
+
+def test_a_test_split_that_is_the_train_split_is_refused(tmp_path):
+    """test_split = train_split would test the task on its own training examples: one line
+    pointing to test_fraction (a held-out part of the one split)."""
+    task = TINY["numbers"]
+    DatasetDict(train=Dataset.from_dict(columns(task.train))).save_to_disk(str(tmp_path / "numbers"))
+    with pytest.raises(SureclError, match="both 'train', so the task would be tested on its training examples.*test_fraction") as err:
+        load_hf_task(HFTaskConfig(path=str(tmp_path / "numbers"), train_split="train", test_split="train"))
+    assert "\n" not in str(err.value)
+    held = load_hf_task(HFTaskConfig(path=str(tmp_path / "numbers"), train_split="train", test_fraction=0.25))
+    assert not {e.sentence for e in held.train} & {e.sentence for e in held.test}

@@ -201,3 +201,77 @@ def test_sigterm_is_a_clean_resumable_stop(finished, tmp_path, cache):
     assert resumed.returncode == 0, resumed.stderr[-800:]
     assert "resumed from" in resumed.stderr
     assert final_outputs(out) == final_outputs(finished)
+
+
+# --------------------------------------------------------------------------- never another's files
+
+
+def test_a_refused_run_leaves_the_users_files_the_users(tmp_path, cache):
+    """A run refused for a user's file in its folder (through the Python API, whose refusal comes
+    after the lock is taken) leaves a manifest listing nothing, so the rerun refuses again and
+    ``--fresh`` removes nothing of the user's: the folder never reads as an earlier version's."""
+    from surecl.config import build_config
+    from surecl.errors import SureclError
+    from surecl.trainer import run
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("mine: true\n")
+    cfg = build_config("tiny,slow_surprise", SMALL)
+    for _ in range(2):
+        with pytest.raises(SureclError, match="config.yaml was not written by surecl"):
+            run(cfg, out, progress=False, cache_dir=cache)
+    assert json.loads((out / MANIFEST).read_text())["paths"] == []
+    assert main(["run", *TINY, "--out", str(out), "--fresh", *SMALL]) == 2
+    assert (out / "config.yaml").read_text() == "mine: true\n"
+
+
+def test_checkpoint_folders_of_other_names_are_neither_resumed_nor_pruned(tmp_path):
+    """Only ``stage-NNNN[-step-NNNNNN]`` folders are checkpoints: a user's ``stage-0000-baseline``
+    survives pruning and a backup ``stage-0002.bak`` (newest by name) is not resumed from."""
+    import torch
+
+    from surecl.checkpoint import load_latest, save
+
+    root = tmp_path / "checkpoints"
+    (root / "stage-0000-baseline").mkdir(parents=True)
+    (root / "stage-0000-baseline" / "notes.txt").write_text("mine")
+    meta = {"config": {}, "tasks": ["a"]}
+    for k in range(3):
+        save(root, f"stage-{k:04d}", {"run": ({"k": k}, {"w": torch.full((2,), float(k))})}, meta, keep=2)
+        if k == 1:
+            shutil.copytree(root / "stage-0001", root / "stage-0002.bak")
+    assert sorted(p.name for p in root.iterdir()) == ["stage-0000-baseline", "stage-0001", "stage-0002", "stage-0002.bak"]
+    assert (root / "stage-0000-baseline" / "notes.txt").read_text() == "mine"
+    assert load_latest(root).folder.name == "stage-0002"
+    shutil.rmtree(root / "stage-0002")
+    assert load_latest(root).folder.name == "stage-0001"
+
+
+def test_only_an_atomic_writes_leftovers_are_temporaries(finished, tmp_path):
+    """A killed write leaves ``.<name>.<8 random characters>``; a user's ``.config.yaml.swp`` or
+    ``.log.jsonl.bak`` beside a run's file is not one and stays."""
+    from surecl.checkpoint import Manifest
+
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    for name in (".config.yaml.swp", ".log.jsonl.bak", ".results.json.k2x9_q0a"):
+        (out / name).write_text("x")
+    removed = Manifest(out).remove_temporaries()
+    assert [p.name for p in removed] == [".results.json.k2x9_q0a"]
+    assert (out / ".config.yaml.swp").exists() and (out / ".log.jsonl.bak").exists()
+
+
+def test_the_lock_file_is_never_written_through_a_link(tmp_path):
+    from surecl.checkpoint import LOCK, run_lock
+    from surecl.errors import SureclError
+
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK).symlink_to(precious)
+    with pytest.raises(SureclError, match="is a symbolic link"):
+        with run_lock(out, True):
+            pass
+    assert precious.read_text() == "keep me"

@@ -128,3 +128,15 @@ def test_another_methods_options_do_not_make_a_run_different():
         assert same_config(saved, cfg) == (method == "seq_lora" or method == "nlora"), method
     saved = build_config("tiny,nlora").to_dict()
     assert not same_config(saved, build_config("tiny,olora"))  # another method is another run
+
+
+def test_a_results_file_that_is_not_an_object_stops_the_sweep_in_one_line(tmp_path, capsys):
+    f = tmp_path / "study.yaml"
+    f.write_text("config: tiny\norders: {a: [colors]}\nseeds: [0]\nmethods: [seq_lora]\n")
+    run_dir = tmp_path / "out" / "seq_lora" / "order-a" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.json").write_text("[]")
+    assert main(["sweep", "--plan", str(f), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("surecl: error: ") and "not a readable results file" in err[-1] and "Traceback" not in "".join(err)
+    assert (run_dir / "results.json").read_text() == "[]"

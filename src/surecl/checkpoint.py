@@ -205,7 +205,14 @@ def run_lock(out: Path, enabled: bool = True, agree: Callable[[str | None], str 
     if enabled and fcntl is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a symbolic link: the lock's content would replace its target's
+            fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as exc:
+            if (out / LOCK).is_symlink():
+                from surecl.errors import SureclError
+
+                raise SureclError(f"{out / LOCK} is a symbolic link; surecl does not write through links in a run folder: remove it or choose another --out") from None
+            raise exc
         holder = _try_lock(fd)
         if holder is not None:
             os.close(fd)
@@ -225,6 +232,13 @@ def run_lock(out: Path, enabled: bool = True, agree: Callable[[str | None], str 
 
 
 _LEGACY_CHECKPOINT = re.compile(r"\.?stage-\d{4}(-step-\d{6})?(\..*)?")
+CHECKPOINT_NAME = re.compile(r"stage-\d{4}(-step-\d{6})?")
+"""A checkpoint folder's name (``run_folder.checkpoint``): what resume reads and pruning removes;
+any other ``stage-*`` name there (a user's ``stage-0003.bak``) is neither."""
+_TEMP_TAIL = re.compile(r"[a-z0-9_]{8}|old")
+"""The tail after a temporary's prefix ``.<name>.``: the random one ``tempfile.mkstemp`` /
+``mkdtemp`` put there, or ``old`` (a folder an atomic replace swapped out): what tells an
+atomic write's leftover from a user's ``.<name>.swp``."""
 
 
 class Manifest:
@@ -392,7 +406,10 @@ class Manifest:
                 continue
             for entry in folder.iterdir():
                 n = entry.name
-                if n.startswith(".") and any(n.startswith(f".{name}.") for name in names):
+                # a checkpoint's temporary under checkpoints/ (a name only surecl writes there) with
+                # whatever tail; beside any other file, only tempfile's random one
+                if n.startswith(".") and any(n.startswith(f".{name}.") and (parent == "checkpoints" or _TEMP_TAIL.fullmatch(n[len(name) + 2 :]))
+                                             for name in names):
                     found.append(entry)
         return sorted(found)
 
@@ -524,7 +541,7 @@ def save(root: Path, name: str, components: dict[str, ComponentState], meta: dic
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    done = sorted(p for p in root.glob("stage-*") if p.is_dir())
+    done = sorted(p for p in root.iterdir() if CHECKPOINT_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
     for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return root / name
@@ -577,7 +594,7 @@ def load_latest(root: Path, log: Callable[[str], None] = lambda message: None) -
     about each newer one that is incomplete or corrupt."""
     if not root.is_dir():
         return None
-    folders = sorted((p for p in root.glob("stage-*") if p.is_dir() and not p.is_symlink()), reverse=True)
+    folders = sorted((p for p in root.iterdir() if CHECKPOINT_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink()), reverse=True)
     for folder in folders:
         meta = _valid(folder)
         found = None

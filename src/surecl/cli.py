@@ -53,7 +53,9 @@ def _finished(out: Path, cfg) -> bool:
         return False
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))["config"]
-    except (OSError, ValueError, KeyError):
+        if not isinstance(saved, dict):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
         raise SureclError(f"{path}: exists but is not a readable results file; choose another --out") from None
     from surecl.config import same_config
 

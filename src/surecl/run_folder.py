@@ -29,6 +29,10 @@ def open_folder(run, resume: bool, fresh: bool) -> None:
     it writes, remove a killed run's temporaries, clear it with ``fresh``, restore the newest
     valid checkpoint with ``resume``, write ``config.yaml``, add this machine to ``state.hosts``."""
     main = run.accelerator.is_main_process
+    if main and not run.outputs.exists:
+        # at once, before any check can refuse the run: a folder with this run's lock file but no
+        # manifest would read as an earlier version's on the rerun, and the user's files in it as surecl's
+        run.outputs.save()
     if main:
         for rel in planned_outputs(run):  # a link or a user's file where the run writes: refused before anything changes
             if not (fresh and run.outputs.owns(rel)):

@@ -82,7 +82,11 @@ def index_tasks(root: Path) -> dict[str, Path]:
     """Task name -> its folder, for every ``<group>/<Task>`` holding a labels.json."""
     found: dict[str, Path] = {}
     for labels in sorted(root.glob("*/*/labels.json")):
-        found[labels.parent.name] = labels.parent
+        name = labels.parent.name
+        if name in found:  # data.tasks names a task by its name alone: which one would be read?
+            raise SureclError(f"{root}: two tasks named {name!r} ({found[name].relative_to(root)} and "
+                              f"{labels.parent.relative_to(root)}); rename one of the folders")
+        found[name] = labels.parent
     return found
 
 
@@ -127,7 +131,11 @@ def resolve_order(root: Path, order: str, tasks: list[str], allow_missing: bool)
     elif order == "default":
         manifest = root / "MANIFEST.json"
         if manifest.is_file():
-            wanted = list(read_json(manifest).get("order", []))
+            data = read_json(manifest)
+            order_list = data.get("order", []) if isinstance(data, dict) else None
+            if not isinstance(order_list, list) or not all(isinstance(t, str) for t in order_list):
+                raise SureclError(f"{manifest}: expected an object whose 'order' is a list of task names")
+            wanted = list(order_list)
         else:
             wanted = available_tasks(root)
     else:

@@ -76,6 +76,10 @@ class TaskEncoder:
         self.end_eos = end_eos
         """End every prompt with the EOS token (an encoder-decoder's input, ``model.encoder_eos``)."""
         self._answers: dict[str, list[int]] = {}
+        self.cut: dict[tuple[str, str], tuple[int, int]] = {}
+        """(task, split) -> (rows whose target or text was cut to ``max_length``, rows): what the
+        run warns about (the cut end is neither trained nor scored)."""
+        self._cuts = 0
 
     def _ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
@@ -94,7 +98,9 @@ class TaskEncoder:
 
     def document(self, text: str) -> Encoded:
         start = self.tok.bos_token_id if self.tok.bos_token_id is not None else self.tok.eos_token_id
-        return Encoded([start], self._ids(text)[: self.max_length - 1], "")
+        ids = self._ids(text)
+        self._cuts += len(ids) > self.max_length - 1
+        return Encoded([start], ids[: self.max_length - 1], "")
 
     def check_labels(self, task: Task) -> list[str]:
         """Stop (one line naming them) when the tokenizer cannot tell a task's labels apart:
@@ -130,16 +136,22 @@ class TaskEncoder:
         return warnings
 
     def encode(self, task: Task, rows: list[Example], split: str = "train") -> list[Encoded]:
-        """``split`` ``test``: a chat row is encoded as its last turn's generation prompt and answer."""
+        """``split`` ``test``: a chat row is encoded as its last turn's generation prompt and answer.
+        A generation target or a text longer than ``max_length`` allows is cut, and counted in
+        :attr:`cut`."""
+        self._cuts = 0
         if task.kind == "generate":
-            return [self.generation(task, ex, split, i) for i, ex in enumerate(rows)]
-        if task.kind == "text":
+            out = [self.generation(task, ex, split, i) for i, ex in enumerate(rows)]
+        elif task.kind == "text":
             out = [self.document(ex.sentence) for ex in rows]
             for i, e in enumerate(out):
                 if not e.answer:
                     raise SureclError(f"task {task.name} row {i}: the text has no tokens")
-            return out
-        return [Encoded(self.prompt_ids(task, ex.sentence), self.answer_ids(ex.label), ex.label) for ex in rows]
+        else:
+            return [Encoded(self.prompt_ids(task, ex.sentence), self.answer_ids(ex.label), ex.label) for ex in rows]
+        if self._cuts:
+            self.cut[(task.name, split)] = (self._cuts, len(rows))
+        return out
 
 
     # ------------------------------------------------------------------ generation tasks
@@ -169,7 +181,9 @@ class TaskEncoder:
         (the prompt is then cut to the rest)."""
         if prompt_len + len(answer) <= self.max_length:
             return answer
-        return answer[: max(self.max_length - prompt_len, self.max_length // 2)]
+        keep = max(self.max_length - prompt_len, self.max_length // 2)
+        self._cuts += keep < len(answer)
+        return answer[:keep]
 
     def render(self, turns, generation_prompt: bool, where: str) -> str:
         try:
@@ -204,8 +218,12 @@ class TaskEncoder:
         turns_at = [k for k, (_, a) in enumerate(pieces) if a]
         if not turns_at:
             raise SureclError(f"{where}: the assistant turn renders to no text")
-        # test: the last turn's generation prompt and the turn; train: every assistant turn scored
+        # test: the last turn's generation prompt and the turn; train: every assistant turn scored,
+        # or the last alone (the earlier ones as its prompt) where all of them would not fit: cut
+        # from the end, the target turn would be the first to go
         at = turns_at[-1] if test else turns_at[0]
+        if not test and len(turns_at) > 1 and sum(len(ids) for ids, _ in pieces) > self.max_length:
+            at = turns_at[-1]
         prompt = [t for ids, _ in pieces[:at] for t in ids]
         rest = pieces[at : at + 1] if test else pieces[at:]
         answer = [t for ids, _ in rest for t in ids]

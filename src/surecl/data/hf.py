@@ -199,7 +199,7 @@ def _labels(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str) -> tupl
     dtype = getattr(feature, "dtype", None)
     if names is None and dtype not in _STRINGS + _INTS:
         raise SureclError(f"{key}.label_column: column {col!r} of {src} holds {_describe(feature)}; labels must be strings or integers")
-    index = names if names is not None else (spec.labels or None)
+    index = names if names is not None else ([x.strip() for x in spec.labels] or None)
     out = []
     for i, v in enumerate(values):
         if v is None:
@@ -252,6 +252,9 @@ def splits_task(datasets: Any, splits: dict[str, Any], spec: HFTaskConfig, name:
         train_ds = _split(splits, spec.train_split, f"{key}.train_split", src)
         test_ds = None
         if not hold_out:
+            if spec.test_split == spec.train_split:
+                raise SureclError(f"{key}: test_split and train_split are both {spec.train_split!r}, so the task would be tested on "
+                                  f"its training examples; name another split, or hold out part of it with {key}.test_fraction")
             hint = f"; name the test split with {key}.test_split, or hold out part of the train split with {key}.test_fraction"
             test_ds = _split(splits, spec.test_split, f"{key}.test_split", src, hint)
         parts = {"train": train_ds} if hold_out else {"train": train_ds, "test": test_ds}
@@ -287,7 +290,7 @@ def splits_task(datasets: Any, splits: dict[str, Any], spec: HFTaskConfig, name:
                     kind="generate", metric=spec.metric)
         task.check(where)
         return task
-    labels = list(spec.labels) or class_names or sorted({ex.label for ex in rows["train"] + rows["test"]})
+    labels = [x.strip() for x in spec.labels] or class_names or sorted({ex.label for ex in rows["train"] + rows["test"]})
     task = Task(
         name=name,
         instruction=spec.instruction or GENERIC_INSTRUCTION,

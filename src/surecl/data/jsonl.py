@@ -109,8 +109,9 @@ def read_jsonl(path: str | Path, what: str = "data.jsonl") -> tuple[dict, list[t
     if not path.is_file():  # reading a FIFO would block: say what it is instead
         raise SureclError(f"{what}: {path} is not a regular file (a FIFO, socket or device); give a JSONL file")
     try:
-        # utf-8-sig: a byte-order mark (as some Windows editors write) is dropped; splitlines()
-        # below takes CRLF line ends as well as LF.
+        # utf-8-sig: a byte-order mark (as some Windows editors write) is dropped. Lines end at
+        # "\n" only (a CRLF's "\r" is whitespace JSON skips): str.splitlines() would also split at
+        # U+2028, U+0085, \x0c ..., which json.dumps(ensure_ascii=False) writes raw inside strings.
         text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise SureclError(f"{path}: not UTF-8 (byte {exc.start})") from None
@@ -118,7 +119,7 @@ def read_jsonl(path: str | Path, what: str = "data.jsonl") -> tuple[dict, list[t
         raise SureclError(f"{path}: cannot read ({exc.strerror})") from None
     header: dict = {}
     rows: list[tuple[int, dict]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -181,6 +182,7 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
         labels = sorted({ex.label for ex in splits["train"] + splits["test"]})
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise SureclError(f"{path}: header 'labels' must be a list of strings")
+    labels = [x.strip() for x in labels]  # as each row's label is read
     instruction = header.get("instruction", GENERIC_INSTRUCTION)
     if not isinstance(instruction, str):
         raise SureclError(f"{path}: header 'instruction' must be a string")
