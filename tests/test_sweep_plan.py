@@ -140,3 +140,17 @@ def test_a_results_file_that_is_not_an_object_stops_the_sweep_in_one_line(tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("surecl: error: ") and "not a readable results file" in err[-1] and "Traceback" not in "".join(err)
     assert (run_dir / "results.json").read_text() == "[]"
+
+
+def test_a_sweep_never_replaces_a_users_table(tmp_path, capsys):
+    """A folder no sweep wrote (no sweep.json) holding a table.md: the end-of-sweep table would
+    replace it, so the sweep stops before any run, in one line."""
+    f = tmp_path / "study.yaml"
+    f.write_text("config: tiny\norders: {a: [colors]}\nseeds: [0]\nmethods: [seq_lora]\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "table.md").write_text("my table")
+    assert main(["sweep", "--plan", str(f), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "table.md exists and no surecl sweep wrote" in err[0]
+    assert (out / "table.md").read_text() == "my table" and sorted(p.name for p in out.iterdir()) == ["table.md"]

@@ -168,6 +168,14 @@ def cmd_sweep(args) -> int:
                         "seed": r.seed, "dual": bool(cfg.dual.enabled and cfg.eval.fast), "path": r.path})
     # the plan first, so `surecl report` can name the runs a killed or failed sweep did not finish
     meta = {"config": plan.config, "overrides": list(args.overrides), "plan": args.plan, "order_benchmark": plan.order_benchmark}
+    from surecl.report import PLAN_FILE
+
+    if not (root / PLAN_FILE).exists():  # a folder no sweep wrote: the end-of-sweep tables must not replace a user's files
+        ends = ["report"] if plan.layout == "paper" else ["table.md", "table.csv"]
+        taken = [n for n in ends if (root / n).exists()]
+        if taken:
+            raise SureclError(f"sweep: {root / taken[0]} exists and no surecl sweep wrote {root}; the sweep's table would "
+                              "replace it: move it away or choose another --out")
     write_sweep_plan(root, planned, meta)
     failed: list[str] = []
     for k, (cfg, out) in enumerate(todo, 1):
