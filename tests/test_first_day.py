@@ -29,7 +29,7 @@ def write_jsonl(path: Path, labels: list[str], name: str = "mine") -> Path:
     [
         (["yes", "no"], ["task mine", "'yes', 'no'", "unknown or no tokens"]),  # not in the tiny vocabulary: all <unk>
         (["red x1", "red x2"], ["task mine", "'red x1' = 'red x2'", "same token ids"]),  # both "red <unk>"
-        (["warm", "warm "], ["'warm' = 'warm '", "same token ids"]),  # the same word after pre-tokenisation
+        (["warm", "warm "], ["task mine lists a label twice"]),  # labels are stripped, as rows' labels are: one label
     ],
 )
 def test_labels_the_tokenizer_cannot_tell_apart_stop_in_one_line(labels, words, tmp_path, tiny_cache, monkeypatch, capsys):
