@@ -207,12 +207,12 @@ def run_lock(out: Path, enabled: bool = True, agree: Callable[[str | None], str 
         out.mkdir(parents=True, exist_ok=True)
         try:  # never through a symbolic link: the lock's content would replace its target's
             fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        except OSError as exc:
+        except OSError:
             if (out / LOCK).is_symlink():
                 from surecl.errors import SureclError
 
                 raise SureclError(f"{out / LOCK} is a symbolic link; surecl does not write through links in a run folder: remove it or choose another --out") from None
-            raise exc
+            raise
         holder = _try_lock(fd)
         if holder is not None:
             os.close(fd)
@@ -541,8 +541,7 @@ def save(root: Path, name: str, components: dict[str, ComponentState], meta: dic
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    done = sorted(p for p in root.iterdir() if CHECKPOINT_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
-    for old in done[:-keep]:
+    for old in _checkpoint_folders(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return root / name
 
@@ -589,12 +588,17 @@ def _components(meta: dict, tensors: dict[str, torch.Tensor]) -> dict[str, Compo
     }
 
 
+def _checkpoint_folders(root: Path) -> list[Path]:
+    """The checkpoint folders under ``root`` (named :data:`CHECKPOINT_NAME`, not links), oldest first."""
+    return sorted(p for p in root.iterdir() if CHECKPOINT_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
+
+
 def load_latest(root: Path, log: Callable[[str], None] = lambda message: None) -> Checkpoint | None:
     """The newest valid checkpoint under ``root`` (None if there is none); ``log`` is told
     about each newer one that is incomplete or corrupt."""
     if not root.is_dir():
         return None
-    folders = sorted((p for p in root.iterdir() if CHECKPOINT_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink()), reverse=True)
+    folders = _checkpoint_folders(root)[::-1]  # newest first
     for folder in folders:
         meta = _valid(folder)
         found = None

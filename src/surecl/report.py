@@ -297,12 +297,21 @@ def config_differences(cells: dict[tuple[str, str], list[tuple[object, dict]]]) 
     return lines
 
 
+def _aggregate_key(results: dict) -> tuple[str, str, object]:
+    """(row, order, seed) of a run as :func:`aggregate` pools it, or one line when its config lacks them."""
+    try:
+        cfg = results["config"]
+        return str(cfg.get("preset") or cfg["method"]), str(cfg["data"]["order"]), _seed(cfg.get("seed"))
+    except (KeyError, TypeError, AttributeError):
+        raise SureclError("report: a results.json has no config with preset/method, data.order and seed; move it away or name the run folders to report") from None
+
+
 def pooled_differences(runs: list[dict]) -> list[str]:
     """:func:`config_differences` of results dicts, by (row, order) as :func:`aggregate` pools them."""
     cells: dict[tuple[str, str], list[tuple[object, dict]]] = defaultdict(list)
     for r in runs:
-        cfg = r["config"]
-        cells[(str(cfg.get("preset") or cfg["method"]), str(cfg["data"]["order"]))].append((_seed(cfg.get("seed")), cfg))
+        row, order, seed = _aggregate_key(r)
+        cells[(row, order)].append((seed, r["config"]))
     return config_differences(cells)
 
 
@@ -332,11 +341,7 @@ def aggregate(runs: list[dict], metric: str = "fp") -> tuple[list[str], list[tup
     one_metric([(None, r) for r in runs])
     seen: set[tuple[str, str, object]] = set()
     for r in runs:
-        try:
-            cfg = r["config"]
-            row, order, seed = str(cfg.get("preset") or cfg["method"]), str(cfg["data"]["order"]), _seed(cfg.get("seed"))
-        except (KeyError, TypeError, AttributeError):
-            raise SureclError("report: a results.json has no config with preset/method, data.order and seed; move it away or name the run folders to report") from None
+        row, order, seed = _aggregate_key(r)
         if (row, order, seed) in seen:  # a copied run folder would count twice
             raise SureclError(f"report: two runs of row {row!r}, order {order}, seed {seed}; report them separately")
         seen.add((row, order, seed))

@@ -190,6 +190,11 @@ def _describe(feature: Any) -> str:
     return f"{dtype} values" if isinstance(dtype, str) and dtype != "list" else f"{type(feature).__name__} values"
 
 
+def _given_labels(spec: HFTaskConfig) -> list[str]:
+    """The labels the task spec names, stripped as the rows' labels are."""
+    return [x.strip() for x in spec.labels]
+
+
 def _labels(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str) -> tuple[list[str], list[str] | None]:
     """The split's labels as strings, and the column's ``ClassLabel`` names (None without)."""
     col = spec.label_column
@@ -199,7 +204,7 @@ def _labels(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str) -> tupl
     dtype = getattr(feature, "dtype", None)
     if names is None and dtype not in _STRINGS + _INTS:
         raise SureclError(f"{key}.label_column: column {col!r} of {src} holds {_describe(feature)}; labels must be strings or integers")
-    index = names if names is not None else ([x.strip() for x in spec.labels] or None)
+    index = names if names is not None else (_given_labels(spec) or None)
     out = []
     for i, v in enumerate(values):
         if v is None:
@@ -290,7 +295,7 @@ def splits_task(datasets: Any, splits: dict[str, Any], spec: HFTaskConfig, name:
                     kind="generate", metric=spec.metric)
         task.check(where)
         return task
-    labels = [x.strip() for x in spec.labels] or class_names or sorted({ex.label for ex in rows["train"] + rows["test"]})
+    labels = _given_labels(spec) or class_names or sorted({ex.label for ex in rows["train"] + rows["test"]})
     task = Task(
         name=name,
         instruction=spec.instruction or GENERIC_INSTRUCTION,

@@ -738,9 +738,9 @@ class SureTrainer(Trainer):
             keys = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
             changed = ", ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in keys)
             raise SureclError(f"{folder}: this run was saved with other SureArguments ({changed}); resume with the same settings, or start a new output_dir")
-        plan = meta.get("plan")
-        if not meta.get("done") and isinstance(plan, dict) and plan != self._plan_key():
-            changed = ", ".join(f"{k} {plan.get(k)!r} -> {v!r}" for k, v in self._plan_key().items() if plan.get(k) != v)
+        plan, plan_now = meta.get("plan"), self._plan_key()
+        if not meta.get("done") and isinstance(plan, dict) and plan != plan_now:
+            changed = ", ".join(f"{k} {plan.get(k)!r} -> {v!r}" for k, v in plan_now.items() if plan.get(k) != v)
             raise SureclError(
                 f"{folder}: a checkpoint inside task {meta['task']} saved under another batch plan ({changed}; micro_batch is "
                 "per_device_train_batch_size x processes); resume it with the same values, or from the task's end"
@@ -783,11 +783,16 @@ def _complete(folder: Path) -> bool:
         processes = int(json.loads((folder / STATE_JSON).read_text(encoding="utf-8")).get("processes", 1))
     except (OSError, ValueError, TypeError, AttributeError):
         return False
-    if any(folder.glob("optimizer*")):
+    if _has_optimizer_state(folder):
         names = ["rng_state.pth"] if processes == 1 else [f"rng_state_{r}.pth" for r in range(processes)]
         if not all((folder / name).is_file() and (folder / name).stat().st_size > 0 for name in names):
             return False
     return True
+
+
+def _has_optimizer_state(folder: Path) -> bool:
+    """Whether the Trainer saved its optimizer in checkpoint ``folder`` (not with ``save_only_model``)."""
+    return any(folder.glob("optimizer*"))
 
 
 def _given_resume(folder: Path) -> dict:
@@ -818,7 +823,7 @@ def _check_resumable(folder: Path) -> None:
     """A checkpoint inside a task resumes exactly only with the optimizer's state, which
     ``save_only_model=True`` leaves out (the Trainer would restart AdamW and the schedule
     silently)."""
-    if not any(folder.glob("optimizer*")):
+    if not _has_optimizer_state(folder):
         raise SureclError(
             f"{folder}: a checkpoint without the optimizer's state (saved with save_only_model=True), from which a task "
             "cannot resume where it stopped; resume from the task's end (task-<k>/sure-end), or save with save_only_model=False"
