@@ -4,6 +4,7 @@ datasets, or takes an exported adapter elsewhere (issue 30, item 6)."""
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -212,8 +213,13 @@ def test_tensorboard_gets_each_step_once_across_a_resume(tmp_path, tiny_cache, m
     pytest.importorskip("tensorboardX")
     from test_tracking import scalars
 
+    import tensorboardX.event_file_writer as event_file_writer
+
     from surecl import trainer
 
+    # both runs start within one second (a fast machine): tensorboardX names its event file by
+    # whole seconds and host, and the rerun's file must not truncate the killed run's
+    monkeypatch.setattr(event_file_writer, "time", types.SimpleNamespace(time=lambda: 1700000000.25))
     cfg = surecl.build_config("tiny,slow_surprise", ["data.tasks=[colors,animals]", "data.n_train=16", "data.n_test=4",
                                                      "train.epochs=4", "train.checkpoint_every=3", "eval.before=true"])
     out = tmp_path / "run"
@@ -231,7 +237,8 @@ def test_tensorboard_gets_each_step_once_across_a_resume(tmp_path, tiny_cache, m
     assert [s for s, _ in before["train/loss"]] == list(range(1, 9))
     monkeypatch.setattr(trainer, "fault_point", real)
     results = surecl.run(cfg, out, progress=False, cache_dir=tiny_cache, log_with=["tensorboard"])
-    got = scalars(out / "tensorboard")
+    got = {tag: sorted(points) for tag, points in scalars(out / "tensorboard").items()}  # two event files, either first
+    assert len(list((out / "tensorboard" / "surecl").glob("events.out.tfevents.1700000000.*"))) == 2  # one per process
     assert [s for s, _ in got["train/loss"]] == list(range(1, results["steps"] + 1))  # steps 7-8 trained twice, logged once
     assert [s for s, _ in got["accuracy/colors"]] == [0, 8, results["steps"]]  # before, after colors, after animals
     assert len(got["matrix/row0/colors"]) == 1 and len(got["summary/fp"]) == 1

@@ -14,8 +14,9 @@ The run's config is stored as hyper-parameters. ``log.jsonl`` is written as befo
 are extra.
 
 TensorBoard event files go to ``<out>/tensorboard/surecl/``; with ``tensorboardX`` (the
-``surecl[tensorboard]`` extra) or ``tensorboard`` installed. A resumed run appends to them and
-logs nothing twice: ``<out>/tracking.json`` (:data:`MARK`) records what was sent (the last
+``surecl[tensorboard]`` extra) or ``tensorboard`` installed. A resumed run writes an event file
+of its own beside the killed run's (never over it, even within the same second) and logs
+nothing twice: ``<out>/tracking.json`` (:data:`MARK`) records what was sent (the last
 training step, the matrix rows, the before-training row, the summary), rewritten after each
 log, so the steps a killed run logged after its last checkpoint, which the resumed run trains
 again, are not sent again (a run that starts over, ``--fresh`` or ``resume=False``, sends all).
@@ -27,6 +28,7 @@ import contextlib
 import json
 import math
 import os
+import secrets
 import time
 
 from surecl.errors import SureclError
@@ -86,7 +88,7 @@ class Tracking(Plugin):
 
     def _start(self, ctx) -> None:
         if not self.started:
-            ctx.accelerator.init_trackers(PROJECT, config=_hparams(ctx.cfg.to_dict()))
+            ctx.accelerator.init_trackers(PROJECT, config=_hparams(ctx.cfg.to_dict()), init_kwargs=_writer_kwargs())
             self.started = True
             for tracker in ctx.accelerator.trackers:
                 _count_events(tracker)
@@ -158,6 +160,14 @@ class Tracking(Plugin):
             self._log(ctx, values, ctx.state.global_step)
             self._sent(ctx, "summary", True)
         ctx.accelerator.end_training()
+
+
+def _writer_kwargs() -> dict:
+    """The TensorBoard writer's options: an event file name of its own for every process.
+    tensorboardX and tensorboard name the file ``events.out.tfevents.<whole seconds>.<host>``
+    and open it for writing, so a rerun started within the same second as the killed run it
+    resumes would truncate that run's events; the process id and a random tail keep it apart."""
+    return {"tensorboard": {"filename_suffix": f".{os.getpid()}.{secrets.token_hex(4)}"}}
 
 
 def _fast(key: str) -> str:
