@@ -211,9 +211,8 @@ def test_tensorboard_gets_each_step_once_across_a_resume(tmp_path, tiny_cache, m
     resumes from the mid-task checkpoint and trains (and evaluates) again what it had logged;
     TensorBoard gets every step and every matrix row once."""
     pytest.importorskip("tensorboardX")
-    from test_tracking import scalars
-
     import tensorboardX.event_file_writer as event_file_writer
+    from test_tracking import scalars
 
     from surecl import trainer
 
