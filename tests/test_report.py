@@ -305,6 +305,42 @@ def test_write_sweep_plan_merges(tmp_path):
         write_sweep_plan(tmp_path, [])
 
 
+def test_two_sweeps_planning_at_once_keep_each_others_runs(tmp_path, monkeypatch):
+    """Two sweeps into one folder read, merge and replace sweep.json at the same moment: the
+    plan lock serialises them, so the runs of both are planned (without it the later write
+    drops the earlier one's run)."""
+    import threading
+    import time
+
+    from surecl import report
+
+    write_sweep_plan(tmp_path, [{"row": "a", "order": "1", "seed": 0, "path": "a/order1/seed0"}])
+    real = report.read_plan
+
+    def slow(path):  # both would read the one-run plan before either writes
+        got = real(path)
+        time.sleep(0.3)
+        return got
+
+    monkeypatch.setattr(report, "read_plan", slow)
+    errors = []
+
+    def plan(seed):
+        try:
+            write_sweep_plan(tmp_path, [{"row": "a", "order": "1", "seed": seed, "path": f"a/order1/seed{seed}"}])
+        except Exception as e:  # pragma: no cover - shown by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=plan, args=(s,)) for s in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    runs = json.loads((tmp_path / PLAN_FILE).read_text())["runs"]
+    assert sorted(r["path"] for r in runs) == ["a/order1/seed0", "a/order1/seed1", "a/order1/seed2"]
+
+
 # --------------------------------------------------------------------------- claims
 
 

@@ -626,22 +626,41 @@ def read_plan(path: Path) -> dict | None:
     return plan
 
 
+PLAN_LOCK = ".surecl-sweep-lock"
+"""The file whose ``flock`` :func:`write_sweep_plan` holds while it reads, merges and replaces
+``sweep.json``, so two sweeps started at once into one folder keep each other's runs."""
+
+
 def write_sweep_plan(root: Path, runs: list[dict], meta: dict | None = None) -> Path:
     """Write ``<root>/sweep.json`` atomically: the runs a sweep plans (row, method, grid, order,
     seed, dual, path relative to root). Runs already planned there by an earlier sweep into the
-    same folder are kept (a later sweep adds orders, seeds or methods)."""
-    from surecl.checkpoint import write_json
+    same folder are kept (a later sweep adds orders, seeds or methods); the read, merge and
+    write hold :data:`PLAN_LOCK`, so a sweep started beside another loses none of its runs."""
+    import os
 
-    path = Path(root) / PLAN_FILE
-    merged: dict[str, dict] = {}
-    if path.exists():
-        old = read_plan(path)
-        if old is None:
-            raise SureclError(f"sweep: {path} exists and is not a surecl sweep plan; move it away")
-        merged = {r["path"]: r for r in old["runs"]}
-    for r in runs:
-        merged[r["path"]] = r
-    write_json(path, {"kind": PLAN_KIND, "format": 1, **(meta or {}), "runs": list(merged.values())})
+    from surecl.checkpoint import fcntl, write_json
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / PLAN_FILE
+    try:  # never through a symbolic link
+        fd = os.open(root / PLAN_LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        raise SureclError(f"sweep: cannot open {root / PLAN_LOCK} ({e.strerror or e}); remove it if it is a link, or choose another --out") from None
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits: the holder only reads and replaces one small file
+        merged: dict[str, dict] = {}
+        if path.exists():
+            old = read_plan(path)
+            if old is None:
+                raise SureclError(f"sweep: {path} exists and is not a surecl sweep plan; move it away")
+            merged = {r["path"]: r for r in old["runs"]}
+        for r in runs:
+            merged[r["path"]] = r
+        write_json(path, {"kind": PLAN_KIND, "format": 1, **(meta or {}), "runs": list(merged.values())})
+    finally:
+        os.close(fd)  # releases the flock
     return path
 
 
