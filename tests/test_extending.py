@@ -100,6 +100,19 @@ def test_the_method_pulls_and_the_policy_keeps_the_least_surprising(my_cl, tmp_p
     assert {e.task for e in entries} == {0, 1}
 
 
+def test_a_method_that_checkpoints_undeclared_state_is_warned_once(my_cl, tmp_path, tiny_cache, monkeypatch, caplog):
+    """l2_prev without its ``state`` declaration: its checkpoints hold the anchor, and the run
+    says (once) that the learner record and model cards will claim it keeps nothing."""
+    with caplog.at_level("WARNING", logger="surecl"):
+        drift(my_cl, tmp_path / "declared", tiny_cache, 1.0)
+    assert not [r for r in caplog.records if "declares none" in r.getMessage()]
+    monkeypatch.setattr(my_cl.L2Prev, "state", ())
+    with caplog.at_level("WARNING", logger="surecl"):
+        drift(my_cl, tmp_path / "undeclared", tiny_cache, 1.0)
+    said = [r.getMessage() for r in caplog.records if "declares none" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("method l2_prev checkpoints state of its own (anchor.0, anchor.1, anchor.10)"), said
+
+
 def test_a_sweep_runs_an_outside_method_by_name(tmp_path, capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(write_example(tmp_path / "plugins")))
     sys.modules.pop(MODULE, None)

@@ -4,7 +4,8 @@ PEFT's ``PeftCommonTester`` is over its tuners): a method joins by being registe
 Per method, at its defaults on the tiny stream: its config survives a round trip (``to_dict``,
 ``config.yaml``) with each of its options changed; ``--dry-run`` plans it; a bad value of its
 options is one line naming the key; a run killed with SIGKILL mid-task resumes to exactly the
-uninterrupted run's results, log, buffer and exports; and what it exports loads in plain
+uninterrupted run's results, log, buffer and exports (and what it checkpointed of its own is
+what its ``state`` declaration says: something, or nothing); and what it exports loads in plain
 transformers + peft. The outside method is ``l2_prev`` of docs/extending.md, registered from a
 module the CLI loads with ``--import`` (its option set on the command line)."""
 
@@ -135,6 +136,9 @@ def test_killed_run_resumes_exactly_and_exports_load_in_peft(method, runs):
     point, resume_at = kill_point(method)
     rc, err = runs(killed, args, kill_at=point)
     assert rc == -9, f"not killed at {point}: {rc} {err[-800:]}"
+    # what the method checkpointed (mid-way through its last stage) is what it declares (``state``)
+    declared, saved = registry.method_class(method).state, method_state(killed / "checkpoints" / resume_at)
+    assert bool(declared) == bool(saved), f"{method} declares state {declared} and checkpoints {saved}"
     rc, err = runs(killed, args)
     assert rc == 0, err[-2000:]
     started_from(err, killed, resume_at)
@@ -143,6 +147,17 @@ def test_killed_run_resumes_exactly_and_exports_load_in_peft(method, runs):
     losses = [line["loss"] for line in expected["log"]]
     assert len(losses) == 12 and len(set(losses)) > 1  # it trained
     assert exports_load(full) >= 1
+
+
+def method_state(folder: Path) -> list[str]:
+    """The names of what a checkpoint holds of the method's own (its ``state_dict``): its meta's
+    keys and its tensors' names."""
+    from safetensors import safe_open
+
+    meta = json.loads((folder / "meta.json").read_text())["components"].get("method") or {}
+    with safe_open(str(folder / "tensors.safetensors"), "pt") as f:
+        tensors = [k for k in f.keys() if k.startswith("method/")]
+    return sorted(meta) + tensors
 
 
 def exports_load(out: Path) -> int:

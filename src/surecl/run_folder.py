@@ -85,6 +85,7 @@ def save(run) -> None:
     st = run.state
     name = f"stage-{st.next_stage:04d}" + (f"-step-{st.step:06d}" if st.batches is not None else "")
     components = {"run": (dataclasses.asdict(st), {}), "rng": rng_state(run), **run.plugins.state_dicts()}
+    _check_declared_state(run, components.get("method"))
     if getattr(run, "outputs", None) is None:  # a checkpoint taken outside run() (tests, tools)
         run.outputs = checkpoint.Manifest(run.out_dir)
     run.outputs.claim(f"checkpoints/{name}")
@@ -94,6 +95,19 @@ def save(run) -> None:
         keep=run.cfg.train.keep_checkpoints,
     )
     run.outputs.forget_missing("checkpoints")
+
+
+def _check_declared_state(run, state) -> None:
+    """Warn once when the method checkpoints state of its own but its ``state`` declaration says
+    it keeps none: results.json's ``learner`` and the adapters' model cards are written from it."""
+    method = getattr(run, "method", None)
+    if method is None or method.state or not state or not (state[0] or state[1]) or getattr(run, "_undeclared_warned", False):
+        return
+    run._undeclared_warned = True
+    if callable(getattr(run, "log", None)):
+        run.log(f"warning: method {method.name} checkpoints state of its own ({', '.join(sorted([*state[0], *state[1]])[:3])}) "
+                "but declares none: results.json's learner and the model cards will say it keeps nothing; name it in its "
+                "class, e.g. state = (\"the anchor weights\",)")
 
 
 def restore(run) -> Path | None:
