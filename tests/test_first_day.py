@@ -237,7 +237,7 @@ def test_tensorboard_gets_each_step_once_across_a_resume(tmp_path, tiny_cache, m
     monkeypatch.setattr(trainer, "fault_point", real)
     results = surecl.run(cfg, out, progress=False, cache_dir=tiny_cache, log_with=["tensorboard"])
     got = {tag: sorted(points) for tag, points in scalars(out / "tensorboard").items()}  # two event files, either first
-    assert len(list((out / "tensorboard" / "surecl").glob("events.out.tfevents.1700000000.*"))) == 2  # one per process
+    assert len(list((out / "tensorboard" / "surecl").glob("events.out.tfevents.*"))) == 2  # one per process
     assert [s for s, _ in got["train/loss"]] == list(range(1, results["steps"] + 1))  # steps 7-8 trained twice, logged once
     assert [s for s, _ in got["accuracy/colors"]] == [0, 8, results["steps"]]  # before, after colors, after animals
     assert len(got["matrix/row0/colors"]) == 1 and len(got["summary/fp"]) == 1

@@ -379,7 +379,8 @@ def test_hub_id_without_offline_mode_fails_fast_in_one_line(tmp_path):
     """Without HF_HUB_OFFLINE, a hub id is looked up with a short timeout: no hub here means
     one line within seconds, not minutes of retries and a traceback."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    env.update(HF_HOME=str(tmp_path / "hf"), SURECL_CACHE=str(tmp_path / "cache"))
+    # the hub at a closed local port: unreachable at once on every machine (no DNS lookup to wait for)
+    env.update(HF_HOME=str(tmp_path / "hf"), SURECL_CACHE=str(tmp_path / "cache"), HF_ENDPOINT="http://127.0.0.1:9")
     done, took = _cli("data.hf=[surecl-tests/no-such-dataset]", env=env)
     err = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(err) == 1, done.stderr

@@ -396,7 +396,7 @@ def test_two_processes_train_the_prompts_as_one(tmp_path):
     env = {**os.environ, "SURECL_CACHE": str(tmp_path / "cache")}
     one = subprocess.run([sys.executable, "-m", "surecl.cli", *args, "--out", str(tmp_path / "one")], env=env, capture_output=True, text=True)
     assert one.returncode == 0, one.stderr[-2000:]
-    codes, out = launch_two([sys.executable, "-m", "surecl.cli", *args, "--out", str(tmp_path / "two")], {**env, "CUDA_VISIBLE_DEVICES": ""}, timeout=120)
+    codes, out = launch_two([sys.executable, "-m", "surecl.cli", *args, "--out", str(tmp_path / "two")], {**env, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
     assert codes == [0, 0], out
 
     def outcome(folder):
