@@ -246,6 +246,8 @@ def test_rouge_l_is_rouge_scores_and_exact_match_normalises():
     # a hand check of the first pair: LCS "the cat on the mat" = 5 of 6 and 6 words -> F = 5/6
     assert rouge_l(PREDICTIONS[:1], TARGETS[:1]) == pytest.approx(100 * 5 / 6)
     assert normalise_answer("The  Cat, sat!") == "cat sat"
+    # punctuation is deleted, as SQuAD's and Super-NaturalInstructions' evaluation scripts do
+    assert exact_match(["US", "Washington DC", "email"], ["U.S.", "Washington, D.C.", "e-mail"]) == 100.0
     assert exact_match(PREDICTIONS, TARGETS) == pytest.approx(100 * 2 / 5)  # "paris" and "a b c d" (articles dropped)
 
 
@@ -435,3 +437,22 @@ def test_jsonl_lines_end_at_newlines_only(tmp_path):
     f.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
     task = load_jsonl_task(f)
     assert task.labels == ["yes", "no"] and task.train[0].sentence == "first\u2028second\u0085third" and len(task.test) == 1
+
+
+def test_seq2seq_answers_skip_the_decoder_start_token(tiny_loaded):
+    """An encoder-decoder's ``generate`` returns the decoder start token first: pad on T5, but
+    EOS on BART and mBART, where cutting at the first stop token would leave every answer empty."""
+    from surecl.data.encode import Encoded
+    from surecl.evaluate import generate_answers
+
+    tok = tiny_loaded.tokenizer
+    word = tok.encode("warm", add_special_tokens=False)
+
+    class StartsWithEos:  # BART's decoder_start_token_id is its EOS
+        def generate(self, **kwargs):
+            return torch.tensor([[tok.eos_token_id, *word, tok.eos_token_id]])
+
+    item = Encoded(prompt=tok.encode("Warm or cool?", add_special_tokens=False), answer=[*word, tok.eos_token_id], label="warm")
+    got = generate_answers(StartsWithEos(), tok, [item], is_seq2seq=True, max_new_tokens=4, batch_size=1, device="cpu",
+                           stop_ids=[tok.eos_token_id])
+    assert got == [tok.decode(word, skip_special_tokens=True).strip()] and got[0]

@@ -50,3 +50,14 @@ def test_mtl_learns_all_tasks_together(tmp_path, tiny_cache):
     per_task = [sum(r[j] for r in rows) / 3 for j in range(3)]
     assert sum(per_task) / 3 >= 45.0, rows  # measured 91.2 and 62.5 on the two machines above
     assert min(per_task) >= 30.0, rows  # measured 86.1 and 55.6: no task is left out
+
+
+def test_mtl_with_a_dual_learner_reports_no_forgetting_for_either_adapter(tmp_path, tiny_cache):
+    """MTL's one-row matrix has no forgetting to measure: AP, forgetting and BWT are None for
+    the slow adapter and for the fast one (whose summary once counted the last task alone)."""
+    cfg = build_config("tiny,mtl", ["data.tasks=[colors,animals]", "data.n_train=8", "data.n_test=4", "train.epochs=1",
+                                    "dual.enabled=true", "eval.fast=true"])
+    res = run(cfg, tmp_path / "mtl", progress=False, cache_dir=tiny_cache)
+    for summary in (res, res["fast"]):
+        assert (summary["ap"], summary["forgetting"], summary["bwt"]) == (None, None, None), summary
+        assert summary["fp"] is not None

@@ -44,7 +44,7 @@ def generate_answers(
                 num_beams=1,
                 eos_token_id=stop,
                 pad_token_id=tokenizer.pad_token_id,
-            )
+            )[:, 1:]  # the decoder's start token first (BART's is its EOS, which would end every answer at once)
         else:
             batch = {k: v.to(device) for k, v in collate(rows, tokenizer.pad_token_id, False, with_answer=False, share_prefix=share_prefix).items()}
             new = greedy(model, batch, max_new_tokens=max_new_tokens, eos_id=stop, pad_id=tokenizer.pad_token_id)
@@ -177,8 +177,9 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 def normalise_answer(text: str) -> str:
     """SQuAD's answer normalisation (as Super-NaturalInstructions' exact match): lower case,
-    punctuation and the articles a / an / the removed, whitespace collapsed."""
-    text = _PUNCT.sub(" ", text.lower())
+    punctuation deleted ("U.S." is "us", "e-mail" "email"), the articles a / an / the removed,
+    whitespace collapsed."""
+    text = _PUNCT.sub("", text.lower())
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 

@@ -39,12 +39,12 @@ def results(run) -> dict:
     st = run.state
     lower = run.cfg.eval.mode == "perplexity"
     summary = metrics.summarise(st.accuracy, higher_is_better=not lower, initial=st.initial)
-    if not run.method.continual:
-        summary.update(ap=None, forgetting=None, bwt=None, avg_incremental=None, fwt=None)
+    blank = {} if run.method.continual else dict(ap=None, forgetting=None, bwt=None, avg_incremental=None, fwt=None)
+    summary.update(blank)  # MTL: one row, no forgetting to measure (nor for its fast adapter)
     extra = {}
     if st.accuracy_fast is not None:
         extra["fast"] = {"accuracy_matrix": st.accuracy_fast,
-                         **metrics.summarise(st.accuracy_fast, higher_is_better=not lower, initial=st.initial)}
+                         **metrics.summarise(st.accuracy_fast, higher_is_better=not lower, initial=st.initial), **blank}
     per_task = metrics_of_tasks(run)
     kinds = set(per_task.values())
     return {
