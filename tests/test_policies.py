@@ -4,6 +4,7 @@ aging, buffer capacity, and the trainer's scorer wiring."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -172,11 +173,41 @@ def test_reservoir_policy_inserts_online_from_observe():
     policy.observe(0, [2, 0])
     policy.at_task_end(0, N, no_scorer)
     assert [(e.task, e.index) for e in policy.buffer.entries] == [(0, 3), (0, 1), (0, 4), (0, 2), (0, 0)]
-    for _ in range(20):
+    policy.at_task_start(1, N, no_scorer)
+    for _ in range(20):  # 20 epochs: each example is offered once, on its first appearance
         policy.observe(1, list(range(N)))
-    assert len(policy) == 5 and policy.buffer.n_seen == 205
+    assert len(policy) == 5 and policy.buffer.n_seen == 5 + N
     assert all(e.task in (0, 1) for e in policy.buffer.entries)
     assert any(e.task == 1 for e in policy.buffer.entries)
+
+
+def test_reservoir_never_holds_an_example_twice_over_epochs_and_a_resume():
+    """Ten epochs of 100 examples into 20 slots: 20 distinct examples (a later epoch offering
+    them again once filled the reservoir with repeats); a policy restored mid-task from its
+    state goes on exactly as the uninterrupted one."""
+
+    def fresh():
+        p = ReservoirPolicy(ReplayConfig(policy="reservoir"), 20, seed=3)
+        p.at_task_start(0, 100, no_scorer)
+        return p
+
+    whole, first = fresh(), fresh()
+    for epoch in range(10):
+        order = random.Random(epoch).sample(range(100), 100)
+        for k in range(0, 100, 8):
+            whole.observe(0, order[k:k + 8])
+            if epoch < 3:
+                first.observe(0, order[k:k + 8])
+        if epoch == 2:
+            meta, tensors = first.state_dict()
+            resumed = ReservoirPolicy(ReplayConfig(policy="reservoir"), 20, seed=3)
+            resumed.load_state_dict(json.loads(json.dumps(meta)), tensors)  # as a checkpoint's meta.json holds it
+        elif epoch > 2:
+            for k in range(0, 100, 8):
+                resumed.observe(0, order[k:k + 8])
+    held = [(e.task, e.index) for e in whole.buffer.entries]
+    assert len(held) == len(set(held)) == 20 and whole.buffer.n_seen == 100
+    assert [(e.task, e.index) for e in resumed.buffer.entries] == held
 
 
 # ---------------------------------------------------------------------------- aging

@@ -156,10 +156,26 @@ class ReservoirPolicy(ReplayPolicy):
     def __init__(self, cfg, capacity: int, seed: int):
         super().__init__(cfg, capacity, seed)
         self.buffer = ReservoirBuffer(capacity)
+        self.offered: set[tuple[int, int]] = set()
+        """The current task's examples offered so far: a later epoch offers none of them again,
+        so the reservoir samples the task's distinct examples and never holds one twice."""
+
+    def at_task_start(self, task: int, n_items: int, scorer: Scorer) -> None:
+        self.offered = set()
 
     def observe(self, task: int, indices: list[int], scores: list[float] | None = None, keys: list[str] | None = None) -> None:
         for i in indices:
-            self.buffer.offer(Entry(task, i), self.rng)
+            if (task, i) not in self.offered:
+                self.offered.add((task, i))
+                self.buffer.offer(Entry(task, i), self.rng)
+
+    def state_dict(self) -> tuple[dict, dict]:
+        meta, tensors = super().state_dict()
+        return {**meta, "offered": sorted([t, i] for t, i in self.offered)}, tensors
+
+    def load_state_dict(self, meta: dict, tensors: dict | None = None) -> None:
+        super().load_state_dict(meta, tensors)
+        self.offered = {(int(t), int(i)) for t, i in meta.get("offered", [])}
 
 
 class QuotaPolicy(ReplayPolicy):
