@@ -456,3 +456,24 @@ def test_seq2seq_answers_skip_the_decoder_start_token(tiny_loaded):
     got = generate_answers(StartsWithEos(), tok, [item], is_seq2seq=True, max_new_tokens=4, batch_size=1, device="cpu",
                            stop_ids=[tok.eos_token_id])
     assert got == [tok.decode(word, skip_special_tokens=True).strip()] and got[0]
+
+
+def test_classification_sentences_cut_to_max_length_are_counted(tiny_loaded, tmp_path, tiny_cache, caplog):
+    """A classification row whose sentence does not fit keeps its instruction, options and
+    answer and loses the sentence's end: the encoder counts such rows per task and split, and
+    the run says so (once a silent cut)."""
+    from surecl.config import build_config
+    from surecl.trainer import ContinualRun
+
+    task = Task("t", "Warm or cool? ", ["warm", "cool"], [Example(" ".join(["sun"] * 90), "warm"), Example("ice", "cool")],
+                [Example("ice", "cool")])
+    enc = TaskEncoder(tiny_loaded.tokenizer, max_length=64)
+    long, short = enc.encode(task, task.train)
+    assert len(long.prompt) <= 64 and long.answer == enc.answer_ids("warm") and long.prompt[-2:] == short.prompt[-2:]  # "\nAnswer:" kept
+    enc.encode(task, task.test, split="test")
+    assert enc.sentence_cut == {("t", "train"): (1, 2)} and enc.cut == {}
+    cfg = build_config("tiny,seq_lora", ["data.tasks=[colors]", "data.n_train=8", "data.n_test=4", "model.max_length=12"])
+    with caplog.at_level("INFO", logger="surecl"):
+        ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    said = [r.getMessage() for r in caplog.records if "sentences are cut to fit model.max_length=12" in r.getMessage()]
+    assert said and said[0].startswith("task colors: ") and " of 8 train sentences" in said[0], said

@@ -80,6 +80,11 @@ class TaskEncoder:
         """(task, split) -> (rows whose target or text was cut to ``max_length``, rows): what the
         run warns about (the cut end is neither trained nor scored)."""
         self._cuts = 0
+        self.sentence_cut: dict[tuple[str, str], tuple[int, int]] = {}
+        """(task, split) -> (classification rows whose sentence was cut to fit ``max_length``,
+        rows): what the run says (the model reads the sentence's start; instruction, options and
+        answer are kept)."""
+        self._sentence_cuts = 0
 
     def _ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
@@ -94,7 +99,9 @@ class TaskEncoder:
         bos = [self.tok.bos_token_id] if getattr(self.tok, "add_bos_token", False) and self.tok.bos_token_id is not None else []
         head_ids, tail_ids = bos + self._ids(head), self._ids(tail) + ([self.tok.eos_token_id] if self.end_eos else [])
         room = max(self.max_length - len(head_ids) - len(tail_ids), 1)
-        return head_ids + self._ids(body)[:room] + tail_ids
+        body_ids = self._ids(body)
+        self._sentence_cuts += len(body_ids) > room
+        return head_ids + body_ids[:room] + tail_ids
 
     def document(self, text: str) -> Encoded:
         start = self.tok.bos_token_id if self.tok.bos_token_id is not None else self.tok.eos_token_id
@@ -148,7 +155,11 @@ class TaskEncoder:
                 if not e.answer:
                     raise SureclError(f"task {task.name} row {i}: the text has no tokens")
         else:
-            return [Encoded(self.prompt_ids(task, ex.sentence), self.answer_ids(ex.label), ex.label) for ex in rows]
+            self._sentence_cuts = 0
+            out = [Encoded(self.prompt_ids(task, ex.sentence), self.answer_ids(ex.label), ex.label) for ex in rows]
+            if self._sentence_cuts:
+                self.sentence_cut[(task.name, split)] = (self._sentence_cuts, len(rows))
+            return out
         if self._cuts:
             self.cut[(task.name, split)] = (self._cuts, len(rows))
         return out
