@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 
 import pytest
@@ -47,7 +48,12 @@ def test_report_aggregates_orders_and_seeds():
     assert by["surprise"][1][0] == pytest.approx((72.0 + 80.0) / 2)
     md = table_markdown(orders, rows)
     assert "| surprise | 72.0 ± 2.8 | 80.0 | 76.0 |" in md  # one seed: no ±
-    assert "| seq_lora | 40.0 | - | 40.0 |" in md
+    # seq_lora has order 1 only: its average is not comparable with surprise's, and says so
+    assert "| seq_lora | 40.0 | - | 40.0 † |" in md and "† averaged over the orders the row has" in md and "seq_lora lacks 2" in md
+    from surecl.report import table_csv
+
+    table = {r[0]: r for r in csv.reader(io.StringIO(table_csv(orders, rows)))}
+    assert table["method"][-1] == "avg_orders" and (table["surprise"][-1], table["seq_lora"][-1]) == ("2", "1")
 
 
 def test_report_errors(tmp_path, capsys):

@@ -372,22 +372,29 @@ def table_markdown(orders: list[str], rows, metric: str = "fp", unit: str = "acc
     d = 2 if unit == "perplexity" else 1
     lines = [f"{metric.upper()} ({shown}), mean ± {STD_WORDS}; avg = mean of the order means", "", head,
              "|---" * (len(orders) + 2) + "|"]
+    partial = []
     for method, stats, (avg, _) in rows:
         cells = [("-" if o not in stats else f"{stats[o][0]:.{d}f}" + ("" if stats[o][1] is None else f" ± {stats[o][1]:.{d}f}"))
                  for o in orders]
-        lines.append(f"| {method} | " + " | ".join(cells) + f" | {avg:.{d}f} |")
+        missing = [o for o in orders if o not in stats]
+        if missing:
+            partial.append(f"{method} lacks {', '.join(missing)}")
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {avg:.{d}f}{' †' if missing else ''} |")
+    if partial:
+        lines += ["", "† averaged over the orders the row has, so not comparable with a row that has them all: " + "; ".join(partial) + "."]
     return "\n".join(lines) + "\n"
 
 
 def table_csv(orders: list[str], rows) -> str:
     """The ``orders`` layout as CSV: per order mean, sample std (empty with one seed) and n; the
-    average and its sample std over seeds (see :func:`aggregate`)."""
+    average and its sample std over seeds (see :func:`aggregate`) and how many orders it averages
+    (``avg_orders``: fewer than the table's means the row lacks some)."""
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["method"] + [f"order_{o}_{s}" for o in orders for s in ("mean", "std", "n")] + ["avg", "avg_std"])
+    w.writerow(["method"] + [f"order_{o}_{s}" for o in orders for s in ("mean", "std", "n")] + ["avg", "avg_std", "avg_orders"])
     for method, stats, (avg, avg_std) in rows:
         cells = [("" if x is None else x) for o in orders for x in (stats[o] if o in stats else ("", "", 0))]
-        w.writerow([method] + cells + [round(avg, 4), "" if avg_std is None else round(avg_std, 4)])
+        w.writerow([method] + cells + [round(avg, 4), "" if avg_std is None else round(avg_std, 4), sum(o in stats for o in orders)])
     return buf.getvalue()
 
 
