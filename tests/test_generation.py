@@ -196,6 +196,29 @@ def test_chat_rows_render_with_the_template_and_score_only_assistant_tokens(chat
     assert plain.answer[-1] == chat_tok.eos_token_id and "<|im_start|>" not in chat_tok.convert_ids_to_tokens(plain.prompt)
 
 
+def test_a_templates_lead_in_before_the_answer_is_prompt_not_answer(chat_tok):
+    """A template that writes text before an assistant turn's content (Qwen3 puts an empty
+    think block there) keeps it on the prompt side: a model answering perfectly generates the
+    content alone, which scores as the target (it once scored exact match 0)."""
+    import copy
+
+    tok = copy.deepcopy(chat_tok)
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {% if m['role'] == 'assistant' %}bye ? bye {% endif %}"
+                         "{{ m['content'] }}<|im_end|> {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
+    task = Task("chat", "", [], [Example("bye ?", "see you", CONVERSATION)], [Example("bye ?", "see you", CONVERSATION)], kind="generate")
+    enc = TaskEncoder(tok, max_length=64)
+    [test] = enc.encode(task, task.test, split="test")
+    assert test.answer == ids(tok, "see you <|im_end|>")
+    assert test.prompt[-4:] == ids(tok, "assistant bye ? bye")
+    [train] = enc.encode(task, task.train)
+    assert train.prompt[-4:] == ids(tok, "assistant bye ? bye") and train.answer[:2] == ids(tok, "hello <|im_end|>")
+    scored = [t for t, m in zip(train.answer, train.mask) if m]
+    assert scored == ids(tok, "hello <|im_end|> see you <|im_end|>")  # the second turn's lead-in is read, not trained
+    whole = tok.apply_chat_template([{"role": r, "content": c} for r, c in CONVERSATION], tokenize=False)
+    assert train.prompt + train.answer == tok(whole, add_special_tokens=False)["input_ids"]
+    assert enc.stop_ids() == [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")]
+
+
 def test_masked_answer_nll_counts_assistant_tokens_only(chat_tok, tiny_loaded):
     """token_nll over a chat row's answer (with its mask) equals a plain loop over the
     assistant tokens; the collated mask is right-aligned with the answers."""

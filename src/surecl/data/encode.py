@@ -206,8 +206,10 @@ class TaskEncoder:
 
     def chat_segments(self, turns, where: str) -> list[tuple[str, bool]]:
         """The rendered conversation cut into (text, is an assistant turn) pieces: an assistant
-        turn is what rendering it adds after the generation prompt of the turns before it
-        (its content and the template's end of turn)."""
+        turn is what rendering it adds after the generation prompt of the turns before it (its
+        content and the template's end of turn). Text the template puts before the content (a
+        lead-in such as Qwen3's empty ``<think>\n\n</think>\n\n``) goes with the prompt side:
+        neither trained nor generated, so a decoded answer is the content alone."""
         full = self.render(turns, False, where)
         out: list[tuple[str, bool]] = []
         pos = 0
@@ -219,7 +221,11 @@ class TaskEncoder:
             if len(asked) < pos or not said.startswith(asked) or not full.startswith(said):
                 raise SureclError(f"{where}: the chat template does not render the conversation turn by turn (each turn's "
                                   "prefix unchanged), so its assistant turns cannot be marked")
-            out += [(full[pos : len(asked)], False), (full[len(asked) : len(said)], True)]
+            turn = full[len(asked) : len(said)]
+            content = str(turns[i][1]).strip()
+            k = turn.find(content) if content else -1
+            lead = turn[:k] if k > 0 and turn[:k].strip() else ""
+            out += [(full[pos : len(asked)] + lead, False), (turn[len(lead) :], True)]
             pos = len(said)
         out.append((full[pos:], False))
         return [(text, a) for text, a in out if text]
