@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import copy
 import os
+import platform
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The same arithmetic on every machine the suite meets (set before torch is imported, and
 # inherited by the processes tests start): the tiny model's training is chaotic, so a test's
 # thresholds hold for the kernels and summation order they were measured with: AVX2 kernels
-# (ATen and MKL, also on AVX-512 hosts), two threads, the CPU even where a GPU is present.
-os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
-os.environ.setdefault("MKL_CBWR", "AVX2")
+# (ATen and MKL, also on AVX-512 hosts; x86 only), two threads unless OMP_NUM_THREADS says
+# otherwise, and always the CPU, even where a GPU is present or a scheduler assigned one.
+if platform.machine().lower() in ("x86_64", "amd64"):
+    os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+    os.environ.setdefault("MKL_CBWR", "AVX2")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
-os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 # A launcher's variables would make the in-process runs believe they are one rank of many.
 for _name in [n for n in os.environ if n in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
               or n.startswith("ACCELERATE_")]:

@@ -217,6 +217,11 @@ def test_a_templates_lead_in_before_the_answer_is_prompt_not_answer(chat_tok):
     whole = tok.apply_chat_template([{"role": r, "content": c} for r, c in CONVERSATION], tokenize=False)
     assert train.prompt + train.answer == tok(whole, add_special_tokens=False)["input_ids"]
     assert enc.stop_ids() == [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")]
+    # a content whose text also occurs in the lead-in ("bye") is still cut where the content begins
+    said = (("user", "hi"), ("assistant", "bye"))
+    [row] = enc.encode(Task("c", "", [], [Example("hi", "bye", said)], [Example("hi", "bye", said)], kind="generate"),
+                       [Example("hi", "bye", said)], split="test")
+    assert row.answer == ids(tok, "bye <|im_end|>") and row.prompt[-4:] == ids(tok, "assistant bye ? bye")
 
 
 def test_masked_answer_nll_counts_assistant_tokens_only(chat_tok, tiny_loaded):
@@ -498,5 +503,10 @@ def test_classification_sentences_cut_to_max_length_are_counted(tiny_loaded, tmp
     cfg = build_config("tiny,seq_lora", ["data.tasks=[colors]", "data.n_train=8", "data.n_test=4", "model.max_length=12"])
     with caplog.at_level("INFO", logger="surecl"):
         ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
-    said = [r.getMessage() for r in caplog.records if "sentences are cut to fit model.max_length=12" in r.getMessage()]
-    assert said and said[0].startswith("task colors: ") and " of 8 train sentences" in said[0], said
+    said = [r.getMessage() for r in caplog.records if "inputs are cut to fit model.max_length=12" in r.getMessage()]
+    assert said and said[0].startswith("task colors: ") and " of 8 train inputs" in said[0], said
+    # a plain generation prompt cut to leave its target room is counted the same way
+    gen = Task("g", "", [], [Example(" ".join(["the"] * 80), "warm"), Example("the", "warm")], [], kind="generate")
+    plain = TaskEncoder(tiny_loaded.tokenizer, max_length=32, template="plain")
+    plain.encode(gen, gen.train)
+    assert plain.sentence_cut == {("g", "train"): (1, 2)} and plain.cut == {}

@@ -208,6 +208,16 @@ def test_reservoir_never_holds_an_example_twice_over_epochs_and_a_resume():
     held = [(e.task, e.index) for e in whole.buffer.entries]
     assert len(held) == len(set(held)) == 20 and whole.buffer.n_seen == 100
     assert [(e.task, e.index) for e in resumed.buffer.entries] == held
+    # a checkpoint written before the offered set was kept goes on as that run did (every appearance)
+    old = ReservoirPolicy(ReplayConfig(policy="reservoir"), 20, seed=3)
+    old.load_state_dict({k: v for k, v in json.loads(json.dumps(meta)).items() if k != "offered"})
+    old.observe(0, [0, 1, 2])
+    assert old.offered is None and old.buffer.n_seen == 103
+    old.at_task_start(1, 10, no_scorer)  # the next task keeps the set again
+    old.observe(1, [4, 4])
+    assert old.buffer.n_seen == 104
+    whole.at_task_end(0, 100, no_scorer)
+    assert whole.state_dict()[0]["offered"] == []  # a finished task's list is not carried in checkpoints
 
 
 # ---------------------------------------------------------------------------- aging

@@ -301,8 +301,10 @@ def test_write_sweep_plan_merges(tmp_path):
     assert plan["kind"] == "surecl-sweep-plan"
     assert [r["path"] for r in plan["runs"]] == ["a/order1/seed0", "a/order2/seed0"]
     (tmp_path / PLAN_FILE).write_text("[]")
+    (tmp_path / ".surecl-sweep-lock").unlink()
     with pytest.raises(SureclError, match="not a surecl sweep plan"):
         write_sweep_plan(tmp_path, [])
+    assert not (tmp_path / ".surecl-sweep-lock").exists()  # a refused sweep leaves the folder as it was
 
 
 def test_two_sweeps_planning_at_once_keep_each_others_runs(tmp_path, monkeypatch):

@@ -82,6 +82,10 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
+"""The loopback interface's name, for gloo (``GLOO_SOCKET_IFNAME``)."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -106,7 +110,7 @@ def _launch_two(cmd: list[str], env: dict, timeout: float) -> tuple[list[int] | 
     for rank in (0, 1):
         log = tempfile.TemporaryFile("w+")
         rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo")}
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", LOOPBACK)}
         procs.append(subprocess.Popen(cmd, env=rank_env, stdout=log, stderr=subprocess.STDOUT, text=True))
         logs.append(log)
     deadline = time.monotonic() + timeout

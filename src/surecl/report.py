@@ -650,10 +650,13 @@ def write_sweep_plan(root: Path, runs: list[dict], meta: dict | None = None) -> 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     path = root / PLAN_FILE
-    try:  # never through a symbolic link
-        fd = os.open(root / PLAN_LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    if path.exists() and read_plan(path) is None:  # refused before the lock file is made: the folder stays as it was
+        raise SureclError(f"sweep: {path} exists and is not a surecl sweep plan; move it away")
+    try:  # read-only is enough for a flock (a folder shared by several users); never through a symbolic link
+        fd = os.open(root / PLAN_LOCK, os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
     except OSError as e:
-        raise SureclError(f"sweep: cannot open {root / PLAN_LOCK} ({e.strerror or e}); remove it if it is a link, or choose another --out") from None
+        why = "it is a symbolic link: remove it" if (root / PLAN_LOCK).is_symlink() else f"{e.strerror or e}"
+        raise SureclError(f"sweep: cannot open {root / PLAN_LOCK} ({why}), or choose another --out") from None
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)  # waits: the holder only reads and replaces one small file

@@ -101,15 +101,15 @@ def build_run(
     run.plugins, run.left_out = None, ()
     run.train_sets = InputSets([encoder.encode(t, t.train) for t in run.tasks], run.input_prefix)
     run.test_sets = InputSets([encoder.encode(t, t.test, split="test") for t in run.tasks], run.input_prefix)
-    for (name, split), (n_cut, n) in encoder.cut.items():
-        run.log(f"task {name}: {n_cut} of {n} {split} rows have a target or text longer than model.max_length={cfg.model.max_length} "
-                "tokens allow; their ends are cut (neither trained nor scored): raise model.max_length to keep them")
-    for (name, split), (n_cut, n) in encoder.sentence_cut.items():
-        run.log(f"task {name}: {n_cut} of {n} {split} sentences are cut to fit model.max_length={cfg.model.max_length} tokens "
-                "(the model reads their start; instruction, options and answer are kept): raise model.max_length to keep them whole")
     run.label_answers = [{lab: encoder.answer_ids(lab) for lab in t.labels} for t in run.tasks]
     run.general = load_general_probe(cfg.eval.general, cfg.eval.general_n, cache_dir)
     run.general_sets = [encoder.encode(t, t.test, split="test") for t in run.general.tasks] if run.general else []
+    for (name, split), (n_cut, n) in encoder.cut.items():  # the stream's tasks and the probe's
+        run.log(f"task {name}: {n_cut} of {n} {split} rows have a target or text longer than model.max_length={cfg.model.max_length} "
+                "tokens allow; their ends are cut (neither trained nor scored): raise model.max_length to keep them")
+    for (name, split), (n_cut, n) in encoder.sentence_cut.items():
+        run.log(f"task {name}: {n_cut} of {n} {split} inputs are cut to fit model.max_length={cfg.model.max_length} tokens "
+                "(the model reads their start; instruction and answer are kept): raise model.max_length to keep them whole")
     generation = [t.name for t in run.tasks if t.kind == "generate"]
     probing = any(t.kind == "generate" for t in run.general.tasks) if run.general else False
     run.stop_ids = encoder.stop_ids() if generation or probing else None

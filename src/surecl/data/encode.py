@@ -8,7 +8,9 @@ A ``generate`` task's prompt is the same without options (``instruction + prompt
 the conversation up to the assistant's answer (``data.template``; chat rows always): a chat
 row's training sequence is the whole conversation, its "answer" everything from the first
 assistant turn on, with a ``mask`` that scores only the assistant turns' tokens; its test
-prompt ends where the last assistant turn begins and the answer is that turn.
+prompt ends where the last assistant turn's content begins (text the template writes ahead of
+the content, such as Qwen3's empty think block, belongs to the prompt) and the answer is that
+turn's content and end of turn.
 A ``text`` task (continual pre-training) has no prompt: a document is one start token (BOS,
 or EOS for tokenizers without one) as the "prompt" and its tokens as the "answer", so the same
 loss, scorer and buffer train on, and score, every token of the document.
@@ -81,9 +83,9 @@ class TaskEncoder:
         run warns about (the cut end is neither trained nor scored)."""
         self._cuts = 0
         self.sentence_cut: dict[tuple[str, str], tuple[int, int]] = {}
-        """(task, split) -> (classification rows whose sentence was cut to fit ``max_length``,
-        rows): what the run says (the model reads the sentence's start; instruction, options and
-        answer are kept)."""
+        """(task, split) -> (rows whose input, a classification sentence or a plain generation
+        prompt, was cut to fit ``max_length``, rows): what the run says (the model reads the
+        input's start; instruction, options and answer are kept)."""
         self._sentence_cuts = 0
 
     def _ids(self, text: str) -> list[int]:
@@ -148,7 +150,10 @@ class TaskEncoder:
         :attr:`cut`."""
         self._cuts = 0
         if task.kind == "generate":
+            self._sentence_cuts = 0
             out = [self.generation(task, ex, split, i) for i, ex in enumerate(rows)]
+            if self._sentence_cuts:
+                self.sentence_cut[(task.name, split)] = (self._sentence_cuts, len(rows))
         elif task.kind == "text":
             out = [self.document(ex.sentence) for ex in rows]
             for i, e in enumerate(out):
@@ -185,6 +190,7 @@ class TaskEncoder:
         answer = self._ids(" " + ex.label) + [self.tok.eos_token_id]
         answer = self._fit_answer(answer, len(head) + len(body) + len(tail))
         room = max(self.max_length - len(answer) - len(head) - len(tail), 1)
+        self._sentence_cuts += len(body) > room
         return Encoded(head + body[:room] + tail, answer, ex.label)
 
     def _fit_answer(self, answer: list, prompt_len: int) -> list:
@@ -222,13 +228,29 @@ class TaskEncoder:
                 raise SureclError(f"{where}: the chat template does not render the conversation turn by turn (each turn's "
                                   "prefix unchanged), so its assistant turns cannot be marked")
             turn = full[len(asked) : len(said)]
-            content = str(turns[i][1]).strip()
-            k = turn.find(content) if content else -1
-            lead = turn[:k] if k > 0 and turn[:k].strip() else ""
+            lead = self._lead_in(turns[:i], asked, where)
+            if not (lead and turn.startswith(lead)):  # none, or this turn renders without it (not the last)
+                lead = ""
             out += [(full[pos : len(asked)] + lead, False), (turn[len(lead) :], True)]
             pos = len(said)
         out.append((full[pos:], False))
         return [(text, a) for text, a in out if text]
+
+    _MARKER = "\u2063surecl\u2063"
+    """A string no conversation holds: an assistant turn rendered with it shows where the
+    template puts the content."""
+
+    def _lead_in(self, before, asked: str, where: str) -> str:
+        """What the template writes after the generation prompt of ``before`` and ahead of the
+        next assistant turn's content ("" when nothing but whitespace): found by rendering that
+        turn with :attr:`_MARKER` as its content, so a content that also occurs in the lead-in
+        cannot misplace the cut."""
+        probe = self.render((*before, ("assistant", self._MARKER)), False, where)
+        at = probe.find(self._MARKER)
+        if at < len(asked) or not probe.startswith(asked):
+            return ""
+        lead = probe[len(asked) : at]
+        return lead if lead.strip() else ""
 
     def _chat(self, turns, target: str, test: bool, where: str) -> Encoded:
         pieces = [(self._ids(text), a) for text, a in self.chat_segments(turns, where)]
@@ -256,7 +278,7 @@ class TaskEncoder:
         of what the template puts after an assistant turn's content (its end-of-turn token)."""
         ids = [self.tok.eos_token_id]
         if self.has_chat_template:
-            marker = "\u2063surecl\u2063"
+            marker = self._MARKER
             try:
                 pieces = self.chat_segments((("user", "hi"), ("assistant", marker)), "")
                 turn = next(text for text, a in pieces if a)

@@ -28,7 +28,6 @@ import contextlib
 import json
 import math
 import os
-import secrets
 import time
 
 from surecl.errors import SureclError
@@ -164,10 +163,12 @@ class Tracking(Plugin):
 
 def _writer_kwargs() -> dict:
     """The TensorBoard writer's options: an event file name of its own for every process.
-    tensorboardX and tensorboard name the file ``events.out.tfevents.<whole seconds>.<host>``
-    and open it for writing, so a rerun started within the same second as the killed run it
-    resumes would truncate that run's events; the process id and a random tail keep it apart."""
-    return {"tensorboard": {"filename_suffix": f".{os.getpid()}.{secrets.token_hex(4)}"}}
+    tensorboardX names the file ``events.out.tfevents.<whole seconds>.<host>`` and opens it for
+    writing, so a rerun started within the same second as the killed run it resumes would
+    truncate that run's events; a suffix of the start time in nanoseconds and the process id
+    keeps the files apart and in the order they were started (TensorBoard reads a folder's
+    event files in name order)."""
+    return {"tensorboard": {"filename_suffix": f".{time.time_ns():020d}.{os.getpid()}"}}
 
 
 def _fast(key: str) -> str:

@@ -156,26 +156,34 @@ class ReservoirPolicy(ReplayPolicy):
     def __init__(self, cfg, capacity: int, seed: int):
         super().__init__(cfg, capacity, seed)
         self.buffer = ReservoirBuffer(capacity)
-        self.offered: set[tuple[int, int]] = set()
+        self.offered: set[tuple[int, int]] | None = set()
         """The current task's examples offered so far: a later epoch offers none of them again,
-        so the reservoir samples the task's distinct examples and never holds one twice."""
+        so the reservoir samples the task's distinct examples and never holds one twice. None
+        for the rest of a task resumed from a checkpoint written before it was kept (every
+        appearance offered, as that run did)."""
 
     def at_task_start(self, task: int, n_items: int, scorer: Scorer) -> None:
         self.offered = set()
 
+    def at_task_end(self, task: int, n_items: int, scorer: Scorer) -> None:
+        self.offered = set()  # a finished task's examples are never offered again: nothing to checkpoint
+
     def observe(self, task: int, indices: list[int], scores: list[float] | None = None, keys: list[str] | None = None) -> None:
         for i in indices:
-            if (task, i) not in self.offered:
+            if self.offered is None:
+                self.buffer.offer(Entry(task, i), self.rng)
+            elif (task, i) not in self.offered:
                 self.offered.add((task, i))
                 self.buffer.offer(Entry(task, i), self.rng)
 
     def state_dict(self) -> tuple[dict, dict]:
         meta, tensors = super().state_dict()
-        return {**meta, "offered": sorted([t, i] for t, i in self.offered)}, tensors
+        return {**meta, "offered": None if self.offered is None else sorted([t, i] for t, i in self.offered)}, tensors
 
     def load_state_dict(self, meta: dict, tensors: dict | None = None) -> None:
         super().load_state_dict(meta, tensors)
-        self.offered = {(int(t), int(i)) for t, i in meta.get("offered", [])}
+        offered = meta.get("offered") if "offered" in meta else None
+        self.offered = None if offered is None else {(int(t), int(i)) for t, i in offered}
 
 
 class QuotaPolicy(ReplayPolicy):
