@@ -360,7 +360,7 @@ def test_keeps_more_of_the_first_task_than_seq_lora(tmp_path, tiny_cache):
     Prompts (length 40) 100/100, 100/100, 91.7/91.7. With every prompt at test time (the
     default, no task id) this random base keeps none of it either: the later prompts, trained
     with the earlier ones before them, take over (0/0/0; with replay.policy=reservoir 100, 95.8,
-    50)."""
+    50, measured before the reservoir offered each example once rather than once per epoch)."""
     path = tunable_tiny(tmp_path / "tunable", tiny_cache)
     base = ["data.tasks=[colors,animals,numbers]", f"model.name={path}", "model.dtype=fp32"]
     first, kept = {}, {}
