@@ -23,7 +23,9 @@ def test_fast_matrix_of_a_dual_run_equals_the_non_dual_run(dual, single, tmp_pat
     assert "fast" not in s
     assert d["fast"]["accuracy_matrix"] == s["accuracy_matrix"]
     assert d["fast"]["fp"] == s["fp"] and d["fast"]["forgetting"] == s["forgetting"]
-    assert d["accuracy_matrix"] != d["fast"]["accuracy_matrix"]  # the slow adapter answers differently
+    # the slow adapter is another set of weights (its answers may still coincide on this tiny stream)
+    fast_w, slow_w = (load_file(str(tmp_path / "dual" / "adapters" / a / "adapter_model.safetensors")) for a in ("fast", "slow"))
+    assert fast_w.keys() == slow_w.keys() and any(not torch.equal(fast_w[k], slow_w[k]) for k in fast_w)
     # and the training losses (the fast trajectory) are the same step for step
     loss = lambda p: [json.loads(line)["loss"] for line in (p / "log.jsonl").read_text().splitlines()]  # noqa: E731
     assert loss(tmp_path / "dual") == loss(tmp_path / "single")
