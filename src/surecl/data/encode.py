@@ -148,25 +148,20 @@ class TaskEncoder:
         """``split`` ``test``: a chat row is encoded as its last turn's generation prompt and answer.
         A generation target or a text longer than ``max_length`` allows is cut, and counted in
         :attr:`cut`."""
-        self._cuts = 0
+        self._cuts = self._sentence_cuts = 0
         if task.kind == "generate":
-            self._sentence_cuts = 0
             out = [self.generation(task, ex, split, i) for i, ex in enumerate(rows)]
-            if self._sentence_cuts:
-                self.sentence_cut[(task.name, split)] = (self._sentence_cuts, len(rows))
         elif task.kind == "text":
             out = [self.document(ex.sentence) for ex in rows]
             for i, e in enumerate(out):
                 if not e.answer:
                     raise SureclError(f"task {task.name} row {i}: the text has no tokens")
         else:
-            self._sentence_cuts = 0
             out = [Encoded(self.prompt_ids(task, ex.sentence), self.answer_ids(ex.label), ex.label) for ex in rows]
-            if self._sentence_cuts:
-                self.sentence_cut[(task.name, split)] = (self._sentence_cuts, len(rows))
-            return out
         if self._cuts:
             self.cut[(task.name, split)] = (self._cuts, len(rows))
+        if self._sentence_cuts:
+            self.sentence_cut[(task.name, split)] = (self._sentence_cuts, len(rows))
         return out
 
 

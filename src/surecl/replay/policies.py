@@ -170,11 +170,11 @@ class ReservoirPolicy(ReplayPolicy):
 
     def observe(self, task: int, indices: list[int], scores: list[float] | None = None, keys: list[str] | None = None) -> None:
         for i in indices:
-            if self.offered is None:
-                self.buffer.offer(Entry(task, i), self.rng)
-            elif (task, i) not in self.offered:
+            if self.offered is not None:
+                if (task, i) in self.offered:
+                    continue
                 self.offered.add((task, i))
-                self.buffer.offer(Entry(task, i), self.rng)
+            self.buffer.offer(Entry(task, i), self.rng)
 
     def state_dict(self) -> tuple[dict, dict]:
         meta, tensors = super().state_dict()
@@ -182,7 +182,7 @@ class ReservoirPolicy(ReplayPolicy):
 
     def load_state_dict(self, meta: dict, tensors: dict | None = None) -> None:
         super().load_state_dict(meta, tensors)
-        offered = meta.get("offered") if "offered" in meta else None
+        offered = meta.get("offered")
         self.offered = None if offered is None else {(int(t), int(i)) for t, i in offered}
 
 
