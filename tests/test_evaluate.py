@@ -19,6 +19,31 @@ def test_normalise_and_accuracy():
     assert accuracy([" warm", "COOL.", "hot"], ["warm", "cool", "cold"]) == 100 * 2 / 3
 
 
+def test_labels_that_normalise_alike_count_only_as_their_exact_text():
+    """"-1" and "1" (or "C++" and "C#", "Spam" and "spam") are one string after normalisation:
+    an answer "1" is not the gold "-1", and an empty answer is not the label "+"."""
+    labels = ["-1", "0", "1"]
+    assert accuracy(["1", "-1", " -1\n", "0."], ["-1", "-1", "-1", "0"], labels) == 75.0
+    assert accuracy(["", "+", "-"], ["+", "+", "-"], ["+", "-"]) == 100 * 2 / 3
+    assert accuracy(["c", "C++", "c#"], ["C++", "C++", "C#"], ["C++", "C#", "Java"]) == 100 * 1 / 3
+    assert accuracy(["spam", "SPAM"], ["Spam", "spam"], ["Spam", "spam"]) == 0.0
+    # where the labels stay apart, normalised text is still enough
+    assert accuracy(["sci/tech.", "WORLD"], ["Sci/Tech", "World"], ["Sci/Tech", "World", "Sports"]) == 100.0
+    # the encoder says so when it checks the labels
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from surecl.data.task import Example, Task
+
+    vocab = ["<pad>", "<eos>", "<unk>", "-", "+", "1", "0", "x"]
+    core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    task = Task("stance", "", ["- 1", "0", "1", "+"], [Example("x", "0")], [Example("x", "1")])
+    said = " | ".join(TaskEncoder(tok, max_length=16).check_labels(task))
+    assert "'- 1' and '1' normalise alike" in said and "'+' normalise to nothing" in said and "'0'" not in said
+
+
 def naive_logprobs(model, prompt, options):
     out = []
     for ans in options.values():

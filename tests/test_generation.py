@@ -196,6 +196,24 @@ def test_chat_rows_render_with_the_template_and_score_only_assistant_tokens(chat
     assert plain.answer[-1] == chat_tok.eos_token_id and "<|im_start|>" not in chat_tok.convert_ids_to_tokens(plain.prompt)
 
 
+def test_a_long_chat_prompt_is_cut_in_its_input_and_counted(chat_tok):
+    """A prompt / response row too long for max_length through the chat template keeps the
+    template's start and the instruction, its input is cut at the end (as the plain template
+    cuts it) and the row is counted; a conversation too long loses its first turns, counted too."""
+    long = " ".join(["hi"] * 30)
+    task = Task("qa", "be short ", [], [Example(long, "hello"), Example("hi", "hello")], [Example(long, "hello")], kind="generate")
+    enc = TaskEncoder(chat_tok, max_length=16)
+    cut, whole = enc.encode(task, task.train)
+    assert cut.prompt == ids(chat_tok, "<|im_start|> user be short " + "hi " * 6 + "<|im_end|> <|im_start|> assistant")
+    assert cut.answer == ids(chat_tok, "hello <|im_end|>") and len(cut.prompt) + len(cut.answer) <= 16
+    assert whole.prompt == ids(chat_tok, "<|im_start|> user be short hi <|im_end|> <|im_start|> assistant")
+    assert enc.sentence_cut == {("qa", "train"): (1, 2)} and enc.cut == {}
+    chat = Task("chat", "", [], [Example("bye ?", "see you", CONVERSATION)], [Example("bye ?", "see you", CONVERSATION)], kind="generate")
+    [test] = enc.encode(chat, chat.test, split="test")
+    assert test.prompt[-3:] == ids(chat_tok, "<|im_end|> <|im_start|> assistant") and len(test.prompt) + len(test.answer) <= 16
+    assert enc.sentence_cut[("chat", "test")] == (1, 1)
+
+
 def test_a_templates_lead_in_before_the_answer_is_prompt_not_answer(chat_tok):
     """A template that writes text before an assistant turn's content (Qwen3 puts an empty
     think block there) keeps it on the prompt side: a model answering perfectly generates the
@@ -415,6 +433,10 @@ def test_tiny_generation_stream_learns_and_seq_lora_forgets(learn_forget):
     assert "FP, final performance (ROUGE-L (F, x100)" in (out / "adapters" / "fast" / "README.md").read_text()  # the model card
     saved = json.loads((out / "results.json").read_text())
     assert saved["metrics"] == results["metrics"] and saved["fwt"] == results["fwt"]
+    # prompt.json says how a generation task was prompted, cut and scored (not classification's format)
+    [entry, _] = json.loads((out / "adapters" / "fast" / "prompt.json").read_text())["tasks"]
+    assert entry["chat_template"] is False and "'\\nAnswer:'" in entry["prompt"] and "max_length - len(answer ids)" in entry["truncation"]
+    assert entry["answer"] == "' ' + target, then the EOS token" and entry["scoring"].startswith("rouge-score's ROUGE-L")
 
 
 def test_a_chat_stream_trains_through_the_template(tmp_path, tiny_cache, tiny_loaded):

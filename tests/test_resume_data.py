@@ -65,3 +65,19 @@ def test_options_that_change_no_result_may_change_on_resume(interrupted, capsys)
     # and a finished run is the same run under them
     assert main([*argv, "train.keep_checkpoints=3"]) == 0
     assert "already finished" in capsys.readouterr().err
+
+
+def test_a_finished_run_on_changed_data_is_not_nothing_to_do(interrupted, capsys):
+    """A finished run whose data was edited since: the rerun says so in one line (``--fresh``
+    trains it again), instead of "already finished" over results of the old rows."""
+    root, argv = interrupted
+    assert main(argv) == 0  # finishes the run
+    before = (root / "run" / "results.json").read_bytes()
+    write_task(root / "veg.jsonl", "veg", flip=9)  # one test row relabelled at the same path
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "task veg" in err[0] and "--fresh" in err[0] and "already finished" not in err[0], err
+    assert (root / "run" / "results.json").read_bytes() == before
+    write_task(root / "veg.jsonl", "veg")  # the data as it was: finished again
+    assert main(argv) == 0 and "already finished" in capsys.readouterr().err

@@ -236,6 +236,28 @@ PROMPT_FORMAT = 1
 """The version of ``prompt.json``'s layout."""
 
 
+def _generation_spec(chat: bool, metric: str) -> dict:
+    """How a generation task's rows were prompted, cut and scored (its ``prompt.json`` entry)."""
+    if chat:
+        out = {"prompt": "the tokenizer's chat template over the row's turns up to its last assistant turn (a prompt / "
+                         "response row: one user turn, instruction + input), add_generation_prompt=True; text the template "
+                         "puts before an assistant turn's content belongs to the prompt",
+               "answer": "the assistant turn's content and the template's end of turn",
+               "truncation": "a prompt / response row's input is cut at its end until prompt + answer fit max_length (the "
+                             "template's start and the instruction stay); a longer conversation loses its first tokens"}
+    else:
+        out = {"prompt": "[bos_token_id when not null] + instruction + input + '\\nAnswer:', each part tokenised alone",
+               "answer": "' ' + target, then the EOS token",
+               "truncation": "the input's ids are cut to max(max_length - len(answer ids) - len(other prompt ids), 1); a target "
+                             "longer than max_length leaves keeps at least max_length // 2 of its tokens"}
+    if metric == "exact_match":
+        out["scoring"] = ("exact match after SQuAD's normalisation of prediction and target: lower-case, punctuation deleted, "
+                          "the articles a / an / the removed, whitespace collapsed")
+    elif metric == "rouge_l":
+        out["scoring"] = "rouge-score's ROUGE-L F-measure x100 (its default tokenizer: lower-cased ASCII letters and digits; Porter stemming)"
+    return out
+
+
 def prompt_spec(ctx, adapter: str, base_model: str) -> str:
     """``prompt.json`` of an exported adapter (or whole model): everything needed to ask it as
     the run did without surecl: the prompt template and its tokenisation, each task's labels
@@ -255,10 +277,10 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
         entry = {"name": task.name, "group": task.group, "kind": task.kind}
         if task.kind == "generate":  # free text: no label set; the prompt as the run encoded each row
             longest = max((len(e.answer) for e in ctx.test_sets[j]), default=0) + 1
-            entry.update(instruction=task.instruction, metric=task.score_metric, template=cfg.data.template,
-                         chat_template=bool(getattr(tok, "chat_template", None)) and (cfg.data.template == "auto" or any(e.messages for e in task.test)),
+            chat = bool(getattr(tok, "chat_template", None)) and (cfg.data.template == "auto" or any(e.messages for e in task.test))
+            entry.update(instruction=task.instruction, metric=task.score_metric, template=cfg.data.template, chat_template=chat,
                          max_new_tokens=cfg.eval.max_new_tokens or min(longest, cfg.eval.max_new_cap),
-                         stop_ids=sorted(getattr(ctx, "stop_ids", None) or []))
+                         stop_ids=sorted(getattr(ctx, "stop_ids", None) or []), **_generation_spec(chat, task.score_metric))
         elif task.kind != "text":
             head, _, tail = prompt_parts(task, "", cfg.data.task_prefix)
             answers = ctx.label_answers[j]
@@ -309,10 +331,13 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
                     if mode == "rank" else None,
         },
         "normalisation": {
+            "applies_to": "classification tasks (a generation task's entry names its own scoring)",
             "steps": ["strip, keep the first line", "lower-case", "each character of punctuation replaced by a space",
                       "whitespace runs collapsed to one space, ends stripped"],
             "punctuation": string.punctuation,
-            "exact_match": "normalised prediction == normalised label",
+            "exact_match": "the prediction's first line, stripped, == the label stripped; else normalised prediction == "
+                           "normalised label, where no other of the task's labels normalises to the same and it is not empty "
+                           "(labels such as '-1' and '1' count only as their exact text)",
         },
         "input_prefix": getattr(getattr(ctx, "method", None), "prefix_note", "") or None,
         "tasks": tasks,

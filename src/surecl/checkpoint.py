@@ -231,7 +231,9 @@ def run_lock(out: Path, enabled: bool = True, agree: Callable[[str | None], str 
             os.close(fd)  # releases the flock
 
 
-_LEGACY_CHECKPOINT = re.compile(r"\.?stage-\d{4}(-step-\d{6})?(\..*)?")
+_LEGACY_CHECKPOINT = re.compile(r"stage-\d{4}(-step-\d{6})?|\.stage-\d{4}(-step-\d{6})?(\..*)?")
+"""What an earlier version wrote in ``checkpoints/``: a checkpoint, or a dot-named temporary of
+one; a user's ``stage-0003.bak`` (no leading dot) is neither, so never adopted or removed."""
 CHECKPOINT_NAME = re.compile(r"stage-\d{4}(-step-\d{6})?")
 """A checkpoint folder's name (``run_folder.checkpoint``): what resume reads and pruning removes;
 any other ``stage-*`` name there (a user's ``stage-0003.bak``) is neither."""

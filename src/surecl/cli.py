@@ -52,7 +52,8 @@ def _finished(out: Path, cfg) -> bool:
     if not path.is_file():
         return False
     try:
-        saved = json.loads(path.read_text(encoding="utf-8"))["config"]
+        results = json.loads(path.read_text(encoding="utf-8"))
+        saved = results["config"]
         if not isinstance(saved, dict):
             raise TypeError
     except (OSError, ValueError, KeyError, TypeError):
@@ -61,6 +62,7 @@ def _finished(out: Path, cfg) -> bool:
 
     if not same_config(saved, cfg):
         raise SureclError(f"{out}: already holds a finished run with a different config; choose another --out")
+    _check_same_data(out, results, cfg)
     from surecl.checkpoint import Manifest
 
     missing = Manifest(out).missing_final()
@@ -68,6 +70,24 @@ def _finished(out: Path, cfg) -> bool:
         print(f"surecl: {out}: finished, but {', '.join(missing)} missing; writing it again from the last checkpoint", file=sys.stderr)
         return False
     return True
+
+
+def _check_same_data(out: Path, results: dict, cfg) -> None:
+    """A finished run's tasks are the data this config loads now: each task's fingerprint of its
+    sampled rows (results.json ``provenance``; runs written before it, and tasks passed from
+    Python, have none to compare) against the stream loaded again. Edited data is one line,
+    not "nothing to do" over results of the old rows."""
+    data = (results.get("provenance") or {}).get("data") or {}
+    saved = data.get("fingerprints")
+    if not isinstance(saved, dict) or not saved or data.get("source") != "config":
+        return
+    from surecl.data.loading import load_stream
+
+    now = {t.name: t.fingerprint() for t in load_stream(cfg)}
+    changed = [name for name in now if name in saved and saved[name] != now[name]]
+    if changed:
+        raise SureclError(f"{out}: its finished run was trained and tested on other rows of task {changed[0]} (the data changed "
+                          "since); rerun with --fresh to train it again on this data, or choose another --out")
 
 
 def cmd_run(args) -> int:

@@ -423,6 +423,9 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     if typ is str:
         if isinstance(value, (dict, list)):
             raise SureclError(f"{key}: expected a string, got {value!r}")
+        if isinstance(value, bool):  # YAML 1.1 reads yes/no/on/off/true/false unquoted as booleans: "no" would become "False"
+            raise SureclError(f"{key}: expected a string, got the boolean {value!r} (YAML reads yes, no, on, off, true and false "
+                              "as booleans): quote it, e.g. \"no\"")
         return str(value)
     raise SureclError(f"{key}: unsupported type {typ}")
 

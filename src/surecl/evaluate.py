@@ -16,7 +16,7 @@ import re
 import torch
 
 from surecl.data.encode import Encoded, collate
-from surecl.metrics import _PUNCT, METRIC_NAMES, normalise  # noqa: F401  (re-exported: how reports name each metric; exact match)
+from surecl.metrics import _PUNCT, METRIC_NAMES, is_label, normalise  # noqa: F401  (re-exported: how reports name each metric; exact match)
 from surecl.nll import prefixed, token_nll
 
 
@@ -165,10 +165,12 @@ def perplexity(nll_sums: list[float], n_tokens: list[int]) -> float:
     return math.exp(sum(nll_sums) / total) if total else float("nan")
 
 
-def accuracy(predictions: list[str], gold: list[str]) -> float:
+def accuracy(predictions: list[str], gold: list[str], labels=()) -> float:
+    """Percent of answers that are their gold label (:func:`surecl.metrics.is_label`; ``labels``,
+    the task's label set, decides where normalised text is enough)."""
     if not gold:
         return 0.0
-    hits = sum(normalise(p) == normalise(g) for p, g in zip(predictions, gold))
+    hits = sum(is_label(p, g, labels) for p, g in zip(predictions, gold))
     return 100.0 * hits / len(gold)
 
 
@@ -229,10 +231,11 @@ def _rouge_scorer():
     return _SCORER
 
 
-def task_score(metric: str, predictions: list[str], gold: list[str]) -> float:
-    """A task's score in its metric (``accuracy``, ``exact_match``, ``rouge_l``), in percent."""
+def task_score(metric: str, predictions: list[str], gold: list[str], labels=()) -> float:
+    """A task's score in its metric (``accuracy``, ``exact_match``, ``rouge_l``), in percent
+    (``labels``: a classification task's label set, for accuracy)."""
     if metric == "rouge_l":
         return rouge_l(predictions, gold)
     if metric == "exact_match":
         return exact_match(predictions, gold)
-    return accuracy(predictions, gold)
+    return accuracy(predictions, gold, labels)

@@ -116,3 +116,17 @@ def normalise(text: str) -> str:
     punctuation removed, whitespace collapsed."""
     text = text.strip().split("\n", 1)[0]
     return " ".join(_PUNCT.sub(" ", text.lower()).split())
+
+
+def is_label(answer: str, gold: str, labels=()) -> bool:
+    """Whether a classification answer is the gold label: the same text (first line, stripped),
+    or the same after :func:`normalise` where that tells the task's ``labels`` apart. Where two
+    labels normalise alike ("-1" and "1", "C++" and "C#", "Spam" and "spam") or the gold label
+    normalises to nothing ("+"), only the exact text counts: an answer "1" is not the label "-1",
+    and an empty answer is not "+"."""
+    if answer.strip().split("\n", 1)[0].strip() == gold.strip():
+        return True
+    key = normalise(answer)
+    if not key or key != normalise(gold):
+        return False
+    return sum(normalise(lab) == key for lab in labels) <= 1

@@ -76,7 +76,7 @@ def score_task(run, task: Task, items: list[Encoded], j: int | None = None) -> f
     predictions = run.sharded(predict, items)
     if j is not None and run.eval_view is None and not run.left_out:  # the run's evaluation adapter: what predictions.jsonl records
         run.predictions[j] = predictions
-    return task_score(task.score_metric, predictions, [e.label for e in items])
+    return task_score(task.score_metric, predictions, [e.label for e in items], task.labels)
 
 
 def before_training(run) -> bool:

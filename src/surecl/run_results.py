@@ -9,7 +9,7 @@ import json
 
 import surecl.checkpoint as checkpoint
 import surecl.metrics as metrics
-from surecl.evaluate import normalise, task_score
+from surecl.evaluate import is_label, task_score
 from surecl.methods.base import learner_of
 from surecl.plugins.faults import fault_point
 from surecl.run_eval import evaluate_task, evaluated
@@ -142,7 +142,7 @@ def final_predictions(run) -> list[dict] | None:
             if task.kind == "generate":  # the row's score in the task's metric (ROUGE-L, exact match)
                 row.update(metric=task.score_metric, score=task_score(task.score_metric, [pred], [ex.label]))
             else:
-                row["correct"] = normalise(pred) == normalise(ex.label)
+                row["correct"] = is_label(pred, ex.label, task.labels)
             rows.append(row)
     return rows
 

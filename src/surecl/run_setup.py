@@ -102,6 +102,7 @@ def build_run(
     run.train_sets = InputSets([encoder.encode(t, t.train) for t in run.tasks], run.input_prefix)
     run.test_sets = InputSets([encoder.encode(t, t.test, split="test") for t in run.tasks], run.input_prefix)
     run.label_answers = [{lab: encoder.answer_ids(lab) for lab in t.labels} for t in run.tasks]
+    check_context(run, loaded.model.config)
     run.general = load_general_probe(cfg.eval.general, cfg.eval.general_n, cache_dir)
     run.general_sets = [encoder.encode(t, t.test, split="test") for t in run.general.tasks] if run.general else []
     for (name, split), (n_cut, n) in encoder.cut.items():  # the stream's tasks and the probe's
@@ -109,7 +110,8 @@ def build_run(
                 "tokens allow; their ends are cut (neither trained nor scored): raise model.max_length to keep them")
     for (name, split), (n_cut, n) in encoder.sentence_cut.items():
         run.log(f"task {name}: {n_cut} of {n} {split} inputs are cut to fit model.max_length={cfg.model.max_length} tokens "
-                "(the model reads their start; instruction and answer are kept): raise model.max_length to keep them whole")
+                "(the model reads their start, or a conversation's last turns; instruction and answer are kept): raise "
+                "model.max_length to keep them whole")
     generation = [t.name for t in run.tasks if t.kind == "generate"]
     probing = any(t.kind == "generate" for t in run.general.tasks) if run.general else False
     run.stop_ids = encoder.stop_ids() if generation or probing else None
@@ -175,3 +177,23 @@ def warn_slow_window(run) -> None:
             f"warning: the slow adapter averages over ~{window:.0f} steps but the first task has {first}; "
             "it will lag far behind the fast one early on (set dual.bias_correction=true or a smaller dual.beta)"
         )
+
+
+
+def check_context(run, config) -> None:
+    """A causal model's rows (prompt + answer, and one generated token past the answer) fit the
+    positions it has (``n_positions`` / ``max_position_embeddings``): GPT-2's learned positions
+    stop with an index error past 1,024, a rotary model's answers past its trained length mean
+    little. ``model.max_length`` bounds the prompt, not the answer after it."""
+    if run.is_seq2seq:
+        return
+    context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    if isinstance(context, bool) or not isinstance(context, int) or context <= 0:
+        return
+    for sets in (run.train_sets, run.test_sets):
+        for task, rows in zip(run.tasks, sets.encoded):
+            longest = max((len(e.prompt) + len(e.answer) for e in rows), default=0) + 1
+            if longest > context:
+                raise SureclError(f"task {task.name}: rows of up to {longest} tokens (prompt, answer and one generated token) do "
+                                  f"not fit the model's {context} positions; lower model.max_length (now {run.cfg.model.max_length}) "
+                                  f"by at least {longest - context}")

@@ -84,9 +84,12 @@ class DataConfig:
     answers, built once from the ``bigbench`` package: :mod:`surecl.data.instruct`), ``tiny``
     (fixture), ``none`` (only ``data.jsonl`` / ``data.hf`` tasks), or a path to a CL_Benchmark folder."""
     order: str = "default"
-    """A task order: ``1``..``6`` for CL_Benchmark, ``default`` for the benchmark's own order."""
+    """A task order: ``1``..``6`` for CL_Benchmark, ``default`` for the benchmark's own order
+    (the only one of ``tiny`` and ``none``: another is refused there unless ``tasks`` is set)."""
     tasks: list[str] = field(default_factory=list)
-    """Explicit task names in training order; overrides ``order``."""
+    """Explicit task names in training order; overrides ``order``. With a benchmark it chooses
+    among the benchmark's tasks (``jsonl`` / ``hf`` tasks follow them); with ``none`` among the
+    ``jsonl`` / ``hf`` tasks. A name not in the stream is refused."""
     jsonl: list[str] = field(default_factory=list)
     """User tasks, one JSONL file each (see README); appended after benchmark tasks."""
     hf: list[HFTaskConfig] = field(default_factory=list)

@@ -41,6 +41,8 @@ def read_json(path: Path) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise SureclError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:  # nesting deeper than Python's parser follows
+        raise SureclError(f"{path}: malformed JSON (nested too deeply)") from None
 
 
 def parse_rows(rows: Any, source: str) -> list[Example]:

@@ -83,10 +83,11 @@ class TaskEncoder:
         run warns about (the cut end is neither trained nor scored)."""
         self._cuts = 0
         self.sentence_cut: dict[tuple[str, str], tuple[int, int]] = {}
-        """(task, split) -> (rows whose input, a classification sentence or a plain generation
-        prompt, was cut to fit ``max_length``, rows): what the run says (the model reads the
-        input's start; instruction, options and answer are kept)."""
+        """(task, split) -> (rows whose input, a classification sentence or a generation prompt,
+        was cut to fit ``max_length``, rows): what the run says (the model reads the input's start;
+        instruction, options and answer are kept; a conversation loses its first turns)."""
         self._sentence_cuts = 0
+        self._dropped = 0
 
     def _ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
@@ -137,6 +138,14 @@ class TaskEncoder:
             raise SureclError(f"task {task.name}: labels {shown} encode to the same token ids, so the model cannot tell them "
                               "apart; rename them")
         warnings = []
+        alike: dict[str, list[str]] = {}
+        for lab in task.labels:
+            alike.setdefault(normalise(lab), []).append(lab)
+        for key, group in alike.items():
+            if len(group) > 1 or not key:
+                shown = " and ".join(repr(lab) for lab in group)
+                warnings.append(f"task {task.name}: label(s) {shown} " + ("normalise alike" if len(group) > 1 else "normalise to nothing")
+                                + "; a generated answer counts for them only as their exact text")
         for lab, t in ids.items():
             text = self.tok.decode(t, skip_special_tokens=True)
             if normalise(text) != normalise(lab):
@@ -177,8 +186,26 @@ class TaskEncoder:
         if ex.messages or (self.template == "auto" and self.has_chat_template):
             if not self.has_chat_template:
                 raise SureclError(f"{where}: a chat row (messages) needs a tokenizer with a chat template; this one has none")
-            turns = ex.messages or (("user", task.instruction + ex.sentence), ("assistant", ex.label))
-            return self._chat(turns, ex.label, split == "test", where)
+            test = split == "test"
+            if ex.messages:  # a conversation too long is cut from its start (the last turns are kept)
+                enc = self._chat(ex.messages, ex.label, test, where)
+                self._sentence_cuts += self._dropped > 0
+                return enc
+            # a prompt / response row: where it does not fit, its input is cut at the end, as the
+            # plain template cuts it, and the template's start (system header) and the instruction stay
+            body = self._ids(ex.sentence)
+            cuts = self._cuts  # a target cut is counted once, by the last try
+            enc = self._chat((("user", task.instruction + ex.sentence), ("assistant", ex.label)), ex.label, test, where)
+            keep = len(body)
+            for _ in range(4):  # a cut text may tokenise a little differently once decoded: a few tries
+                if not self._dropped or keep <= 0:
+                    break
+                keep = max(keep - self._dropped - 1, 0)
+                text = self.tok.decode(body[:keep], skip_special_tokens=True)
+                self._cuts = cuts
+                enc = self._chat((("user", task.instruction + text), ("assistant", ex.label)), ex.label, test, where)
+            self._sentence_cuts += keep < len(body) or self._dropped > 0
+            return enc
         head = ([self.tok.bos_token_id] if getattr(self.tok, "add_bos_token", False) and self.tok.bos_token_id is not None else []) + self._ids(task.instruction)
         tail = self._ids("\nAnswer:")
         body = self._ids(ex.sentence)
@@ -266,7 +293,9 @@ class TaskEncoder:
             raise SureclError(f"{where}: the assistant turn has no tokens")
         answer = self._fit_answer(answer, len(prompt))
         mask = mask[: len(answer)]
-        return Encoded(prompt[-max(self.max_length - len(answer), 1) :], answer, target, None if all(mask) else mask)
+        room = max(self.max_length - len(answer), 1)
+        self._dropped = max(len(prompt) - room, 0)  # prompt tokens cut from the start (the caller counts them)
+        return Encoded(prompt[-room:], answer, target, None if all(mask) else mask)
 
     def stop_ids(self) -> list[int]:
         """The tokens that end a generated answer: EOS and, with a chat template, the first token

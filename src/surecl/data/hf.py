@@ -29,9 +29,13 @@ from surecl.sections import HFTaskConfig
 
 DATA_FILES = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
 """Data-file suffix -> the ``datasets`` builder that reads it."""
+_CSV_TEXT = {"keep_default_na": False, "na_values": [""]}
+"""A CSV field is its text: "NA" (North America), "None", "null" stay words (pandas reads them
+as missing by default); only an empty field is missing."""
 HUB_TIMEOUT_S = 5.0
 """How long the hub may take to say whether a dataset id exists before it counts as unreachable."""
 _STRINGS = ("string", "large_string")
+_INT_TEXT = re.compile(r"[+-]?\d+")
 _INTS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
 
@@ -113,14 +117,17 @@ def _open(datasets: Any, spec: HFTaskConfig, key: str) -> dict[str, Any]:
             if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
                 what, load = "a saved dataset", lambda: datasets.load_from_disk(str(path))
             else:
-                what, load = "a folder of data files", lambda: datasets.load_dataset(str(path), spec.name or None)
+                suffixes = {f.suffix.lower() for f in path.rglob("*") if f.is_file() and f.suffix.lower() in DATA_FILES}
+                extra = _CSV_TEXT if suffixes == {".csv"} else {}
+                what, load = "a folder of data files", lambda: datasets.load_dataset(str(path), spec.name or None, **extra)
         elif path.is_file():
             builder = DATA_FILES.get(path.suffix.lower())
             if builder is None:
                 raise SureclError(
                     f"{key}.path: {path} is not a data file datasets reads here (suffix {', '.join(DATA_FILES)}), nor a dataset folder"
                 )
-            what, load = f"{builder.upper()}", lambda: datasets.load_dataset(builder, data_files=str(path))
+            extra = _CSV_TEXT if builder == "csv" else {}
+            what, load = f"{builder.upper()}", lambda: datasets.load_dataset(builder, data_files=str(path), **extra)
         else:  # reading a FIFO would block: say what it is instead
             raise SureclError(f"{key}.path: {path} is not a regular file or folder (a FIFO, socket or device)")
         try:
@@ -204,7 +211,15 @@ def _labels(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str) -> tupl
     dtype = getattr(feature, "dtype", None)
     if names is None and dtype not in _STRINGS + _INTS:
         raise SureclError(f"{key}.label_column: column {col!r} of {src} holds {_describe(feature)}; labels must be strings or integers")
-    index = names if names is not None else (_given_labels(spec) or None)
+    given = _given_labels(spec)
+    numbers = [bool(_INT_TEXT.fullmatch(x)) for x in given]
+    if names is None and dtype in _INTS and any(numbers) and not all(numbers):
+        raise SureclError(f"{key}.labels: column {col!r} of {src} holds integers and the given labels mix numbers with names "
+                          f"({', '.join(given)}), so an integer could be a position among them or the label itself; give "
+                          "every label as a name (the integers are positions) or every label as a number (the integers are the labels)")
+    # given labels that are all numbers name the integers themselves ("1", "2", "3" for a 1-3
+    # rating), never positions among them: 1 would read as "2" and 3, past the end, as "3"
+    index = names if names is not None else (given if given and not all(numbers) else None)
     out = []
     for i, v in enumerate(values):
         if v is None:
@@ -303,6 +318,7 @@ def splits_task(datasets: Any, splits: dict[str, Any], spec: HFTaskConfig, name:
         train=rows["train"],
         test=rows["test"],
         group="hf",
+        metric=spec.metric,  # a generation metric on a classification task: Task.check refuses it
     )
     task.check(where, invalid_labels)
     return task

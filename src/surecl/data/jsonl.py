@@ -126,6 +126,8 @@ def read_jsonl(path: str | Path, what: str = "data.jsonl") -> tuple[dict, list[t
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise SureclError(f"{path} line {lineno}: malformed JSON ({exc.msg})") from None
+        except RecursionError:  # nesting deeper than Python's parser follows
+            raise SureclError(f"{path} line {lineno}: malformed JSON (nested too deeply)") from None
         if not isinstance(obj, dict):
             raise SureclError(f"{path} line {lineno}: expected a JSON object")
         if "task" in obj and not any(k in obj for k in ROW_KEYS):
@@ -143,7 +145,7 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
     rows: dict[str, list] = {"train": [], "test": []}
     for lineno, obj in lines:
         split = obj.get("split", "train")
-        if split not in rows:
+        if not isinstance(split, str) or split not in rows:
             raise SureclError(f"{path} line {lineno}: split must be 'train' or 'test', got {split!r}")
         rows[split].append((lineno, obj))
     declared = header.get("kind")

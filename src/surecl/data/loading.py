@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from surecl.config import RunConfig
@@ -15,14 +16,15 @@ from surecl.errors import SureclError
 
 def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
     data = cfg.data
+    if data.benchmark in ("tiny", "none") and data.order != "default" and not data.tasks:
+        # these streams have no numbered orders: an order that is not read would make runs of
+        # several "orders" the same stream, counted as independent units by a report
+        what = "the tiny benchmark" if data.benchmark == "tiny" else "a stream of data.jsonl / data.hf tasks"
+        raise SureclError(f"data.order: {what} has one order (default), not {data.order!r}; set data.tasks=[...] to order its tasks")
     if data.benchmark == "tiny":
         tasks = tiny_generation_stream() if data.kind == "generate" else tiny_stream()
         if data.tasks:
-            by_name = {t.name: t for t in tasks}
-            unknown = [n for n in data.tasks if n not in by_name]
-            if unknown:
-                raise SureclError(f"data.tasks: the tiny benchmark has no task {', '.join(unknown)}")
-            tasks = [by_name[n] for n in data.tasks]
+            tasks = _chosen(tasks, data.tasks, "the tiny benchmark")
     elif data.benchmark == "none":
         tasks = []
     elif data.benchmark == "instruct":
@@ -49,7 +51,18 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
             tasks.append(load_hf_task(spec, f"data.hf[{i}]", data.kind, data.invalid_labels))
     if not tasks:
         raise SureclError("data: the stream has no tasks (set data.benchmark, data.jsonl or data.hf)")
+    if data.benchmark == "none" and data.tasks:  # the user's own tasks, chosen and ordered by name
+        tasks = _chosen(tasks, data.tasks, "data.jsonl / data.hf")
     return sampled(tasks, cfg)
+
+
+def _chosen(tasks: list[Task], names: list[str], source: str) -> list[Task]:
+    """``names`` of ``tasks``, in that order (``data.tasks``); a name not among them is one line."""
+    by_name = {t.name: t for t in tasks}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise SureclError(f"data.tasks: {source} has no task {', '.join(unknown)} (it has {', '.join(by_name)})")
+    return [by_name[n] for n in names]
 
 
 def caller_stream(tasks: list[Task], cfg: RunConfig) -> list[Task]:
@@ -58,6 +71,9 @@ def caller_stream(tasks: list[Task], cfg: RunConfig) -> list[Task]:
     tasks = caller_tasks(tasks, cfg)
     if not tasks:
         raise SureclError("tasks: the stream has no tasks")
+    # the caller's Task objects stay as given: checking with data.invalid_labels=drop removes
+    # rows from (and marks) the copies the run reads
+    tasks = [dataclasses.replace(t, labels=list(t.labels), train=list(t.train), test=list(t.test), meta=dict(t.meta)) for t in tasks]
     tasks = [t.as_text() if cfg.data.kind == "text" and t.kind != "text" else t for t in tasks]
     for t in tasks:
         t.check("tasks", cfg.data.invalid_labels)

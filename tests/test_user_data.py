@@ -1,0 +1,145 @@
+"""Edges of a user's own data where a result would be silently wrong: integer labels read two
+ways, CSV words read as missing, a metric or a task list that is accepted and ignored, YAML
+booleans where a label was meant, malformed JSONL that escaped as a traceback, and the caller's
+own Task objects changed by a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+
+from surecl.config import HFTaskConfig, build_config
+from surecl.data.hf import load_hf_task
+from surecl.data.jsonl import load_jsonl_task
+from surecl.data.loading import caller_stream, load_stream
+from surecl.data.task import Example, Task
+from surecl.errors import SureclError
+
+
+@pytest.fixture(autouse=True)
+def datasets_cache(tmp_path, monkeypatch):
+    """``load_dataset`` caches what it reads: into the test's folder, never the user's cache."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets-cache")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets-cache"))
+
+
+def write_csv(path: Path, rows: list[tuple[str, object]]) -> Path:
+    path.write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows))
+    return path
+
+
+def read(task: Task) -> dict[str, str]:
+    return {ex.sentence: ex.label for ex in task.train + task.test}
+
+
+def test_given_labels_that_are_numbers_name_the_integers_not_positions(tmp_path):
+    """A 1-3 rating column with labels ["1", "2", "3"]: 1 stays "1" (as a position it would read
+    "2", and 3, past the end, "3": two classes merged, every label moved by one)."""
+    rows = [(f"row {i}", i % 3 + 1) for i in range(12)]
+    csv = write_csv(tmp_path / "stars.csv", rows)
+    task = load_hf_task(HFTaskConfig(path=str(csv), labels=["1", "2", "3"], test_fraction=0.25))
+    assert read(task) == {t: str(y) for t, y in rows} and task.labels == ["1", "2", "3"]
+    # names are positions, as documented
+    named = load_hf_task(HFTaskConfig(path=str(write_csv(tmp_path / "polar.csv", [(f"row {i}", i % 2) for i in range(8)])),
+                                      labels=["neg", "pos"], test_fraction=0.25))
+    assert read(named) == {f"row {i}": ["neg", "pos"][i % 2] for i in range(8)}
+    # numbers mixed with names could be either: refused in one line
+    with pytest.raises(SureclError, match=r"mix numbers with names") as err:
+        load_hf_task(HFTaskConfig(path=str(csv), labels=["1", "two", "3"], test_fraction=0.25))
+    assert "\n" not in str(err.value)
+
+
+def test_a_csv_field_is_its_text_and_only_an_empty_one_is_missing(tmp_path):
+    csv = write_csv(tmp_path / "region.csv", [(f"row {i}", ["NA", "EU", "None"][i % 3]) for i in range(9)])
+    task = load_hf_task(HFTaskConfig(path=str(csv), test_fraction=0.34))
+    assert task.labels == ["EU", "NA", "None"] and sorted(set(read(task).values())) == ["EU", "NA", "None"]
+    write_csv(tmp_path / "gap.csv", [("a", "x"), ("b", ""), ("c", "y"), ("d", "x")])
+    with pytest.raises(SureclError, match=r"row 1: no label"):
+        load_hf_task(HFTaskConfig(path=str(tmp_path / "gap.csv"), test_fraction=0.25))
+
+
+def test_a_generation_metric_on_a_classification_entry_is_refused(tmp_path):
+    csv = write_csv(tmp_path / "qa.csv", [(f"q {i}", f"a{i % 2}") for i in range(8)])
+    with pytest.raises(SureclError, match=r"metric 'exact_match' does not fit a classify task"):
+        load_hf_task(HFTaskConfig(path=str(csv), test_fraction=0.25, metric="exact_match"))
+
+
+def jsonl_task(path: Path, name: str) -> Path:
+    rows = [{"task": name, "instruction": "Which? ", "labels": ["warm", "cool"]}]
+    rows += [{"sentence": f"{name} {i}", "label": ["warm", "cool"][i % 2], "split": "test" if i >= 6 else "train"} for i in range(8)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_data_tasks_orders_a_stream_of_the_users_own_tasks(tmp_path):
+    a, b = jsonl_task(tmp_path / "alpha.jsonl", "alpha"), jsonl_task(tmp_path / "beta.jsonl", "beta")
+    base = ["data.benchmark=none", f"data.jsonl=[{a},{b}]"]
+    assert [t.name for t in load_stream(build_config("tiny", base))] == ["alpha", "beta"]
+    assert [t.name for t in load_stream(build_config("tiny", [*base, "data.tasks=[beta,alpha]"]))] == ["beta", "alpha"]
+    assert [t.name for t in load_stream(build_config("tiny", [*base, "data.tasks=[beta]"]))] == ["beta"]
+    with pytest.raises(SureclError, match=r"data.tasks: data.jsonl / data.hf has no task gamma"):
+        load_stream(build_config("tiny", [*base, "data.tasks=[gamma]"]))
+    # an order these streams do not have would make every "order" of a sweep the same stream
+    with pytest.raises(SureclError, match=r"data.order: a stream of data.jsonl / data.hf tasks has one order"):
+        load_stream(build_config("tiny", [*base, "data.order=5"]))
+    with pytest.raises(SureclError, match=r"data.order: the tiny benchmark has one order"):
+        load_stream(build_config("tiny", ["data.order=2"]))
+    # a named order with its task list (as a sweep plan writes it) is that list
+    assert [t.name for t in load_stream(build_config("tiny", [*base, "data.order=b", "data.tasks=[beta,alpha]"]))] == ["beta", "alpha"]
+
+
+@pytest.mark.parametrize("override", ["data.hf=[{path: x.csv, labels: [no, yes], test_fraction: 0.2}]", "data.tasks=[on, off]"])
+def test_a_yaml_boolean_where_a_string_is_meant_is_refused(override):
+    """YAML 1.1 reads an unquoted no / yes / on / off as a boolean: "no" would become "False"."""
+    with pytest.raises(SureclError, match=r"expected a string, got the boolean .*quote it") as err:
+        build_config("tiny", [override])
+    assert "\n" not in str(err.value)
+    quoted = build_config("tiny", ['data.hf=[{path: x.csv, labels: ["no", "yes"], test_fraction: 0.2}]'])
+    assert quoted.data.hf[0].labels == ["no", "yes"]
+
+
+@pytest.mark.parametrize("line, words", [
+    ('{"sentence": "x", "label": "warm", "split": ["test"]}', "split must be 'train' or 'test'"),
+    ("[" * 100000 + "]" * 100000, "nested too deeply"),
+])
+def test_malformed_jsonl_rows_are_one_line(tmp_path, line, words):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"task": "bad", "labels": ["warm", "cool"]}\n' + line + "\n")
+    with pytest.raises(SureclError, match=words) as err:
+        load_jsonl_task(path)
+    assert "\n" not in str(err.value)
+
+
+def test_a_run_leaves_the_callers_tasks_as_given():
+    """data.invalid_labels=drop drops the rows of the run's copies, not of the caller's objects."""
+    train = [Example(f"t {i}", ["warm", "cool"][i % 2]) for i in range(6)] + [Example("odd", "hot")]
+    test = [Example(f"e {i}", ["warm", "cool"][i % 2]) for i in range(4)]
+    mine = Task("mine", "Which? ", ["warm", "cool"], list(train), list(test))
+    [used] = caller_stream([mine], build_config("tiny", ["data.invalid_labels=drop"]))
+    assert len(used.train) == 6 and all(ex.label != "hot" for ex in used.train)
+    assert mine.train == train and mine.test == test and "dropped" not in mine.meta
+
+
+def test_rows_longer_than_the_models_positions_are_refused():
+    """model.max_length bounds the prompt; with the answer after it a row can pass the model's
+    positions (GPT-2's 1,024 stop in an index error mid-run): refused before training."""
+    from types import SimpleNamespace
+
+    from surecl.data.encode import Encoded
+    from surecl.run_setup import check_context
+    from surecl.run_state import InputSets
+
+    def run_of(prompt_len: int, seq2seq: bool = False):
+        rows = [Encoded(list(range(prompt_len)), [7, 8, 1], "x")]
+        return SimpleNamespace(is_seq2seq=seq2seq, tasks=[SimpleNamespace(name="long")], cfg=build_config("tiny", ["model.max_length=1024"]),
+                               train_sets=InputSets([rows], lambda t: ()), test_sets=InputSets([rows], lambda t: ()))
+
+    with pytest.raises(SureclError, match=r"task long: rows of up to 1028 tokens .* the model's 1024 positions; lower "
+                                          r"model.max_length \(now 1024\) by at least 4"):
+        check_context(run_of(1024), SimpleNamespace(n_positions=1024))
+    check_context(run_of(1020), SimpleNamespace(n_positions=1024))  # 1020 + 3 + 1 fits
+    check_context(run_of(1024), SimpleNamespace(max_position_embeddings=4096))
+    check_context(run_of(1024, seq2seq=True), SimpleNamespace(n_positions=512))  # T5's positions are relative
