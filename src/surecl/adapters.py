@@ -97,6 +97,8 @@ class DualLoRA(Plugin):
         self.always_on: list[str] = []
         """Frozen adapters active in every view beside the one asked for (:meth:`add_frozen_adapter`)."""
         self._frozen: list[torch.nn.Parameter] = []
+        self.active = FAST
+        """The adapter that answers now (the last :meth:`activate`)."""
         if dual.enabled:
             # The slow adapter's random init is overwritten by a copy of fast below; drawing it
             # from a forked RNG leaves the global stream (dropout masks, later draws) exactly as
@@ -109,7 +111,8 @@ class DualLoRA(Plugin):
             self.fast_params, self.slow_params = self._pairs()
             with torch.no_grad():
                 torch._foreach_copy_(self.slow_params, self.fast_params)
-            # Bias-corrected EMA keeps a raw average that starts at zero (Adam-style).
+            # Bias-corrected EMA keeps a raw average that starts at zero (Adam-style); plain
+            # tensors, which a later model.to(...) does not move: ema_step moves them (_raw_at_fast)
             self._raw = [torch.zeros_like(p) for p in self.slow_params] if dual.bias_correction else None
         else:
             self.fast_params = [p for n, p in self.model.named_parameters() if f".{FAST}." in n]
@@ -148,6 +151,7 @@ class DualLoRA(Plugin):
         """Make ``name`` the active adapter (with the :attr:`always_on` ones); only fast
         parameters ever require grad (none once bypassed, or with :attr:`fast_trainable` off)."""
         self.model.set_adapter(name)
+        self.active = name
         if self.always_on:
             self.model.base_model.set_adapter([name, *self.always_on])
         for p in self.fast_params:
@@ -180,14 +184,17 @@ class DualLoRA(Plugin):
 
     @contextlib.contextmanager
     def evaluating(self, name: str | None = None) -> Iterator[torch.nn.Module]:
-        """Eval mode with the given (default: evaluation) adapter; restores fast + train mode."""
-        was_training = self.model.training
+        """Eval mode with the given (default: evaluation) adapter; restores the adapter and the
+        train/eval mode in place on entry (fast and train mode during training), so one nested
+        in another (an evaluation, or surprise scoring on the fast adapter, inside a ``with``
+        that put the slow adapter in place) leaves the outer one's adapter answering."""
+        was_training, was_active = self.model.training, self.active
         self.activate(name or self.eval_adapter)
         self.model.eval()
         try:
             yield self.model
         finally:
-            self.activate(FAST)
+            self.activate(was_active)
             self.model.train(was_training)
 
     @torch.no_grad()
@@ -203,9 +210,19 @@ class DualLoRA(Plugin):
         if self._raw is None:
             torch._foreach_lerp_(self.slow_params, self.fast_params, 1.0 - beta)
         else:
-            torch._foreach_lerp_(self._raw, self.fast_params, 1.0 - beta)
+            torch._foreach_lerp_(self._raw_at_fast(), self.fast_params, 1.0 - beta)
             torch._foreach_copy_(self.slow_params, self._raw)
             torch._foreach_div_(self.slow_params, 1.0 - self.beta**self.updates)
+
+    def _raw_at_fast(self) -> list[torch.Tensor]:
+        """The raw average, each tensor on its fast parameter's device and dtype: it is built
+        with the adapters, and a model moved after that (``transformers.Trainer`` puts a model
+        loaded on the CPU on its GPU) moves the parameters, not these tensors."""
+        raw = self._raw
+        for i, (r, p) in enumerate(zip(raw, self.fast_params)):
+            if r.device != p.device or r.dtype != p.dtype:
+                raw[i] = r.to(device=p.device, dtype=p.dtype)
+        return raw
 
     def _adapter_modules(self) -> Iterator[torch.nn.Module]:
         """The PEFT layers (each wraps one base module and holds its adapters' weights)."""

@@ -19,8 +19,10 @@ task's (tokenised) training set. Each call is one task boundary:
    (:meth:`surecl.adapters.DualLoRA.ema_step`: one update per step, or beta^n for a step of n
    new examples with ``unit="example"``), and with ``aging`` the step's replayed entries take
    their surprise under the updated fast adapter;
-4. ``trainer.evaluate(...)`` answers with the slow adapter (``adapter="fast"`` for the fast
-   one), and ``with trainer.slow_weights(): ...`` puts it in place for your own evaluation.
+4. ``trainer.evaluate(...)`` and ``trainer.predict(...)`` answer with the slow adapter
+   (``adapter="fast"`` for the fast one; for every dataset of a dict too), and
+   ``with trainer.slow_weights(): ...`` puts it in place for your own evaluation (an
+   ``evaluate`` inside leaves it in place).
 
 Checkpoints are the Trainer's: each task trains under ``output_dir/task-<t>/`` and every
 ``checkpoint-N`` folder also holds ``sure_state.json`` (task index, buffer, EMA clock, policy
@@ -133,7 +135,8 @@ class SureArguments:
     label_column: str = ""
     """The column of each task's dataset holding the example's answer label (any value; compared
     as its ``str``), read by ``balance="label"`` before the Trainer drops the columns the model
-    does not take."""
+    does not take (with ``SureSFTTrainer``, after SFTTrainer's preparation, so its
+    ``shuffle_dataset`` and the rows it drops keep each label with its example)."""
     aging: bool = False
     """``replay.aging``: after every optimizer step that replays, the replayed entries' scores
     become their surprise under the fast adapter just updated (the same scorer as a task's
@@ -302,6 +305,19 @@ class SureTrainer(Trainer):
             raise SureclError("SureTrainer: pass model= (the base model) and args= (TrainingArguments)")
         if getattr(args, "n_gpu", 1) > 1:
             raise SureclError("SureTrainer: one GPU per process (torch.nn.DataParallel is not supported); run several GPUs with accelerate launch / torchrun")
+        if getattr(args, "load_best_model_at_end", False):
+            # the Trainer would look for model weights a checkpoint does not hold (SuRe's adapters are in
+            # sure_state.safetensors), find none, and leave the slow adapter and buffer at the last step
+            raise SureclError(
+                "SureTrainer: load_best_model_at_end=True is not supported (a checkpoint's fast and slow adapters and buffer are "
+                "SuRe's state, which the Trainer's best-model reload does not restore); evaluate after each task, or resume from a chosen checkpoint"
+            )
+        if getattr(args, "fp16_full_eval", False) or getattr(args, "bf16_full_eval", False):
+            # the Trainer's evaluation loop casts the whole model (model.to(dtype)) and never casts it back
+            raise SureclError(
+                "SureTrainer: fp16_full_eval / bf16_full_eval are not supported: evaluate() would cast the whole model, the fp32 LoRA "
+                "adapters and the slow adapter's EMA with it, to half precision for good; evaluate under fp16=True / bf16=True autocast instead"
+            )
         self.sure = sure or SureArguments()
         self.sure.check()
         for p in model.parameters():
@@ -397,14 +413,24 @@ class SureTrainer(Trainer):
     def next_task(self, train_dataset, resume_from_checkpoint: str | bool | None = None):
         """Train on the next task: score and buffer it (at its score / insert times), train one
         ``Trainer.train()`` with replay and the EMA. Returns ``train()``'s output, or None for a
-        task a resumed run had already finished."""
+        task a resumed run had already finished.
+
+        A call that raised (an interrupt, out of memory, an error while scoring) can be made
+        again for the same task: the retry replaces the failed call's dataset, labels and replay
+        counts (so the next task trains on its own rows), and trains from the weights, buffer and
+        EMA clock the failed call left (``resume_from_checkpoint`` continues exactly instead)."""
         t = self.task
-        labels = self._labels(train_dataset)
-        data = self._prepared(train_dataset)
+        if self.dual.active != FAST:
+            raise SureclError(
+                f"SureTrainer.next_task: called inside `with trainer.slow_weights()` (the {self.dual.active} adapter answers there, "
+                "and training would not reach the fast one); call it outside the with block"
+            )
+        data, labels = self._prepared(train_dataset)
         if len(data) == 0:
             raise SureclError(f"SureTrainer.next_task: task {t} has no training examples")
         if labels is not None and len(labels) != len(data):
             raise SureclError(f"SureTrainer.next_task: task {t} has {len(labels)} labels in {self.sure.label_column!r} for {len(data)} examples after preparation")
+        del self.sets[t:], self.labels[t:]  # what a failed call for this task appended
         self.sets.append(data)
         self.labels.append(labels)
         if resume_from_checkpoint and self._resume is None:
@@ -419,6 +445,11 @@ class SureTrainer(Trainer):
             return None
         checkpoint = None
         if resume is not None and t == resume["task"]:
+            if self.args.ignore_data_skip:  # the Trainer would replay the epoch from its first batch, not continue the plan
+                raise SureclError(
+                    f"{resume['path']}: resuming inside task {t} needs ignore_data_skip=False (with it the Trainer trains the epoch's "
+                    "first batches again instead of the steps not yet taken); unset it, or resume from the task's end (task-<k>/sure-end)"
+                )
             checkpoint, self._resume = resume["path"], None  # train() restores it (_load_from_checkpoint)
             self.resumed_from = checkpoint
         self.args.output_dir = str(self.root / f"task-{t}")
@@ -426,7 +457,9 @@ class SureTrainer(Trainer):
         self._sets = _TaskSets(self.sets)
         self._sets.current = t
         set_seed(self.args.seed + t)
+        self._local = [0, 0]
         if checkpoint is None:
+            self.replay_counts.pop(t, None)  # a retried task counts its own training only (a checkpoint restores them)
             if t == 0:
                 self.dual.beta = resolve_beta(self.sure.dual_config(), self._ema_units(len(data)))
             self.policy.at_task_start(t, len(data), self._scorer(data), *self._label_args(t))
@@ -457,15 +490,19 @@ class SureTrainer(Trainer):
         """The policy's ``labels`` argument for a balanced buffer (nothing otherwise)."""
         return (self.labels[t],) if self.labels[t] is not None else ()
 
-    def _prepared(self, dataset):
-        """The dataset as the model reads it (unused columns removed, as ``Trainer`` does)."""
+    def _prepared(self, dataset) -> tuple:
+        """The dataset as the model reads it (unused columns removed, as ``Trainer`` does), and
+        each example's label (:meth:`_labels`), read just before the removal: after any
+        preparation a subclass ran first (``SureSFTTrainer``: SFTTrainer's, which may shuffle
+        or drop rows), so the labels are in the rows' final order."""
+        labels = self._labels(dataset)
         try:
             import datasets
         except ImportError:  # pragma: no cover - datasets ships with the test extra
-            return dataset
+            return dataset, labels
         if isinstance(dataset, datasets.Dataset):
-            return self._remove_unused_columns(dataset, description="training")
-        return dataset
+            return self._remove_unused_columns(dataset, description="training"), labels
+        return dataset, labels
 
     def _collator(self):
         if _is_hf_dataset(self.sets[0]):  # columns already removed (_prepared)
@@ -480,6 +517,7 @@ class SureTrainer(Trainer):
         def scores(task: int) -> list[float]:
             if task not in cache:
                 cache[task] = self.surprise(data)
+                _check_rows(len(cache[task]), len(data), "scored")
                 check_scores(cache[task], f"#{task}", list(range(len(data))))
                 self.scores[task] = cache[task]
             return cache[task]
@@ -503,8 +541,10 @@ class SureTrainer(Trainer):
         out: list[float] = []
         with self.dual.evaluating(FAST) as model:
             for start in range(0, len(rows), size):
-                batch = {k: v.to(self.args.device) if torch.is_tensor(v) else v for k, v in collate([dict(r) for r in rows[start : start + size]]).items()}
+                chunk = rows[start : start + size]
+                batch = {k: v.to(self.args.device) if torch.is_tensor(v) else v for k, v in collate([dict(r) for r in chunk]).items()}
                 nll, count = self._row_nll(model, batch)
+                _check_rows(len(nll), len(chunk), "scored")
                 values = nll / count.clamp(min=1) if self.sure.reduction == "mean" else nll
                 out += values.tolist()
         return out
@@ -637,8 +677,22 @@ class SureTrainer(Trainer):
         self._local[1] += int(inputs.pop(REPLAYED, 0))
         weights = inputs.pop(WEIGHT, None)
         if weights is None:
-            return super().training_step(model, inputs, num_items_in_batch)
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            # after its backward but before the optimizer step: a NaN gradient never reaches the
+            # fast adapter, nor through the EMA the slow one and a checkpoint
+            self._check_finite(loss)
+            return loss
         return self._pair_step(model, inputs, weights)
+
+    def _check_finite(self, loss: torch.Tensor) -> None:
+        """One line when a micro-batch's loss is NaN or infinite, on every process (a flag
+        summed over them: the others would otherwise wait in the next all-reduce)."""
+        bad = torch.tensor(0.0 if torch.isfinite(loss) else 1.0, device=loss.device)
+        if self.world > 1:
+            bad = self.accelerator.reduce(bad, "sum")
+        if bad.item():
+            where = f" (on {int(bad.item())} of {self.world} processes)" if self.world > 1 else f" ({loss.item()})"
+            raise SureclError(f"non-finite loss{where} at task {self.task} step {self.state.global_step}: lower learning_rate (or fix the data)")
 
     def _pair_step(self, model, inputs, weights: torch.Tensor) -> torch.Tensor:
         """A micro-batch of a ``replay_loss="pair"`` step: loss = sum over its rows of the row's
@@ -651,14 +705,10 @@ class SureTrainer(Trainer):
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
             nll, count = self._row_nll(model, inputs)
+            _check_rows(len(nll), len(weights), "weighted")
             w = weights.to(device=nll.device, dtype=nll.dtype)
             loss = self.world * (w * nll / count.clamp(min=1)).sum()
-        bad = torch.tensor(0.0 if torch.isfinite(loss) else 1.0, device=loss.device)
-        if self.world > 1:  # every process stops, not only the one whose rows gave it (the others would wait in the all-reduce)
-            bad = self.accelerator.reduce(bad, "sum")
-        if bad.item():
-            where = f" (on {int(bad.item())} of {self.world} processes)" if self.world > 1 else f" ({loss.item()})"
-            raise SureclError(f"non-finite loss{where} at task {self.task} step {self.state.global_step}: lower learning_rate (or fix the data)")
+        self._check_finite(loss)
         self.accelerator.backward(loss)
         return loss.detach()
 
@@ -666,7 +716,8 @@ class SureTrainer(Trainer):
 
     def weights(self, adapter: str | None = None) -> contextlib.AbstractContextManager:
         """Context manager: the model in eval mode answering with ``adapter`` (default: the slow
-        adapter, or the fast one without the dual learner); fast and train mode after."""
+        adapter, or the fast one without the dual learner); after it, the adapter and mode in
+        place before (an ``evaluate`` inside ``with trainer.slow_weights():`` leaves it slow)."""
         return self.dual.evaluating(adapter or self.dual.eval_adapter)
 
     def slow_weights(self) -> contextlib.AbstractContextManager:
@@ -674,9 +725,24 @@ class SureTrainer(Trainer):
         return self.weights(SLOW if self.sure.dual else FAST)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval", adapter: str | None = None):
-        """``Trainer.evaluate`` on the slow adapter (``adapter="fast"``: the fast one)."""
+        """``Trainer.evaluate`` on the slow adapter (``adapter="fast"``: the fast one). A dict of
+        datasets (given here or as ``eval_dataset`` at construction) is evaluated one dataset at
+        a time, as the Trainer does (``<prefix>_<name>_*`` metrics), but here, so that
+        ``adapter`` holds for each (the Trainer's own loop calls ``evaluate`` without it)."""
+        sets = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(sets, dict):
+            metrics: dict = {}
+            for name, dataset in sets.items():  # a name selects a dataset given at construction (prepared there)
+                metrics.update(self.evaluate(dataset if eval_dataset is not None else name, ignore_keys, f"{metric_key_prefix}_{name}", adapter=adapter))
+            return metrics
         with self.weights(adapter):
             return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+
+    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test", adapter: str | None = None):
+        """``Trainer.predict`` on the adapter ``evaluate`` answers with: the slow one
+        (``adapter="fast"``: the fast one)."""
+        with self.weights(adapter):
+            return super().predict(test_dataset, ignore_keys, metric_key_prefix)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -761,6 +827,17 @@ class SureTrainer(Trainer):
                     _check_resumable(last)
                     return {"task": k, "path": str(last), "done": False}
         return None
+
+
+def _check_rows(rows: int, examples: int, what: str) -> None:
+    """One line when the collator's batch has another number of rows than examples: a
+    padding-free collator (``DataCollatorWithFlattening``) joins a batch into one row, and
+    SuRe scores and weights every example by its own row."""
+    if rows != examples:
+        raise SureclError(
+            f"SureTrainer: the data collator gave {rows} rows for {examples} examples to be {what} one by one (a padding-free "
+            "collator such as DataCollatorWithFlattening joins them into one); use a padding collator (DataCollatorForLanguageModeling, DataCollatorForSeq2Seq)"
+        )
 
 
 def _checkpoints(folder: Path) -> list[Path]:

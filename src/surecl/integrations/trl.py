@@ -36,20 +36,22 @@ def _trl_missing(err: BaseException) -> SureclError:
     return SureclError(f"surecl.integrations.trl needs TRL, which is not installed ({EXTRA}): {err}".splitlines()[0])
 
 
-def _placeholder(eval_dataset, args):
+def _placeholder():
     """A one-row, already tokenised dataset for ``SFTTrainer.__init__`` (which requires a
     ``train_dataset`` and reads its first row for format decisions): conversational, so
-    ``assistant_only_loss`` passes its check, and prompt/completion when the eval set is."""
+    ``assistant_only_loss`` passes its check. Not prompt/completion: ``completion_only_loss``
+    left to SFTTrainer's default is decided for each dataset from its own format when it is
+    prepared (``SureSFTTrainer._prepare_dataset``), not from this row."""
     import datasets
 
     turn = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
-    row = {"input_ids": [[0]], "messages": [turn]}
-    sample = None
-    if eval_dataset is not None and not isinstance(eval_dataset, (str, dict)) and len(eval_dataset) > 0:
-        sample = eval_dataset[0]
-    if args.completion_only_loss is None and sample is not None and "prompt" in sample and "completion" in sample:
-        row.update(prompt=[turn[:1]], completion=[turn[1:]])
-    return datasets.Dataset.from_dict(row)
+    return datasets.Dataset.from_dict({"input_ids": [[0]], "messages": [turn]})
+
+
+def _is_prompt_completion(sample) -> bool:
+    """SFTTrainer's test for its ``completion_only_loss`` default: a prompt/completion row (or
+    one TRL already tokenised from such a row, which carries its ``completion_mask``)."""
+    return isinstance(sample, dict) and (("prompt" in sample and "completion" in sample) or "completion_mask" in sample)
 
 
 def _build():
@@ -85,13 +87,32 @@ def _build():
                 raise SureclError("SureSFTTrainer: packing=True is not supported: it joins examples into shared rows, and the buffer scores and replays whole examples")
             if args is not None and getattr(args, "padding_free", False):
                 raise SureclError("SureSFTTrainer: padding_free=True is not supported: it flattens a batch into one row, and surprise is scored per example")
-            placeholder = _placeholder(kwargs.get("eval_dataset"), args) if args is not None else None
+            placeholder = _placeholder() if args is not None else None
             super().__init__(model, args, sure=sure, train_dataset=placeholder, **kwargs)
             self.train_dataset = None
 
+        def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func, dataset_name):
+            """``SFTTrainer``'s preparation, with ``completion_only_loss`` (when the SFTConfig
+            leaves it None) decided by this dataset's own format: SFTTrainer decides it once
+            from its training set, but here each task is a training set of its own and every
+            evaluation set (a dict's included) is prepared for its own loss, whatever task
+            trained last."""
+            if args.completion_only_loss is not None or self._skip_prepare_dataset:
+                return super()._prepare_dataset(dataset, processing_class, args, packing, formatting_func, dataset_name)
+            own = _is_prompt_completion(next(iter(dataset), None))
+            if own and formatting_func is not None:
+                raise SureclError(f"SureSFTTrainer: {dataset_name}: a formatting_func cannot be combined with completion_only_loss (SFTTrainer's rule)")
+            decided, self.completion_only_loss = self.completion_only_loss, own
+            try:
+                return super()._prepare_dataset(dataset, processing_class, args, packing, formatting_func, dataset_name)
+            finally:
+                self.completion_only_loss = decided
+
         def _prepared(self, dataset):
             """The task's raw SFT dataset through ``SFTTrainer``'s preparation, then the
-            Trainer's column removal (``SureTrainer._prepared``)."""
+            Trainer's column removal (``SureTrainer._prepared``, which reads ``label_column``
+            from the prepared rows: SFTTrainer's ``shuffle_dataset`` reorders them, and rows
+            truncation leaves without a loss token are dropped)."""
             if not isinstance(dataset, datasets.Dataset):
                 raise SureclError(f"SureSFTTrainer.next_task: a datasets.Dataset (map-style), got {type(dataset).__name__}")
             if len(dataset) and not self._skip_prepare_dataset:
@@ -100,8 +121,8 @@ def _build():
                     raise SureclError("SureSFTTrainer: vision datasets are not supported")
                 if self.args.assistant_only_loss and not is_conversational(sample):
                     raise SureclError("SureSFTTrainer: assistant_only_loss=True needs conversational rows (messages, or prompt/completion as turns)")
-                if self.args.completion_only_loss is None:  # SFTTrainer's default, decided per task
-                    self.completion_only_loss = "prompt" in sample and "completion" in sample
+                if self.args.completion_only_loss is None:  # SFTTrainer's default for the task (_prepare_dataset decides it so)
+                    self.completion_only_loss = _is_prompt_completion(sample)
                 if self.completion_only_loss and self._formatting_func is not None:
                     raise SureclError("SureSFTTrainer: a formatting_func cannot be combined with completion_only_loss (SFTTrainer's rule)")
                 dataset = self._prepare_dataset(dataset, self.processing_class, self.args, False, self._formatting_func, f"task {self.task}")
