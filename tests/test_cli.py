@@ -47,7 +47,13 @@ def test_report_aggregates_orders_and_seeds():
     assert by["surprise"][0]["1"] == (72.0, pytest.approx(8 ** 0.5), 2)  # mean, sample std (n - 1), seeds
     assert by["surprise"][1][0] == pytest.approx((72.0 + 80.0) / 2)
     md = table_markdown(orders, rows)
-    assert "| surprise | 72.0 ± 2.8 | 80.0 | 76.0 |" in md  # one seed: no ±
+    assert "| surprise | 72.0 ± 2.8 | 80.0 ‡ | 76.0 |" in md  # one seed: no ±; fewer seeds than order 1: ‡
+    assert "‡ fewer seeds than the row's other orders (a run failed or is missing): surprise order 2: 1 of 2." in md
+    both = table_markdown(*aggregate(runs + [fake("surprise", "2", 1, 84.0)]))
+    assert "| surprise | 72.0 ± 2.8 | 82.0 ± 2.8 | 77.0 ± 2.8 |" in both and "‡" not in both  # seeds' means 75, 79
+    # perplexity: FP is lower-is-better, BWT (sign-flipped to "higher: less forgetting") is not
+    assert table_markdown(orders, rows, "fp", "perplexity").startswith("FP (perplexity, lower is better)")
+    assert table_markdown(orders, rows, "bwt", "perplexity").startswith("BWT (perplexity, higher is better)")
     # seq_lora has order 1 only: its average is not comparable with surprise's, and says so
     assert "| seq_lora | 40.0 | - | 40.0 † |" in md and "† averaged over the orders the row has" in md and "seq_lora lacks 2" in md
     from surecl.report import table_csv

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from surecl.stats import holm, p_verdict, paired, sign_test, t_test_p
+from surecl.stats import NO_SPREAD_WHY, holm, p_verdict, paired, sign_test, t_test_p, verdict
 
 
 def test_t_test_p_known_values():
@@ -25,10 +25,12 @@ def test_paired_carries_t_and_p():
     assert res.p == pytest.approx(t_test_p(res.t_stat, 3))
     assert res.p == pytest.approx(0.030466, abs=1e-5)
     assert paired([3.0]).p is None and paired([]).p is None
-    same = paired([2.0, 2.0, 2.0])  # no spread, nonzero mean: as far from 0 as it gets
-    assert (same.t_stat, same.p) == (math.inf, 0.0)
-    zero = paired([0.0, 0.0])
-    assert (zero.t_stat, zero.p) == (0.0, 1.0)
+    # no spread: the t statistic would be infinite and p 0 with two units; no t-test instead
+    same = paired([2.0, 2.0, 2.0])
+    assert (same.t_stat, same.p, same.mean) == (None, None, 2.0)
+    assert paired([0.5, 0.5]).p is None and paired([0.0, 0.0]).p is None
+    assert paired([0.1 + 0.2, 0.3]).p is None  # equal but for float rounding
+    assert verdict(paired([0.5, 0.5])) == ("not shown", NO_SPREAD_WHY)
 
 
 def test_sign_test_matches_the_binomial():

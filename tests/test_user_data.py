@@ -143,3 +143,13 @@ def test_rows_longer_than_the_models_positions_are_refused():
     check_context(run_of(1020), SimpleNamespace(n_positions=1024))  # 1020 + 3 + 1 fits
     check_context(run_of(1024), SimpleNamespace(max_position_embeddings=4096))
     check_context(run_of(1024, seq2seq=True), SimpleNamespace(n_positions=512))  # T5's positions are relative
+
+
+def test_a_text_task_passed_into_a_classification_stream_is_refused():
+    """Perplexity (lower is better) among accuracies would invert forgetting and BWT and average
+    unlike numbers into one FP."""
+    text = Task("docs", "", [], [Example("some text", "")], [Example("more text", "")], kind="text")
+    labelled = Task("mine", "Which? ", ["warm", "cool"], [Example("t", "warm")], [Example("e", "cool")])
+    with pytest.raises(SureclError, match=r"tasks: docs is a text task \(scored by perplexity\) in a data.kind=classify stream"):
+        caller_stream([labelled, text], build_config("tiny"))
+    assert [t.kind for t in caller_stream([labelled, text], build_config("tiny,cpt"))] == ["text", "text"]

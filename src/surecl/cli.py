@@ -266,7 +266,7 @@ def cmd_report(args) -> int:
     runs = [r for _, r in found]
     orders, rows = aggregate(runs, args.metric)
     for line in pooled_differences(runs):
-        print(f"surecl: warning: runs pooled into one cell differ in configuration: {line}", file=sys.stderr)
+        print(f"surecl: warning: runs pooled into one cell or one row's average differ in configuration: {line}", file=sys.stderr)
     md = table_markdown(orders, rows, args.metric, runs[0].get("metric", "accuracy"))
     print(md)
     if args.csv:

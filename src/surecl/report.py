@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -297,11 +298,48 @@ def config_differences(cells: dict[tuple[str, str], list[tuple[object, dict]]]) 
     return lines
 
 
+ORDER_KEYS_FREE = ("seed", "preset", "data.order", "data.tasks")
+"""Config keys the runs of one row may differ in across the orders of one benchmark group: the
+order and its task list are what an order is."""
+
+
+def order_differences(cells: dict[tuple[str, str], list[tuple[object, dict]]], group_of) -> list[str]:
+    """One line per row and benchmark group (``group_of(order)``) whose orders' runs differ in a
+    config key other than the order itself (:data:`ORDER_KEYS_FREE`): the row's average over
+    the group's orders (the "avg" column, a seed's claim unit) pools them, even with one run
+    per cell, which :func:`config_differences` does not look at. A key whose runs differ
+    inside one cell is left to that function's line."""
+    rows: dict[tuple[str, str], dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for (row, order), runs in cells.items():
+        rows[(row, group_of(order))][order] = [cfg for _, cfg in runs]
+    lines = []
+    for (row, group), by_order in sorted(rows.items()):
+        if len(by_order) < 2:
+            continue
+        cfgs = [c for cs in by_order.values() for c in cs]
+        flats = {o: [_flat_config(read_view([c, *cfgs])) for c in cs] for o, cs in by_order.items()}
+        keys = set.intersection(*(set(f) for fs in flats.values() for f in fs)) - set(ORDER_KEYS_FREE)
+        for key in sorted(keys):
+            per_order = {o: {f[key] for f in fs} for o, fs in flats.items()}
+            if any(len(v) > 1 for v in per_order.values()):  # differs inside a cell: config_differences says so
+                continue
+            by_value: dict[str, list[str]] = defaultdict(list)
+            for o, v in per_order.items():
+                by_value[next(iter(v))].append(o)
+            if len(by_value) > 1:
+                parts = "; ".join(f"{v} at order{'s' if len(os) > 1 else ''} {', '.join(sorted(os, key=order_key))}"
+                                  for v, os in by_value.items())
+                lines.append(f"{row}, {group} orders: {key} {parts}")
+    if len(lines) > MAX_DIFFERENCES:
+        lines = lines[:MAX_DIFFERENCES] + [f"... and {len(lines) - MAX_DIFFERENCES} more"]
+    return lines
+
+
 def _aggregate_key(results: dict) -> tuple[str, str, object]:
     """(row, order, seed) of a run as :func:`aggregate` pools it, or one line when its config lacks them."""
     try:
         cfg = results["config"]
-        return str(cfg.get("preset") or cfg["method"]), str(cfg["data"]["order"]), _seed(cfg.get("seed"))
+        return str(cfg.get("preset") or cfg["method"]), str(cfg["data"]["order"]), _seed(cfg["seed"])
     except (KeyError, TypeError, AttributeError):
         raise SureclError("report: a results.json has no config with preset/method, data.order and seed; move it away or name the run folders to report") from None
 
@@ -312,7 +350,9 @@ def pooled_differences(runs: list[dict]) -> list[str]:
     for r in runs:
         row, order, seed = _aggregate_key(r)
         cells[(row, order)].append((seed, r["config"]))
-    return config_differences(cells)
+    from surecl.data.cl_benchmark import BENCHMARK_OF_ORDER
+
+    return config_differences(cells) + order_differences(cells, lambda o: BENCHMARK_OF_ORDER.get(o, "other"))
 
 
 def one_metric(found: list[tuple[Path | None, dict]]) -> str:
@@ -368,20 +408,32 @@ STD_WORDS = "sample std over seeds (n − 1 denominator; no ± with one seed)"
 
 def table_markdown(orders: list[str], rows, metric: str = "fp", unit: str = "accuracy") -> str:
     head = "| method | " + " | ".join(f"Order-{o}" if o.isdigit() else o for o in orders) + " | avg |"
-    shown = "perplexity, lower is better" if unit == "perplexity" else _metric_unit(unit)
+    shown = _unit(metric, unit) if metric in _LABEL else ("perplexity, lower is better" if unit == "perplexity" else _metric_unit(unit))
     d = 2 if unit == "perplexity" else 1
-    lines = [f"{metric.upper()} ({shown}), mean ± {STD_WORDS}; avg = mean of the order means", "", head,
-             "|---" * (len(orders) + 2) + "|"]
-    partial = []
-    for method, stats, (avg, _) in rows:
-        cells = [("-" if o not in stats else f"{stats[o][0]:.{d}f}" + ("" if stats[o][1] is None else f" ± {stats[o][1]:.{d}f}"))
-                 for o in orders]
+    lines = [f"{metric.upper()} ({shown}), mean ± {STD_WORDS}; avg = mean of the order means, its ± over the seeds "
+             "present in every order of the row (each seed's mean over the orders)", "", head, "|---" * (len(orders) + 2) + "|"]
+    partial, short = [], []
+    for method, stats, (avg, avg_std) in rows:
+        most = max((stats[o][2] for o in stats), default=0)
+        cells = []
+        for o in orders:
+            if o not in stats:
+                cells.append("-")
+                continue
+            mean, std, n = stats[o]
+            few = n < most  # a failed or missing run: fewer seeds than the row's other orders
+            if few:
+                short.append(f"{method} order {o}: {n} of {most}")
+            cells.append(f"{mean:.{d}f}" + ("" if std is None else f" ± {std:.{d}f}") + (" ‡" if few else ""))
         missing = [o for o in orders if o not in stats]
         if missing:
             partial.append(f"{method} lacks {', '.join(missing)}")
-        lines.append(f"| {method} | " + " | ".join(cells) + f" | {avg:.{d}f}{' †' if missing else ''} |")
+        spread = "" if avg_std is None else f" ± {avg_std:.{d}f}"
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {avg:.{d}f}{spread}{' †' if missing else ''} |")
     if partial:
         lines += ["", "† averaged over the orders the row has, so not comparable with a row that has them all: " + "; ".join(partial) + "."]
+    if short:
+        lines += ["", "‡ fewer seeds than the row's other orders (a run failed or is missing): " + "; ".join(short) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -482,6 +534,7 @@ class Record:
     host_moved: bool = False  # the run recorded several different hosts (resumed on another machine)
     majority: dict[str, float] | None = None  # results.json majority: each task's majority-class rate (%)
     general: dict | None = None  # the probe (results.json general) under this row's weights: source, metrics, before, final, change
+    config: dict | None = None  # results.json config: what a claim's two runs must share besides their rows' own keys
 
 
 # The kernel flags whose presence changes which matmul kernels (and so which rounding) a CPU run uses.
@@ -611,12 +664,37 @@ def read_results(paths: list[Path]) -> list[tuple[Path, dict]]:
                 continue
             seen.add(f.resolve())
             try:
-                out.append((f, json.loads(f.read_text(encoding="utf-8"))))
-            except (OSError, ValueError):
+                res = json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, ValueError, RecursionError):
                 raise SureclError(f"report: {f} is not a readable results.json") from None
+            _check_results(f, res)
+            out.append((f, res))
     if not out:
         raise SureclError("report: no results.json found under " + ", ".join(map(str, paths)))
     return out
+
+
+def _check_results(f: Path, res) -> None:
+    """One line for a results.json whose numbers a report cannot use: not an object, a summary
+    metric that is not a finite number (NaN, a string; surecl writes neither), or a score matrix
+    that is not a list of rows of numbers (or null), one entry per task."""
+    def finite(v) -> bool:
+        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+
+    if not isinstance(res, dict):
+        raise SureclError(f"report: {f} is not a results object")
+    for where, part in (("", res), ("fast.", res.get("fast") if isinstance(res.get("fast"), dict) else {})):
+        for m in METRICS:
+            if not finite(part.get(m)):
+                raise SureclError(f"report: {f}: {where}{m} is {part.get(m)!r}, not a finite number; move the file away or rerun the run")
+        matrix = part.get("accuracy_matrix")
+        if matrix is None:
+            continue
+        width = len(res.get("tasks") or []) or None
+        if not (isinstance(matrix, list) and all(isinstance(r, list) and all(finite(v) for v in r) and (width is None or len(r) == width)
+                                                 for r in matrix)):
+            raise SureclError(f"report: {f}: {where}accuracy_matrix is not rows of finite numbers (or null), one entry per task; "
+                              "move the file away or rerun the run")
 
 
 def read_plan(path: Path) -> dict | None:
@@ -661,14 +739,17 @@ def write_sweep_plan(root: Path, runs: list[dict], meta: dict | None = None) -> 
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)  # waits: the holder only reads and replaces one small file
         merged: dict[str, dict] = {}
+        meta = dict(meta or {})
         if path.exists():
             old = read_plan(path)
             if old is None:
                 raise SureclError(f"sweep: {path} exists and is not a surecl sweep plan; move it away")
             merged = {r["path"]: r for r in old["runs"]}
+            # an earlier sweep's orders keep their benchmark (the report groups and averages by it)
+            meta["order_benchmark"] = {**(old.get("order_benchmark") or {}), **(meta.get("order_benchmark") or {})}
         for r in runs:
             merged[r["path"]] = r
-        write_json(path, {"kind": PLAN_KIND, "format": 1, **(meta or {}), "runs": list(merged.values())})
+        write_json(path, {"kind": PLAN_KIND, "format": 1, **meta, "runs": list(merged.values())})
     finally:
         os.close(fd)  # releases the flock
     return path
@@ -698,7 +779,7 @@ class Study:
     def load(cls, paths: list[Path], order_benchmark: dict[str, str] | None = None) -> Study:
         from surecl.data.cl_benchmark import BENCHMARK_OF_ORDER
 
-        bench_of = {**BENCHMARK_OF_ORDER, **(order_benchmark or {})}
+        bench_of = dict(BENCHMARK_OF_ORDER)  # the built-in orders' benchmarks, then the plans', then the caller's
         found = read_results(paths)
         kind = one_metric(found)
         records: dict[Key, Record] = {}
@@ -722,7 +803,7 @@ class Study:
                                       list(r.get("tasks") or []), src.get("accuracy_matrix"), host_key(r),
                                       _run_seconds(r), _run_threads(r), data_draw(r), host_moved(r),
                                       r.get("majority") if isinstance(r.get("majority"), dict) else None,
-                                      _probe_of(r, fast=name != row))
+                                      _probe_of(r, fast=name != row), cfg)
         # expected runs: the plans, then every combination seen among runs no plan covers
         expected: dict[Key, str] = {}
         plan_dirs = []
@@ -734,7 +815,7 @@ class Study:
                     continue
                 plan_dirs.append(plan_path.parent.resolve())
                 for o, b in (plan.get("order_benchmark") or {}).items():
-                    bench_of.setdefault(str(o), str(b))
+                    bench_of[str(o)] = str(b)
                 for e in plan["runs"]:
                     where = str(plan_path.parent / e["path"])
                     expected[(str(e["row"]), str(e["order"]), _seed(e["seed"]))] = where
@@ -753,8 +834,9 @@ class Study:
             for o in orders:
                 for s in seeds:
                     expected.setdefault((row, o, s), "")
+        bench_of.update({str(o): str(b) for o, b in (order_benchmark or {}).items()})
         st = cls(records, expected, kind, bench_of)
-        st.pooled_differences = config_differences(cells)
+        st.pooled_differences = config_differences(cells) + order_differences(cells, lambda o: st.bench_of.get(o, "other"))
         return st
 
     # ---------------------------------------------------------------- tasks learned
@@ -781,6 +863,18 @@ class Study:
             best = max(((fmean(v), row) for row, v in by_row.items()), default=(None, None))
             out.append((task, majority[task], best[0], best[1]))
         return out
+
+    def planned_units(self, a: str, b: str, group: str, kind: str) -> int:
+        """How many units a claim "a > b" would have over benchmark ``group`` ("all": every
+        order) with every expected run present (the sweeps' plans, or every combination seen):
+        (order, seed) pairs, or for seed units the seeds with both rows at every such order."""
+        both = {(o, s) for (row, o, s) in self.expected if row == a and (b, o, s) in self.expected
+                and (group == "all" or self.bench_of.get(o, "other") == group)}
+        if kind == "order":
+            return len(both)
+        orders = {o for o, _ in both}
+        seeds = {s for _, s in both}
+        return sum(1 for s in seeds if all((o, s) in both for o in orders))
 
     def unlearned(self, order: str) -> list[str]:
         """Tasks of ``order`` that no row learns above their majority-class rate (the best row's
@@ -973,8 +1067,9 @@ class PaperReport:
         if n_missing:
             head += ["", f"**{n_missing} expected run(s) missing**: cells marked {DAGGER} are computed from fewer runs; see \"Missing runs\"."]
         if st.pooled_differences:
-            head += ["", "**Runs pooled into one cell differ in configuration** (besides the seed; check that each difference "
-                     "is one you meant to pool, else report those runs separately):", "",
+            head += ["", "**Runs pooled into one cell, or into one row's average over a benchmark's orders, differ in "
+                     "configuration** (besides the seed and the order; check that each difference is one you meant to pool, "
+                     "else report those runs separately):", "",
                      *(f"- {line}" for line in st.pooled_differences)]
         parts = ["\n".join(head)]
         for t in self.tables:
@@ -1184,7 +1279,8 @@ def parse_claim(text: str, rows: list[str]) -> tuple[str, str]:
 MIN_SAME_HOST = 3
 """Fewest same-host units for a claim to be computed on same-host units only."""
 
-_UNIT_WORDS = {"order": "(order, seed) (independent draws, data.draw=order)",
+_UNIT_WORDS = {"order": "(order, seed) (independent data draws, data.draw=order; the runs of one seed share its LoRA init, "
+                        "batch shuffling and replay random streams across orders)",
                "seed": "seed (samples shared across orders, data.draw=shared)",
                "mixed": "seed (data.draw differs between the runs; shared samples make the seed the unit)"}
 
@@ -1223,6 +1319,52 @@ def claim_units(pairs: list[_Pair]) -> tuple[str, list[tuple[str, float, str]]]:
     return ("seed" if draws == {"shared"} else "mixed"), units
 
 
+def claim_units_complete(pairs: list[_Pair]) -> tuple[str, list[tuple[str, float, str]], int]:
+    """:func:`claim_units`, where a seed unit (shared samples) counts only with a pair on every
+    order the claim's pairs have (a seed with one order of three would be another quantity);
+    the third value is the number of seeds left out for lacking one."""
+    kind, _ = claim_units(pairs)
+    if kind in ("order", "none"):
+        return (*claim_units(pairs), 0)
+    orders = {p.order for p in pairs}
+    by_seed: dict[int | str, set[str]] = defaultdict(set)
+    for p in pairs:
+        by_seed[p.seed].add(p.order)
+    whole = {seed for seed, os in by_seed.items() if os == orders}
+    kind, units = claim_units([p for p in pairs if p.seed in whole])
+    return (kind if units else "seed"), units, len(by_seed) - len(whole)
+
+
+def _row_keys(row: str) -> set[str] | None:
+    """The config keys that define a row (a claim's two rows may differ in them): its method
+    preset's keys (the row's first word: a method preset, whose keys it sets) and the grid keys
+    it names (``slow_surprise dual.beta=0.999``), with ``method``, ``preset`` and ``seed``. None
+    when the first word is no method preset here (a user's YAML file): unknown keys."""
+    from surecl.config import load_yaml
+
+    words = row.split()
+    keys = {"method", "preset", "seed"} | {w.split("=", 1)[0] for w in words[1:] if "=" in w}
+    try:
+        body, _ = load_yaml(words[0]) if words else ({}, "")
+    except SureclError:
+        return None
+    if body.get("kind", "method") != "method" or Path(words[0]).suffix in (".yaml", ".yml"):
+        return None
+    return keys | set(_flat_config({k: v for k, v in body.items() if k not in ("kind", "description")}))
+
+
+def pair_confounds(ca: dict, cb: dict, allowed: set[str]) -> list[str]:
+    """The config keys two runs of a claim's pair differ in besides ``allowed`` (their rows' own
+    keys), as far as the runs read them (:func:`surecl.config.read_view`); a key one run did not
+    record (written before it existed) is not compared."""
+    fa, fb = _flat_config(read_view([ca, cb])), _flat_config(read_view([cb, ca]))
+    return sorted(k for k in set(fa) & set(fb) if fa[k] != fb[k] and k not in allowed and k not in CLAIM_KEYS_FREE)
+
+
+CLAIM_KEYS_FREE = ("data.order", "data.tasks")
+"""Keys a pair's runs share by construction (one (order, seed) unit) or that name it."""
+
+
 def _fmt_p(p: float | None) -> str:
     if p is None:
         return "-"
@@ -1234,7 +1376,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
     same-host units only where at least :data:`MIN_SAME_HOST` exist, the Student-t interval, the
     paired t-test's raw p-value, its Holm adjustment over every claim row of the table,
     the exact sign test, and the verdict from the Holm-adjusted p-value at 1 − ``level``."""
-    from surecl.stats import holm, p_verdict, paired, sign_test
+    from surecl.stats import NO_SPREAD_WHY, holm, p_verdict, paired, sign_test
 
     d = _digits(st.kind) + 1
     up = higher_is_better(metric, st.kind)
@@ -1245,6 +1387,9 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
     entries: list[dict] = []
     for a, b in claims:
         pairs: dict[tuple[str, int | str], _Pair] = {}
+        keys_a, keys_b = _row_keys(a.removesuffix(FAST)), _row_keys(b.removesuffix(FAST))
+        allowed = None if keys_a is None or keys_b is None else keys_a | keys_b
+        confounds: dict[str, set[str]] = defaultdict(set)  # benchmark group -> keys a pair's runs differ in
         for (row, order, seed), ra in st.records.items():
             rb = st.records.get((b, order, seed))
             if row != a or rb is None:
@@ -1262,6 +1407,8 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
                 where = "same"
             draw = "order" if ra.draw == rb.draw == "order" else "shared"
             pairs[(order, seed)] = _Pair(order, seed, va - vb, where, draw)
+            if ra.path != rb.path and allowed is not None and ra.config and rb.config:
+                confounds[st.bench_of.get(order, "other")].update(pair_confounds(ra.config, rb.config, allowed))
         groups: dict[str, list[_Pair]] = defaultdict(list)
         for (order, _), pair in sorted(pairs.items(), key=lambda kv: (order_key(kv[0][0]), str(kv[0][1]))):
             groups[st.bench_of.get(order, "other")].append(pair)
@@ -1270,15 +1417,18 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
             names.append("all")
         for g in names:
             chosen = [p for ps in groups.values() for p in ps] if g == "all" else groups[g]
-            kind, units = claim_units(chosen)
+            kind, units, left_out = claim_units_complete(chosen)
+            planned = st.planned_units(a, b, g, kind)
             same, cross, unrec = (sum(1 for u in units if u[2] == k) for k in ("same", "other", "unrecorded"))
             same_only = same >= MIN_SAME_HOST
             used = [u for u in units if u[2] == "same"] if same_only else units
             diffs = [u[1] for u in used]
             res = paired(diffs, level)
             better = diffs if up else [-x for x in diffs]  # the sign test counts units where A is better
+            mixed = sorted(set().union(*confounds.values()) if g == "all" else confounds.get(g, set()))
             entries.append({"a": a, "b": b, "group": g, "kind": kind, "n_all": len(units), "same": same, "cross": cross,
-                            "unrec": unrec, "same_only": same_only, "res": res, "sign": sign_test(better)})
+                            "unrec": unrec, "same_only": same_only, "res": res, "sign": sign_test(better),
+                            "confounds": mixed, "planned": max(planned, len(units)), "left_out": left_out})
     # one family: every tested row of this table (each benchmark group's and the "all" rows)
     family_size = sum(1 for x in entries if x["res"].p is not None)
     for e, adj in zip(entries, holm([e["res"].p for e in entries])):
@@ -1300,7 +1450,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         "with independent draws each (order, seed) pair is a unit. "
         f"{pct} two-sided Student-t interval mean ± t·sd/√n (unadjusted); t p: two-sided paired t-test (raw); "
         f"**Holm p**: Holm's step-down adjustment over every claim row of this table (all benchmark groups and their "
-        f"\"all\" rows together; claims with n < 2 are not tested and not counted); sign test: units where A is better "
+        f"\"all\" rows together; claims with n < 2, or whose differences are all equal (no spread), are not tested and not counted); sign test: units where A is better "
         "/ worse (ties dropped) and its exact two-sided binomial p-value. **Verdicts use Holm-adjusted p-values at "
         f"{alpha:g}**: **shown**: Holm p < {alpha:g} and the mean favours A (its interval lies {side} 0 or not: the "
         f"interval is not adjusted); **contradicted**: Holm p < {alpha:g} and the mean favours B; **not shown**: otherwise. "
@@ -1315,37 +1465,58 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
     body = []
     csv_rows = [["claim", "a", "b", "benchmark", "unit", "n", "n_all", "mean_diff", "sd", "ci_lo", "ci_hi", "t_crit", "t_stat",
                  "t_p", "holm_p", "holm_family", "sign_wins", "sign_losses", "sign_ties", "sign_p", "verdict", "why",
-                 "host_basis", "same_host", "other_host", "host_unrecorded"]]
+                 "host_basis", "same_host", "other_host", "host_unrecorded", "n_planned", "seeds_left_out", "confounds"]]
     if not claims:
         body.append(["(none: no default claim has both rows in the runs; use --claim 'A>B')"] + [""] * (len(header) - 1))
     other_orders = ", ".join(o for o in st.orders if o not in st.bench_of)
+    incomplete = False
     f = lambda v: "-" if v is None else f"{v:+.{d}f}"  # noqa: E731
     for e in entries:
         res, sign, g = e["res"], e["sign"], e["group"]
         word, why = p_verdict(res.mean, e["holm"], up, alpha)
         if res.n < 2:
             why = f"n={res.n}: a t-test needs at least two units"
+        elif res.p is None:
+            why = NO_SPREAD_WHY
+        if e["confounds"]:  # the rows' runs differ in more than the rows: no paired comparison of the rows
+            shown_keys = ", ".join(e["confounds"][:MAX_DIFFERENCES]) + (" ..." if len(e["confounds"]) > MAX_DIFFERENCES else "")
+            word, why = "confounded", f"a pair's runs also differ in {shown_keys}"
         ci = "-" if res.lo is None else f"[{res.lo:+.{d}f}, {res.hi:+.{d}f}]"
-        shown = f"**{word}**" if word != "not shown" else f"not shown ({why})"
+        shown = f"**{word}**" if word in ("shown", "contradicted") else f"{word} ({why})"
         ties = f" ({sign.ties} tie{'s' if sign.ties > 1 else ''})" if sign.ties else ""
         sign_cell = f"{sign.wins}/{sign.losses}{ties}, p {_fmt_p(sign.p)}" if res.n else "-"
         unrec = f", unrecorded: {e['unrec']}" if e["unrec"] else ""
         hosts = (f"same-host units only: {res.n} of {e['n_all']}" if e["same_only"]
                  else f"cross-host pairs: {e['cross']}{unrec}")
         n_cell = str(res.n) + (f" ({'(order, seed)' if e['kind'] == 'order' else 'seeds'})" if show_kind else "")
+        if e["planned"] > e["n_all"]:  # a study still running, or runs that failed: the claim is over those present
+            n_cell += f" of {e['planned']} planned †"
+            incomplete = True
+        if e["left_out"]:
+            n_cell += f" ({e['left_out']} seed{'s' if e['left_out'] > 1 else ''} lacking an order left out)"
         label = f"other (orders {other_orders})" if g == "other" else g
         body.append([f"{e['a']} > {e['b']}", label, n_cell, f(res.mean), ci, _fmt_p(res.p), _fmt_p(e["holm"]), sign_cell, shown, hosts])
         num = lambda v: "" if v is None else round(v, 6)  # noqa: E731
         csv_rows.append([f"{e['a']} > {e['b']}", e["a"], e["b"], g, "order_seed" if e["kind"] == "order" else "seed", res.n, e["n_all"],
                          *(num(v) for v in (res.mean, res.sd, res.lo, res.hi, res.t, res.t_stat, res.p, e["holm"])), e["family"],
                          sign.wins, sign.losses, sign.ties, num(sign.p), word, why, "same_host_only" if e["same_only"] else "all",
-                         e["same"], e["cross"], e["unrec"]])
+                         e["same"], e["cross"], e["unrec"], e["planned"], e["left_out"], ";".join(e["confounds"])])
     if metric == "fp":
         left = {o: st.unlearned(o) for o in st.orders}
         left = {o: ts for o, ts in left.items() if ts}
         if left:
             caption += (" FP in the claims is over the tasks some row learns above their majority-class rate; left out "
                         "(no row above it, the \"Tasks\" table): " + "; ".join(f"order {o}: {', '.join(ts)}" for o, ts in left.items()) + ".")
+    if incomplete:
+        caption += (" † fewer units than the sweep planned (a study still running, or runs that failed): the claim is over "
+                    "the units present, which may favour the orders and seeds that finished first.")
+    if any(e["left_out"] for e in entries):
+        caption += (" With shared samples a seed is a unit only with every order of its benchmark group; a seed lacking one "
+                    "is left out (its mean would weigh other orders).")
+    if any(e["confounds"] for e in entries):
+        caption += (" **confounded**: the two runs of some pair differ in config keys other than those their rows are defined "
+                    "by (the method preset's keys and the grid keys the row names), so the difference is not the rows'; "
+                    "no verdict is drawn (its p-values stay in the table).")
     return Table("claims", f"Claims ({_LABEL[metric]}, paired)", caption + "\n\n" + _md(header, body), _csv(csv_rows))
 
 

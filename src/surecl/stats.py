@@ -116,8 +116,8 @@ class Paired:
     hi: float | None
     t: float | None  # the t quantile used
     level: float = 0.95
-    t_stat: float | None = None  # mean / (sd / sqrt(n)); +-inf where sd = 0 and mean != 0
-    p: float | None = None  # two-sided paired t-test p-value; None with fewer than two pairs
+    t_stat: float | None = None  # mean / (sd / sqrt(n)); None without spread (see paired)
+    p: float | None = None  # two-sided paired t-test p-value; None with fewer than two pairs or no spread
 
 
 def paired(diffs: list[float], level: float = 0.95) -> Paired:
@@ -133,11 +133,17 @@ def paired(diffs: list[float], level: float = 0.95) -> Paired:
     sd = stdev(diffs)
     t = t_ppf(0.5 + level / 2.0, n - 1)
     half = t * sd / math.sqrt(n)
-    if sd > 0:
-        t_stat = mean / (sd / math.sqrt(n))
-    else:  # every difference equal: no spread; a nonzero mean is as far from 0 as it gets
-        t_stat = 0.0 if mean == 0 else math.copysign(math.inf, mean)
+    if sd <= NO_SPREAD * max(1.0, abs(mean)):
+        # every difference equal (or equal but for float rounding): the t statistic would be
+        # infinite and p 0 however few the units (two equal differences would be "shown");
+        # the t-test says nothing here, the sign test still does
+        return Paired(n, mean, sd, mean - half, mean + half, t, level, None, None)
+    t_stat = mean / (sd / math.sqrt(n))
     return Paired(n, mean, sd, mean - half, mean + half, t, level, t_stat, t_test_p(t_stat, n - 1))
+
+
+NO_SPREAD = 1e-9
+"""Differences whose sample std is at most this times max(1, |mean|) have no spread: no t-test."""
 
 
 def t_test_p(t: float, df: float) -> float:
@@ -196,6 +202,9 @@ def holm(pvalues: list[float | None]) -> list[float | None]:
     return out
 
 
+NO_SPREAD_WHY = "every difference equal: no spread, so no t-test (see the sign test)"
+
+
 def p_verdict(mean: float | None, p_adj: float | None, higher_is_better: bool = True, alpha: float = 0.05) -> tuple[str, str]:
     """("shown" | "contradicted" | "not shown", why) for "A is better than B" from the mean of
     A - B and its (adjusted) p-value."""
@@ -216,6 +225,8 @@ def verdict(res: Paired, higher_is_better: bool = True) -> tuple[str, str]:
         return "not shown", "no (order, seed) pair has both rows"
     if res.n < 2:
         return "not shown", "n=1: an interval needs at least two pairs"
+    if res.p is None:
+        return "not shown", NO_SPREAD_WHY
     assert res.lo is not None and res.hi is not None
     better_lo, better_hi = (res.lo, res.hi) if higher_is_better else (-res.hi, -res.lo)
     side = "above" if higher_is_better else "below"

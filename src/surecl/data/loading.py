@@ -74,6 +74,11 @@ def caller_stream(tasks: list[Task], cfg: RunConfig) -> list[Task]:
     # the caller's Task objects stay as given: checking with data.invalid_labels=drop removes
     # rows from (and marks) the copies the run reads
     tasks = [dataclasses.replace(t, labels=list(t.labels), train=list(t.train), test=list(t.test), meta=dict(t.meta)) for t in tasks]
+    text = [t.name for t in tasks if t.kind == "text"]
+    if text and cfg.data.kind != "text":  # scored by perplexity (lower is better) among scores where higher is better
+        raise SureclError(f"tasks: {', '.join(text)} {'is a text task' if len(text) == 1 else 'are text tasks'} (scored by "
+                          f"perplexity) in a data.kind={cfg.data.kind} stream; run text tasks as a data.kind=text stream "
+                          "(--config cpt), where every task is scored by perplexity")
     tasks = [t.as_text() if cfg.data.kind == "text" and t.kind != "text" else t for t in tasks]
     for t in tasks:
         t.check("tasks", cfg.data.invalid_labels)
