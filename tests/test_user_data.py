@@ -153,3 +153,17 @@ def test_a_text_task_passed_into_a_classification_stream_is_refused():
     with pytest.raises(SureclError, match=r"tasks: docs is a text task \(scored by perplexity\) in a data.kind=classify stream"):
         caller_stream([labelled, text], build_config("tiny"))
     assert [t.kind for t in caller_stream([labelled, text], build_config("tiny,cpt"))] == ["text", "text"]
+
+
+def test_an_own_test_draw_keeps_the_test_rows_whatever_n_train():
+    """data.test_draw=own: a data-size ablation tests every n_train on the same rows; the
+    default (after_train, as every earlier run drew) tests them on other rows."""
+    def tests(n_train: int, how: str) -> dict[str, list[str]]:
+        cfg = build_config("tiny", [f"data.n_train={n_train}", "data.n_test=8", f"data.test_draw={how}"])
+        return {t.name: [ex.sentence for ex in t.test] for t in load_stream(cfg)}
+
+    assert tests(8, "own") == tests(24, "own")
+    assert tests(8, "after_train") != tests(24, "after_train")
+    assert tests(8, "after_train") == tests(8, "after_train")  # still a fixed draw per seed
+    with pytest.raises(SureclError, match=r"data.test_draw"):
+        build_config("tiny", ["data.test_draw=fresh"])

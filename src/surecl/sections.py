@@ -132,6 +132,13 @@ class DataConfig:
     independent unit of a comparison is the seed) or ``order`` (the sample also depends on
     the stream's task order, so every (order, seed) run is an independent draw; the packaged
     study plans set it). ``surecl report`` reads it to choose the unit of its intervals."""
+    test_draw: str = "after_train"
+    """Where a task's test sample comes from: ``after_train`` (the random stream that drew its
+    train sample goes on to draw the test sample, so the test rows depend on ``n_train``: runs
+    that differ in ``n_train`` are tested on other rows) or ``own`` (a stream of its own, keyed
+    by the seed, the draw key and the task, so every ``n_train`` is tested on the same rows:
+    what a data-size ablation needs). ``after_train`` is the default because every run made
+    before the key existed drew that way, and a finished run stays the run it was."""
     allow_missing: bool = False
     """Run the available tasks of an order when the folder lacks some, instead of failing."""
     invalid_labels: str = "error"

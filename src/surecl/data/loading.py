@@ -122,4 +122,4 @@ def sampled(tasks: list[Task], cfg: RunConfig) -> list[Task]:
     if data.draw == "order":  # an independent draw per (order, seed): the stream's task list is the order
         key = "order=" + ",".join(t.name for t in tasks)
     return prepare_stream(tasks, data.n_train, data.n_test, data.train_sampling == "balanced", cfg.seed,
-                          test_balanced=data.test_sampling == "balanced", draw_key=key)
+                          test_balanced=data.test_sampling == "balanced", draw_key=key, own_test=data.test_draw == "own")

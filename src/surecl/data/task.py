@@ -162,11 +162,13 @@ def subsample(rows: list[Example], n: int, rng: random.Random, balanced: bool) -
 
 
 def prepare_stream(tasks: list[Task], n_train: int, n_test: int, balanced: bool, seed: int, test_balanced: bool | None = None,
-                   draw_key: str = "") -> list[Task]:
+                   draw_key: str = "", own_test: bool = False) -> list[Task]:
     """Subsample each task with a per-task seeded RNG, so a task's sample does not depend on order
     (unless ``draw_key``, e.g. the task order, is given: it joins the RNG's seed, so runs with
     different keys draw independent samples; ``data.draw=order``).
-    ``balanced`` applies to the train split and, unless ``test_balanced`` is given, the test split."""
+    ``balanced`` applies to the train split and, unless ``test_balanced`` is given, the test split.
+    ``own_test`` (``data.test_draw=own``): the test sample from an RNG of its own, so it is the
+    same whatever ``n_train`` (else the train sample's RNG goes on to draw it)."""
     test_balanced = balanced if test_balanced is None else test_balanced
     names = [t.name for t in tasks]
     dupes = sorted({n for n in names if names.count(n) > 1})
@@ -174,7 +176,9 @@ def prepare_stream(tasks: list[Task], n_train: int, n_test: int, balanced: bool,
         raise SureclError(f"task named twice in the stream: {', '.join(dupes)}")
     out = []
     for task in tasks:
-        rng = random.Random(f"{seed}:{draw_key}:{task.name}" if draw_key else f"{seed}:{task.name}")
+        key = f"{seed}:{draw_key}:{task.name}" if draw_key else f"{seed}:{task.name}"
+        rng = random.Random(key)
+        test_rng = random.Random(f"test:{key}") if own_test else rng
         out.append(
             Task(
                 name=task.name,
@@ -183,7 +187,7 @@ def prepare_stream(tasks: list[Task], n_train: int, n_test: int, balanced: bool,
                 # a generation task's targets are no classes: a uniform draw (round-robin over
                 # distinct targets would take them in sorted order)
                 train=subsample(task.train, n_train, rng, balanced and task.kind != "generate"),
-                test=subsample(task.test, n_test, rng, test_balanced and task.kind != "generate"),
+                test=subsample(task.test, n_test, test_rng, test_balanced and task.kind != "generate"),
                 group=task.group,
                 meta=dict(task.meta),
                 kind=task.kind,
