@@ -176,6 +176,36 @@ def test_pair_loss_reaches_the_step(tmp_path, tiny_cache):
         assert abs(loss - joint) > 1e-6  # not the joint token mean
 
 
+@pytest.mark.parametrize("loss", ["example", "pair", "joint"])
+def test_example_loss_weighs_every_step_by_example_and_pair_only_steps_that_replay(tmp_path, tiny_cache, loss):
+    """SeqLoRA replays nothing. The reference's loss (micro-batches of one example, averaged by
+    the Trainer) is then the mean of the examples' token means: ``example`` trains on it;
+    ``pair`` (which weights only steps that replay) and ``joint`` keep the token mean, which
+    weighs a two-word label ("cool warm") more than a one-word one."""
+    import json
+    from statistics import fmean
+
+    from surecl.data.tiny import FILLER
+
+    rng = random.Random(0)
+    rows = [{"task": "mixed", "instruction": "Which? ", "labels": ["warm", "cool warm"]}]
+    rows += [{"sentence": " ".join(rng.choice(FILLER) for _ in range(3)), "label": ["warm", "cool warm"][i % 2],
+              "split": "test" if i >= 16 else "train"} for i in range(20)]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = build_config("tiny,seq_lora", ["data.benchmark=none", f"data.jsonl=[{path}]", "train.epochs=1", "train.batch_size=4",
+                                          "train.batching=uniform", f"replay.loss={loss}"])
+    spy = Spy()
+    run(cfg, tmp_path / "r", progress=False, cache_dir=tiny_cache, plugins=[spy])
+    assert len(spy.steps) == 4 and all(s[2] == 0 for s in spy.steps)
+    assert any(len(set(s[5])) > 1 for s in spy.steps)
+    for _, _, _, got, nll, tokens in spy.steps:
+        per_example, joint = fmean(a / b for a, b in zip(nll, tokens, strict=True)), sum(nll) / sum(tokens)
+        if len(set(tokens)) > 1:  # a batch mixing one- and two-word labels: the two weightings differ
+            assert abs(per_example - joint) > 1e-4
+        assert got == pytest.approx(per_example if loss == "example" else joint, rel=1e-5)
+
+
 # ------------------------------------------------------------------ presets
 
 

@@ -146,6 +146,15 @@ def test_pair_weights_span_the_accumulated_step(tiny_loaded, tmp_path):
     joint = trainer_for(tiny_loaded, tmp_path / "j", SureArguments(buffer_size=8, ratio="1:2", policy="none", replay_loss="pair"))
     joint.sets.append(sets[0])
     assert all(r[3] == -1.0 for m in joint._plan(0, len(sets[0]))[0] for r in m)
+    # "example": the reference's weighting on every step, one that replays nothing too (each new
+    # row 1 / n_new: the mean of the rows' token means, as micro-batches of one averaged)
+    every = trainer_for(tiny_loaded, tmp_path / "e", SureArguments(buffer_size=8, ratio="1:2", policy="none", replay_loss="example"),
+                        gradient_accumulation_steps=2, per_device_train_batch_size=3)
+    every.sets.append(sets[0])
+    micro = every._plan(0, len(sets[0]))[0]
+    for step in [micro[k : k + 2] for k in range(0, len(micro), 2)]:
+        rows = [r for m in step for r in m]
+        assert [r[3] for r in rows] == pytest.approx([1.0 / len(rows)] * len(rows))
 
 
 def test_pair_and_joint_train_differently(tiny_loaded, tmp_path):

@@ -29,13 +29,14 @@ from surecl.trainer import run
 # and the paper's reference code, HHazard2002/continual-learning (docs/faithfulness.md):
 # scripts/train.sh trains google-t5/t5-large at batch 1 x 64 accumulation steps;
 # methods/dual_learner.py updates the slow model in training_step (once per micro-batch of
-# one example) and replays every second micro-batch with (outputs.loss + replay_outputs.loss) / 2;
+# one example) and replays every second micro-batch with (outputs.loss + replay_outputs.loss) / 2,
+# outputs.loss alone on the others (the Trainer averages the 64);
 # the T5 tokenizer ends the source with </s>.
 APPENDIX = {
     "train.lr": (1e-3, 1e-4),
     "train.batch_size": (64, 64),
     "replay.ratio": ("1:2", "1:2"),
-    "replay.loss": ("pair", "pair"),
+    "replay.loss": ("example", "example"),  # the reference's weighting on every step, with replay or without
     "dual.unit": ("example", "example"),
     "model.encoder_eos": (True, False),
     "train.epochs": (1, 1),
@@ -271,7 +272,7 @@ def test_dry_run_prints_the_protocol_of_a_paper_preset(t5_dir, tmp_path, capsys)
     assert "effective beta per optimizer step 0.995^64 = 0.7256" in out
     assert "window 1/(1-beta per step) = 3.6 steps = 1.82 tasks of 2 steps" in out
     assert "plain recursion" in out
-    assert "replay ratio 1:2 (replayed:new, about 32 per step of 64); loss: each pair's mean (the reference's)" in out
+    assert "replay ratio 1:2 (replayed:new, about 32 per step of 64); loss: each example's token mean, a replayed one averaged with its new one (the reference's, every step)" in out
     # the tiny stream at the LNT sizes: 96 examples per task (fewer than 1000) -> 2 steps of 64
     assert "| 1 | colors | 96 | 24 | 2 | 2 | floor(7/1) = 7 |" in out  # 1:2 replays at every step of 64
     assert "S = 7 (0.02 of 384)" in out

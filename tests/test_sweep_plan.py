@@ -21,7 +21,7 @@ def test_packaged_plans_reproduce_the_papers_tables():
     ratio = expand(load_plan("ablation-ratio"))
     assert {r.row for r in ratio if r.method == "slow_surprise_sa"} == {f"slow_surprise_sa replay.ratio=1:{k}" for k in (2, 4, 8, 16)}
     cfg = build_config(f"{load_plan('ablation-ratio').config},slow_surprise_sa", ratio[0].overrides)
-    assert cfg.replay.buffer_size == 300 and cfg.data.n_train == 1000 and cfg.replay.ratio == "1:2" and cfg.replay.loss == "pair"
+    assert cfg.replay.buffer_size == 300 and cfg.data.n_train == 1000 and cfg.replay.ratio == "1:2" and cfg.replay.loss == "example"
     assert cfg.data.draw == "order"  # every packaged study draws its data independently per (order, seed)
     beta = expand(load_plan("ablation-beta"))
     assert {r.row.split(" ")[1] for r in beta} == {f"dual.beta={b}" for b in ("0.985", "0.99", "0.995", "0.999")}

@@ -74,7 +74,7 @@ def jsonl_task(path: Path, name: str) -> Path:
     return path
 
 
-def test_data_tasks_orders_a_stream_of_the_users_own_tasks(tmp_path):
+def test_data_tasks_orders_a_stream_of_the_users_own_tasks(tmp_path, capsys):
     a, b = jsonl_task(tmp_path / "alpha.jsonl", "alpha"), jsonl_task(tmp_path / "beta.jsonl", "beta")
     base = ["data.benchmark=none", f"data.jsonl=[{a},{b}]"]
     assert [t.name for t in load_stream(build_config("tiny", base))] == ["alpha", "beta"]
@@ -82,11 +82,17 @@ def test_data_tasks_orders_a_stream_of_the_users_own_tasks(tmp_path):
     assert [t.name for t in load_stream(build_config("tiny", [*base, "data.tasks=[beta]"]))] == ["beta"]
     with pytest.raises(SureclError, match=r"data.tasks: data.jsonl / data.hf has no task gamma"):
         load_stream(build_config("tiny", [*base, "data.tasks=[gamma]"]))
-    # an order these streams do not have would make every "order" of a sweep the same stream
-    with pytest.raises(SureclError, match=r"data.order: a stream of data.jsonl / data.hf tasks has one order"):
-        load_stream(build_config("tiny", [*base, "data.order=5"]))
-    with pytest.raises(SureclError, match=r"data.order: the tiny benchmark has one order"):
-        load_stream(build_config("tiny", ["data.order=2"]))
+    # orders these streams do not have would make every "order" of a sweep the same stream,
+    # counted by a report as independent units: refused before anything runs
+    from surecl.cli import main
+
+    for extra, words in (([], "orders 1, 2 of the tiny benchmark are one stream"), (base, "of a stream of data.jsonl / data.hf tasks")):
+        out = tmp_path / "sweep"
+        argv = ["sweep", "--config", "tiny", "--methods", "seq_lora", "--orders", "1,2", "--seeds", "0", "--out", str(out), "--quiet", *extra]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+        assert not (out / "sweep.json").exists()
     # a named order with its task list (as a sweep plan writes it) is that list
     assert [t.name for t in load_stream(build_config("tiny", [*base, "data.order=b", "data.tasks=[beta,alpha]"]))] == ["beta", "alpha"]
 

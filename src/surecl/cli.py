@@ -181,11 +181,19 @@ def cmd_sweep(args) -> int:
     # the command line's overrides replace the plan's own; a group's overrides and grid values still decide their runs
     plan.overrides = plan.overrides + list(args.overrides)
     planned, todo = [], []
+    streams: dict[str, set[str]] = {}
     for r in expand(plan):
         cfg = build_config(f"{plan.config},{r.method}" if plan.config else r.method, r.overrides)
+        if cfg.data.benchmark in ("tiny", "none") and not cfg.data.tasks:
+            streams.setdefault(cfg.data.benchmark, set()).add(r.order)
         todo.append((cfg, root / r.path))
         planned.append({"row": r.row, "method": r.method, "grid": dict(p.split("=", 1) for p in r.point), "order": r.order,
                         "seed": r.seed, "dual": bool(cfg.dual.enabled and cfg.eval.fast), "path": r.path})
+    for benchmark, orders in streams.items():
+        if len(orders) > 1:  # one stream under several names: a report would count its runs as independent units
+            what = "the tiny benchmark" if benchmark == "tiny" else "a stream of data.jsonl / data.hf tasks"
+            raise SureclError(f"sweep: orders {', '.join(sorted(orders))} of {what} are one stream (it has no numbered orders); "
+                              "give each order its task list in a plan (orders: {name: [task, ...]}) or sweep one order")
     # the plan first, so `surecl report` can name the runs a killed or failed sweep did not finish
     meta = {"config": plan.config, "overrides": list(args.overrides), "plan": args.plan, "order_benchmark": plan.order_benchmark}
     from surecl.report import PLAN_FILE

@@ -170,7 +170,7 @@ CHOICES: dict[str, tuple[str, ...] | None] = {
     "replay.reduction": ("mean", "sum"),
     "replay.scope": ("sequence", "label", "input"),
     "replay.balance": ("none", "label"),
-    "replay.loss": ("joint", "pair"),
+    "replay.loss": ("joint", "pair", "example"),
     "dual.unit": ("step", "example"),
     "train.scheduler": ("constant", "constant_with_warmup", "linear", "cosine"),
     "eval.mode": ("generate", "rank", "perplexity"),

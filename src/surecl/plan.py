@@ -130,7 +130,9 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
             how = f"replay ratio {cfg.replay.ratio} (replayed:new, about {replayed_in(cfg.train.batch_size, cfg):g} per step of {cfg.train.batch_size})"
         else:
             how = f"{cfg.replay.batch_size} replayed examples every {cfg.replay.every} step(s)"
-        weighting = "each pair's mean (the reference's)" if cfg.replay.loss == "pair" else "token mean over the joint batch"
+        weighting = {"example": "each example's token mean, a replayed one averaged with its new one (the reference's, every step)",
+                     "pair": "each pair's mean on steps that replay (the reference's), the joint token mean on steps that do not"
+                     }.get(cfg.replay.loss, "token mean over the joint batch")
         lines.append(f"buffer: S = {capacity} ({size}); {how}; loss: {weighting}")
     lines += ["", "| stage | tasks | train | test | steps | replay steps | buffer quota per task after it |", "|---|---|---|---|---|---|---|"]
     steps_all = []

@@ -85,7 +85,8 @@ class DataConfig:
     (fixture), ``none`` (only ``data.jsonl`` / ``data.hf`` tasks), or a path to a CL_Benchmark folder."""
     order: str = "default"
     """A task order: ``1``..``6`` for CL_Benchmark, ``default`` for the benchmark's own order
-    (the only one of ``tiny`` and ``none``: another is refused there unless ``tasks`` is set)."""
+    (``tiny`` and ``none`` have only theirs: a sweep over several orders of them is refused
+    unless each order gives its task list)."""
     tasks: list[str] = field(default_factory=list)
     """Explicit task names in training order; overrides ``order``. With a benchmark it chooses
     among the benchmark's tasks (``jsonl`` / ``hf`` tasks follow them); with ``none`` among the
@@ -218,13 +219,17 @@ class ReplayConfig:
     ``replay_frequency`` 2, ``buffer_sample_size`` 1), ``1:4`` ... ``1:16`` its ablation's.
     Empty (default): ``batch_size`` examples every ``every``-th step."""
     loss: str = "joint"
-    """How replayed examples enter the step's loss: ``joint`` (default): the token mean over the
-    whole mixed batch, so an example weighs by its answer tokens; ``pair`` (the reference's):
-    each example's own token-mean loss, each replayed example paired with a new one (in
-    turn), a pair's loss the mean of its members', and the step's loss the mean over the new
-    examples of their (pair) losses: ``(outputs.loss + replay_outputs.loss) / 2`` per
-    micro-batch, averaged over the accumulated micro-batches, as the reference's
-    ``training_step`` and the ``Trainer``'s accumulation do."""
+    """How the step's examples enter its loss: ``joint`` (default): the token mean over the
+    whole mixed batch, so an example weighs by its answer tokens; ``example`` (the reference's,
+    and the paper presets'): each example's own token-mean loss, each replayed example paired
+    with a new one (in turn), a pair's loss the mean of its members', and the step's loss the
+    mean over the new examples of their (pair) losses, on every step (a step without replay:
+    the mean of its examples' token means): ``(outputs.loss + replay_outputs.loss) / 2`` per
+    micro-batch of one example, or ``outputs.loss`` alone where it replays nothing, averaged
+    over the accumulated micro-batches, as the reference's ``training_step`` and the
+    ``Trainer``'s accumulation do; ``pair``: the same on steps that replay, the joint token mean
+    on steps that do not (an empty buffer, ``replay.every`` > 1, a method without replay):
+    what ``pair`` always meant, kept so that runs made with it stay the same runs."""
 
 
 @dataclass

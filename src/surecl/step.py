@@ -131,7 +131,9 @@ class TrainStep(Plugin):
             tasks = tasks[rank::world] if local else tasks[:1]
         slices = micro_batch_positions(rows, self.config.micro_batch_tokens, tasks)
         coef = None
-        if self.config.replay_loss == "pair" and replayed:
+        # "example": the reference's per-example weighting on every step; "pair": on steps that
+        # replay only (a step without replay keeps the joint token mean)
+        if self.config.replay_loss == "example" or (self.config.replay_loss == "pair" and replayed):
             coef = pair_weights(len(current), [e.scored for e in items])
             coef = coef[rank::world] if local else coef[:1]
         parts, loss_total = [], 0.0

@@ -13,8 +13,9 @@ task's (tokenised) training set. Each call is one task boundary:
 2. training (one ``Trainer.train()``) draws ``a`` replayed examples per ``b`` new ones
    (``ratio="a:b"``, counted as the core's :func:`surecl.plan.replay_count`) into the same
    batches, collated by your collator, and the loss is the Trainer's own (token mean over the
-   mixed batch: the core's ``replay.loss=joint``) or, with ``replay_loss="pair"``, the paper's
-   pair weighting over the whole optimizer step (the core's :func:`surecl.step.pair_weights`);
+   mixed batch: the core's ``replay.loss=joint``) or, with ``replay_loss="example"`` (every
+   step) or ``"pair"`` (steps that replay), the paper's reference weighting over the whole
+   optimizer step (the core's :func:`surecl.step.pair_weights`);
 3. after every optimizer step the slow LoRA adapter follows the fast one by the core's EMA
    (:meth:`surecl.adapters.DualLoRA.ema_step`: one update per step, or beta^n for a step of n
    new examples with ``unit="example"``), and with ``aging`` the step's replayed entries take
@@ -116,9 +117,11 @@ class SureArguments:
     replay_every: int = 2
     replay_batch_size: int = 4
     replay_loss: str = "joint"
-    """How a step with replayed rows is weighted (``replay.loss``): ``joint``, the Trainer's own
-    loss (token mean over the mixed batch, new and replayed rows alike), or ``pair``, the
-    paper's reference weighting (the core's :func:`surecl.step.pair_weights`): each row's loss
+    """How a step's rows are weighted (``replay.loss``): ``joint``, the Trainer's own loss (token
+    mean over the mixed batch, new and replayed rows alike); ``example``, the paper's reference
+    weighting on every step (a step without replayed rows: the mean of its rows' token means);
+    or ``pair``, that weighting on steps with replayed rows and the Trainer's own loss on the
+    others. The reference weighting (the core's :func:`surecl.step.pair_weights`): each row's loss
     is its token mean, replayed row j of the optimizer step is paired with new row j mod n_new,
     a pair (a new row and the replayed rows paired with it) has the mean of its rows' losses,
     and the step's loss is the mean over its n_new pairs; the reference code's
@@ -180,7 +183,7 @@ class SureArguments:
         for key, value, allowed in [
             ("score_time", self.score_time, ("before", "after")), ("insert_time", self.insert_time, ("before", "after")),
             ("reduction", self.reduction, ("mean", "sum")), ("unit", self.unit, ("step", "example")),
-            ("replay_loss", self.replay_loss, ("joint", "pair")), ("balance", self.balance, ("none", "label")),
+            ("replay_loss", self.replay_loss, ("joint", "pair", "example")), ("balance", self.balance, ("none", "label")),
         ]:
             if value not in allowed:
                 raise SureclError(f"SureArguments.{key}: one of {', '.join(allowed)}, got {value!r}")
@@ -205,8 +208,8 @@ class SureArguments:
 class _TaskSets(torch.utils.data.Dataset):
     """Every task's training set; an item is keyed ``(task, index, kind, weight)``, kind one of
     :data:`KINDS` (new, replayed, or a padding row a process without items trains at weight 0),
-    weight the row's pair weight 1 / (n_new x its pair's size) in a ``replay_loss="pair"`` step
-    (:data:`JOINT` otherwise)."""
+    weight the row's pair weight 1 / (n_new x its pair's size) in a step the reference weighting
+    covers (``replay_loss="example"``, or ``"pair"`` where it replays; :data:`JOINT` otherwise)."""
 
     def __init__(self, sets: list):
         self.sets = sets
@@ -324,12 +327,12 @@ class SureTrainer(Trainer):
             p.requires_grad_(False)
         set_seed(args.seed)  # the LoRA initialisation
         is_seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
-        if self.sure.replay_loss == "pair" and (
+        if self.sure.replay_loss in ("pair", "example") and (
             kwargs.get("compute_loss_func") is not None or getattr(args, "label_smoothing_factor", 0)
             or getattr(args, "loss_type", None) not in (None, "nll") or getattr(model.config, "output_router_logits", False)
         ):
             raise SureclError(
-                "SureArguments.replay_loss='pair' computes the loss itself (token NLL of the labels); it cannot be combined with "
+                f"SureArguments.replay_loss={self.sure.replay_loss!r} computes the loss itself (token NLL of the labels); it cannot be combined with "
                 "compute_loss_func, label_smoothing_factor, a TRL loss_type other than 'nll' or a model's router auxiliary loss "
                 "(output_router_logits)"
             )
@@ -617,8 +620,8 @@ class SureTrainer(Trainer):
         """Every epoch's micro-batches of the stage (of all processes together): new examples
         in the core's order (:meth:`_orders`), and the replayed entries the policy draws for
         each optimizer step (``replay_count``), the j-th into micro-batch j mod GA. With
-        ``replay_loss="pair"`` a step that replays gives each row its pair weight over the whole
-        step: the step's new rows in order (micro-batch after micro-batch), then its replayed
+        ``replay_loss="example"`` every step, with ``"pair"`` a step that replays, gives each row
+        its pair weight over the whole step: the step's new rows in order (micro-batch after micro-batch), then its replayed
         rows in draw order, weighted as the core's :func:`surecl.step.pair_weights` (the row's
         own token count divides it in the training step)."""
         per_epoch, total = self._layout(n)
@@ -637,7 +640,7 @@ class SureTrainer(Trainer):
         for s, step in enumerate(steps[:total]):
             drawn = self.policy.sample(replay_count(s, sizes, spec)) if self.sure.policy != "none" else []
             self._drawn.append(drawn)
-            if drawn and self.sure.replay_loss == "pair":
+            if self.sure.replay_loss == "example" or (drawn and self.sure.replay_loss == "pair"):
                 n_new = sizes[s]
                 weights = pair_weights(n_new, [1] * (n_new + len(drawn)))  # 1 / (n_new x pair size)
                 k = 0
