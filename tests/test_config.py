@@ -201,3 +201,13 @@ def test_buffer_fraction_and_counts_are_never_confused():
     assert buffer_capacity(config_from_dict(saved).replay, 10_000) == 300
     with pytest.raises(SureclError, match="buffer_fraction"):
         build_config("tiny,surprise", ["replay.buffer_size=1.0"])
+
+
+def test_dry_run_names_the_buffer_fraction_it_uses(capsys):
+    """--dry-run's buffer line says the fraction S came from (replay.buffer_fraction when set,
+    not the preset's buffer_size beside it)."""
+    from surecl.cli import main
+
+    assert main(["run", "--dry-run", "--config", "tiny,surprise", "replay.buffer_fraction=0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "buffer: S = 192 (0.5 of 384)" in out

@@ -457,3 +457,25 @@ def test_cli_shows_records_as_surecl_lines(capsys):
         logger.debug("not shown")
     logger.info("after the CLI: not shown")
     assert capsys.readouterr().err.splitlines() == ["surecl: after colors: colors 100.0", "surecl: warning: the buffer is empty"]
+
+
+def test_a_model_folder_built_without_its_weights_never_takes_the_cache_place(tmp_path):
+    """transformers' save_pretrained writes nothing on a process other than rank 0 of a process
+    group: a folder built there holds the tokenizer alone. It must not become the cached model
+    that every process then fails to load (two processes on a cold cache did, 3 times in 4)."""
+    from surecl.model import _atomic_save_folder
+
+    target = tmp_path / "models" / "tiny-llama-v4"
+
+    def tokenizer_only(tmp):
+        (tmp / "tokenizer.json").write_text("{}")
+
+    with pytest.raises(SureclError, match="built without its weights"):
+        _atomic_save_folder(tokenizer_only, target)
+    assert not target.exists() and list((tmp_path / "models").iterdir()) == []
+
+    def whole(tmp):
+        (tmp / "config.json").write_text('{"model_type": "llama"}')
+
+    _atomic_save_folder(whole, target)
+    assert (target / "config.json").is_file()

@@ -168,3 +168,27 @@ def test_two_processes_match_one(share_prefix, tmp_path):
     # the process group is torn down before interpreter finalisation (surecl.processes): a group
     # left up can abort a finished process (SIGABRT) as gloo's threads release their work
     assert [r["group_up_at_exit"] for r in ranks] == [False, False]
+
+
+def test_two_processes_killed_and_resumed_end_as_uninterrupted_ones(tmp_path):
+    """With LoRA dropout each process draws masks for its own rows, so their generators part.
+    Killed in the second task and rerun, each process restores its own generator from the
+    checkpoint (not the main process's), and the run ends bit for bit as an uninterrupted
+    two-process run: the same step losses, matrix and buffer."""
+    args = [*ARGS, "lora.dropout=0.1"]
+    env = {**os.environ, "SURECL_CACHE": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("SURECL_KILL_AT", None)
+
+    def cmd(out: Path) -> list[str]:
+        return [sys.executable, "-m", "surecl.cli", "run", "--out", str(out), *args]
+
+    codes, out = launch_two(cmd(tmp_path / "whole"), env, TWO_PROCESS_TIMEOUT)
+    assert codes == [0, 0], out
+    codes, out = launch_two(cmd(tmp_path / "cut"), {**env, "SURECL_KILL_AT": "step:1:2"}, TWO_PROCESS_TIMEOUT)
+    assert codes is not None and codes != [0, 0], out  # both killed themselves as the step began
+    assert not (tmp_path / "cut" / "results.json").exists() and (tmp_path / "cut" / "checkpoints").is_dir()
+    codes, out = launch_two(cmd(tmp_path / "cut"), env, TWO_PROCESS_TIMEOUT)
+    assert codes == [0, 0], out
+    whole, cut = outcome(tmp_path / "whole"), outcome(tmp_path / "cut")
+    assert cut[3] == whole[3]  # every step's loss, bit for bit
+    assert (cut[0], cut[1], cut[2]) == (whole[0], whole[1], whole[2])

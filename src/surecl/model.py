@@ -88,11 +88,16 @@ def base_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
 
 
 def _atomic_save_folder(build, target: Path) -> None:
-    """Build a folder in a temp dir beside ``target`` and rename it into place."""
+    """Build a folder in a temp dir beside ``target`` and rename it into place; a build without
+    its ``config.json`` (transformers' ``save_pretrained`` writes nothing on a process other than
+    rank 0 of a process group) is one line and never takes the place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir(f".{target.name}.", target.parent)  # the umask's mode: the cache is ordinary data
     try:
         build(tmp)
+        if not (tmp / "config.json").is_file():
+            raise SureclError(f"{target}: built without its weights (transformers saves a model only on the main process of "
+                              "a process group); load it in the main process first")
         follow_umask(tmp)
         try:
             os.replace(tmp, target)

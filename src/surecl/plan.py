@@ -125,7 +125,8 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         f"{cfg.train.epochs} epoch(s){' (per task: ' + ', '.join(cfg.train.epochs_per_task) + ')' if cfg.train.epochs_per_task else ''}, {'fresh' if cfg.train.fresh_optimizer else 'carried-over'} optimizer state per task",
     ]
     if policy != "none":
-        size = f"{cfg.replay.buffer_size:g} of {total}" if cfg.replay.buffer_size < 1 else "absolute"
+        fraction = cfg.replay.buffer_fraction or (cfg.replay.buffer_size if cfg.replay.buffer_size < 1 else 0)  # buffer_capacity's rule
+        size = f"{fraction:g} of {total}" if fraction else "absolute"
         if cfg.replay.ratio:
             how = f"replay ratio {cfg.replay.ratio} (replayed:new, about {replayed_in(cfg.train.batch_size, cfg):g} per step of {cfg.train.batch_size})"
         else:

@@ -134,19 +134,39 @@ def restore(run) -> Path | None:
     return found.folder
 
 
+def _generators(device) -> dict[str, torch.Tensor]:
+    """This process's torch generator states: the CPU's and, on a GPU, the device's."""
+    out = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        out["cuda"] = torch.cuda.get_rng_state(device)
+    return out
+
+
+def gather_rng(run) -> list[dict[str, torch.Tensor]]:
+    """Every process's :func:`_generators`, in process order (a collective: every process calls it)."""
+    from accelerate.utils import gather_object
+
+    return gather_object([_generators(run.device)])
+
+
 def rng_state(run) -> tuple[dict, dict[str, torch.Tensor]]:
     """The random streams: the batch plan's, torch's CPU generator and, on a GPU, the
-    device's generator (dropout masks there), so a resumed run draws what it would have."""
+    device's generator (dropout masks there), so a resumed run draws what it would have; with
+    several processes each one's own generators too (``torch/rank<r>``, gathered by
+    :func:`gather_rng`), since each draws dropout masks for its own rows."""
     version, internal, gauss = run.rng.getstate()
-    tensors = {"torch": torch.get_rng_state()}
-    if run.device.type == "cuda":
-        tensors["cuda"] = torch.cuda.get_rng_state(run.device)
+    tensors = _generators(run.device)
+    for r, states in enumerate(getattr(run, "rank_rng", None) or []):
+        tensors.update({f"{k}/rank{r}": v for k, v in states.items()})
     return {"batches": [version, list(internal), gauss]}, tensors
 
 
 def load_rng_state(run, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
-    torch.set_rng_state(tensors["torch"])
-    if "cuda" in tensors and run.device.type == "cuda":
-        torch.cuda.set_rng_state(tensors["cuda"], run.device)
+    """The streams :func:`rng_state` saved, each process taking its own where they were saved per
+    process (a checkpoint from before that, or from one process: the main process's)."""
+    own = lambda k: tensors.get(f"{k}/rank{getattr(run, 'rank', 0)}", tensors.get(k))  # noqa: E731
+    torch.set_rng_state(own("torch"))
+    if own("cuda") is not None and run.device.type == "cuda":
+        torch.cuda.set_rng_state(own("cuda"), run.device)
     version, internal, gauss = meta["batches"]
     run.rng.setstate((version, tuple(internal), gauss))

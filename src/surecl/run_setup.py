@@ -70,7 +70,12 @@ def build_run(
         tasks = caller_tasks(tasks, cfg)  # in-memory datasets read into tasks
     run.given_fingerprints = {t.name: t.fingerprint() for t in tasks} if tasks is not None else None
     """Each task passed from Python as it was passed (before checks and sampling)."""
-    run.tasks = load_stream(cfg, cache_dir=cache_dir) if tasks is None else caller_stream(tasks, cfg)
+    # the local main process first: it builds what a cold cache lacks (the embedded benchmark,
+    # the tiny model, SmolLM2's dequantised weights) and the others then read it; transformers'
+    # save_pretrained writes nothing on a process other than rank 0, so a folder another process
+    # built would hold the tokenizer alone
+    with run.accelerator.local_main_process_first():
+        run.tasks = load_stream(cfg, cache_dir=cache_dir) if tasks is None else caller_stream(tasks, cfg)
     for t in run.tasks:
         for split, n in t.meta.get("dropped", {}).items():
             run.log(f"{t.name}: dropped {n} {split} rows whose label is not one of {t.labels} (data.invalid_labels=drop)")
@@ -78,7 +83,8 @@ def build_run(
         raise SureclError("model and tokenizer: pass both (a model the caller built) or neither (model.name)")
     run.supplied_model, run.supplied_tasks = model is not None, tasks is not None
     if model is None:
-        loaded = load_model(cfg.model, run.device, cache_dir or default_cache_dir())
+        with run.accelerator.local_main_process_first():
+            loaded = load_model(cfg.model, run.device, cache_dir or default_cache_dir())
     else:
         loaded = prepare_model(model, tokenizer, run.device)
     run.model_name_or_path = str(getattr(loaded.model.config, "_name_or_path", "") or "") if model is not None else cfg.model.name

@@ -249,6 +249,9 @@ class ContinualRun:
         """Checkpoint every component's state (main process) after the last finished step."""
         if self.wall is not None:
             self.clock()
+        # every process's own generator states (dropout masks are drawn per process, and their
+        # streams part as each process draws for its own rows), gathered for the main process to save
+        self.rank_rng = run_folder.gather_rng(self) if self.world > 1 else None
         if self.accelerator.is_main_process:
             run_folder.save(self)
         self.accelerator.wait_for_everyone()
