@@ -206,7 +206,12 @@ class ReplayConfig:
     prompt given the prompt. ``paper-t5`` keeps ``sequence`` (Eq. 1's surprise of the example;
     docs/faithfulness.md says why); ``replay.scope=input`` reproduces the reference's."""
     aging: bool = False
-    """Re-score replayed items with the loss of the step that replays them."""
+    """Re-score replayed items with the loss of the step that replays them. With one process,
+    ``scope=label`` and ``reduction=mean`` that is the step's own forward (before its update, in
+    train mode: with ``lora.dropout`` > 0 under its masks, while the buffer's first scores are
+    taken without dropout); otherwise (another scope or reduction, or several processes) the
+    replayed items are scored again right after the update, as a task's surprise is (eval mode),
+    so aged and fresh entries share one scale."""
     every: int = 2
     """Replay every k-th optimizer step (not read when ``ratio`` is set)."""
     batch_size: int = 4
