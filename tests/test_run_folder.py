@@ -248,18 +248,50 @@ def test_checkpoint_folders_of_other_names_are_neither_resumed_nor_pruned(tmp_pa
     assert load_latest(root).folder.name == "stage-0001"
 
 
+def test_a_run_that_starts_over_never_prunes_its_own_checkpoints(tmp_path):
+    """Checkpoints are written in name order, so one named after the one just written belongs to
+    another trajectory: an earlier run's that this one started over from (``resume=False``), or
+    a damaged one a resume passed over. It goes, instead of the keep rule pruning every new
+    checkpoint at once and the next resume reading the old run's state."""
+    import torch
+
+    from surecl.checkpoint import load_latest, save
+
+    root = tmp_path / "checkpoints"
+    meta = {"config": {}, "tasks": ["a"]}
+
+    def put(name: str, who: str) -> None:
+        save(root, name, {"run": ({"who": who}, {"w": torch.zeros(2)})}, meta, keep=2)
+
+    for name in ("stage-0001", "stage-0002", "stage-0003"):
+        put(name, "old")
+    for name in ("stage-0000", "stage-0001-step-000050"):
+        put(name, "new")
+        assert (root / name).is_dir()
+    assert sorted(p.name for p in root.iterdir()) == ["stage-0000", "stage-0001-step-000050"]
+    assert load_latest(root).components["run"][0] == {"who": "new"}
+    # a damaged newest checkpoint that a resume passed over (keep=1)
+    (root / "stage-0001-step-000050" / "meta.json").write_text("{")
+    assert load_latest(root).folder.name == "stage-0000"
+    save(root, "stage-0001", {"run": ({"who": "resumed"}, {"w": torch.zeros(2)})}, meta, keep=1)
+    assert sorted(p.name for p in root.iterdir()) == ["stage-0001"]
+    assert load_latest(root).components["run"][0] == {"who": "resumed"}
+
+
 def test_only_an_atomic_writes_leftovers_are_temporaries(finished, tmp_path):
-    """A killed write leaves ``.<name>.<8 random characters>``; a user's ``.config.yaml.swp`` or
-    ``.log.jsonl.bak`` beside a run's file is not one and stays."""
+    """A killed write leaves ``.<name>.surecl-<8 random characters>``; a user's
+    ``.config.yaml.swp``, ``.log.jsonl.bak`` or hidden backups whose tail is 8 characters
+    (``.config.yaml.original``, ``.results.json.20240101``) beside a run's file are not one and stay."""
     from surecl.checkpoint import Manifest
 
     out = tmp_path / "run"
     shutil.copytree(finished, out)
-    for name in (".config.yaml.swp", ".log.jsonl.bak", ".results.json.k2x9_q0a"):
+    mine = (".config.yaml.swp", ".log.jsonl.bak", ".config.yaml.original", ".results.json.20240101", ".results.json.previous")
+    for name in (*mine, ".results.json.surecl-k2x9_q0a", ".adapters.surecl-old"):
         (out / name).write_text("x")
     removed = Manifest(out).remove_temporaries()
-    assert [p.name for p in removed] == [".results.json.k2x9_q0a"]
-    assert (out / ".config.yaml.swp").exists() and (out / ".log.jsonl.bak").exists()
+    assert [p.name for p in removed] == [".results.json.surecl-k2x9_q0a"]
+    assert all((out / name).exists() for name in mine)
 
 
 def test_the_lock_file_is_never_written_through_a_link(tmp_path):

@@ -154,3 +154,27 @@ def test_a_sweep_never_replaces_a_users_table(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "table.md exists and no surecl sweep wrote" in err[0]
     assert (out / "table.md").read_text() == "my table" and sorted(p.name for p in out.iterdir()) == ["table.md"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["seed=3"], "seed is set for each run by the sweep; give it with --seeds"),
+    (["data.order=2"], "data.order is set for each run by the sweep; give it with --orders"),
+    (["--grid", "seed=0,1"], "seed is set for each run by the sweep"),
+    (["--orders", "a,b", "data.tasks=[colors]"], "data.tasks gives one task list to every order"),
+])
+def test_keys_the_sweep_sets_itself_are_refused_as_overrides(tmp_path, capsys, argv, words):
+    """A sweep sets seed, data.order and preset for each run, last: as an override or a grid axis
+    they were replaced without a word (a --grid seed=0,1,2 planned three identical seed-0 runs)."""
+    out = tmp_path / "sw"
+    assert main(["sweep", "--config", "tiny", "--methods", "seq_lora", "--out", str(out), "--quiet", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_method_given_as_a_yaml_path_runs_inside_out(tmp_path):
+    from surecl.sweep import Plan, expand
+
+    runs = expand(Plan(methods=[str(tmp_path / "mine.yaml"), "../theirs.yaml"], orders={"default": []}, seeds=[0]))
+    assert [r.path for r in runs] == ["mine/orderdefault/seed0", "theirs/orderdefault/seed0"]
+    assert runs[0].row == str(tmp_path / "mine.yaml")  # the row keeps its name

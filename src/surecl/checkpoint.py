@@ -36,6 +36,9 @@ try:
 except ImportError:  # not POSIX: run folders are not locked
     fcntl = None
 
+TEMP_MARK = "surecl-"
+"""Part of every temporary's name an atomic write puts beside a run's file (``.results.json.surecl-k2x9_q0a``)."""
+
 FORMAT = 2
 """2: each component's state under its own key (``components`` in meta.json, ``<key>/``
 tensors). Format 1 checkpoints (one layout for the whole run) are still read."""
@@ -43,7 +46,7 @@ tensors). Format 1 checkpoints (one layout for the whole run) are still read."""
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = temp_file(f".{path.name}.", path.parent)  # the umask's mode, as open() would give
+    fd, tmp = temp_file(f".{path.name}.{TEMP_MARK}", path.parent)  # the umask's mode, as open() would give
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -86,7 +89,7 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
     ``card`` is written as the folder's ``README.md`` and ``files`` (name -> text, e.g.
     ``prompt.json``) beside it."""
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir(f".{name}.", folder)
+    tmp = temp_dir(f".{name}.{TEMP_MARK}", folder)
     try:
         adapters.save_pretrained(tmp, name)
         written = tmp / name if (tmp / name).is_dir() else tmp
@@ -103,7 +106,7 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
         target = folder / name
         old = None
         if target.exists():
-            old = folder / f".{name}.old"
+            old = folder / f".{name}.{TEMP_MARK}old"
             shutil.rmtree(old, ignore_errors=True)
             os.replace(target, old)
         os.replace(written, target)
@@ -121,8 +124,8 @@ def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tenso
     names (tied weights once: transformers ties them again on load)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir(f".{folder.name}.", folder.parent)
-    old = folder.parent / f".{folder.name}.old"
+    tmp = temp_dir(f".{folder.name}.{TEMP_MARK}", folder.parent)
+    old = folder.parent / f".{folder.name}.{TEMP_MARK}old"
     try:
         model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
@@ -237,10 +240,14 @@ one; a user's ``stage-0003.bak`` (no leading dot) is neither, so never adopted o
 CHECKPOINT_NAME = re.compile(r"stage-\d{4}(-step-\d{6})?")
 """A checkpoint folder's name (``run_folder.checkpoint``): what resume reads and pruning removes;
 any other ``stage-*`` name there (a user's ``stage-0003.bak``) is neither."""
-_TEMP_TAIL = re.compile(r"[a-z0-9_]{8}|old")
-"""The tail after a temporary's prefix ``.<name>.``: the random one ``tempfile.mkstemp`` /
-``mkdtemp`` put there, or ``old`` (a folder an atomic replace swapped out): what tells an
-atomic write's leftover from a user's ``.<name>.swp``."""
+_LEGACY_TEMP_TAIL = re.compile(r"[a-z0-9_]{8}|old")
+"""The tail an earlier version's temporaries had (no :data:`TEMP_MARK`): read only in a folder
+adopted from such a version (no manifest)."""
+_TEMP_TAIL = re.compile(r"surecl-([a-z0-9_]{8}|old)")
+"""The tail after a temporary's prefix ``.<name>.``: :data:`TEMP_MARK` and the random part
+``tempfile.mkstemp`` / ``mkdtemp`` put there, or ``old`` (a folder an atomic replace swapped
+out): what tells an atomic write's leftover from a user's ``.results.json.original`` or
+``.config.yaml.swp``, which stay."""
 
 
 class Manifest:
@@ -305,6 +312,7 @@ class Manifest:
 
     def _adopt(self) -> None:
         """Take over the exact names an earlier version wrote (never a symbolic link)."""
+        self.adopted = True
         out = self.out
         found = [n for n in RUN_FILES if (out / n).is_file() and not (out / n).is_symlink()]
         ck = out / "checkpoints"
@@ -410,7 +418,8 @@ class Manifest:
                 n = entry.name
                 # a checkpoint's temporary under checkpoints/ (a name only surecl writes there) with
                 # whatever tail; beside any other file, only tempfile's random one
-                if n.startswith(".") and any(n.startswith(f".{name}.") and (parent == "checkpoints" or _TEMP_TAIL.fullmatch(n[len(name) + 2 :]))
+                tail = _LEGACY_TEMP_TAIL if getattr(self, "adopted", False) else _TEMP_TAIL
+                if n.startswith(".") and any(n.startswith(f".{name}.") and (parent == "checkpoints" or tail.fullmatch(n[len(name) + 2 :]))
                                              for name in names):
                     found.append(entry)
         return sorted(found)
@@ -543,6 +552,11 @@ def save(root: Path, name: str, components: dict[str, ComponentState], meta: dic
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    # a run writes its checkpoints in name order, so one named after this is another trajectory's
+    # (a damaged one a resume passed over, or an earlier run's that this one started over from):
+    # left there, it would be read on the next resume and the keep rule would prune this run's own
+    for later in [p for p in _checkpoint_folders(root) if p.name > name]:
+        shutil.rmtree(later, ignore_errors=True)
     for old in _checkpoint_folders(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return root / name

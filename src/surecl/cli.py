@@ -123,6 +123,26 @@ def cmd_run(args) -> int:
     return 0
 
 
+SWEEP_KEYS = {"seed": "--seeds (or a plan's seeds)", "data.order": "--orders (or a plan's orders)",
+              "preset": "the row's name (its method and grid point)"}
+"""Keys a sweep sets for each run itself, last: given as an override or a grid axis they would be
+replaced without a word (every "seed" of a grid the same seed-0 run under another row name)."""
+
+
+def check_sweep_keys(plan) -> None:
+    """One line for an override or grid key a sweep sets itself (:data:`SWEEP_KEYS`), and for
+    ``data.tasks`` given once for several orders (every order would be that one task list)."""
+    overrides = [*plan.overrides, *(o for g in plan.groups for o in g.get("overrides", []))]
+    keys = [o.split("=", 1)[0].strip() for o in overrides if "=" in o]
+    keys += [*plan.grid, *(k for g in plan.groups for k in g.get("grid", {}))]
+    for key in keys:
+        if key in SWEEP_KEYS:
+            raise SureclError(f"sweep: {key} is set for each run by the sweep; give it with {SWEEP_KEYS[key]}, not as an override or grid key")
+    if "data.tasks" in keys and len(plan.orders) > 1:
+        raise SureclError("sweep: data.tasks gives one task list to every order, so the orders would be one stream; give each "
+                          "order its task list in a plan (orders: {name: [task, ...]}) or sweep one order")
+
+
 def _preset_orders(config: str) -> list[str] | None:
     """The ``orders`` a protocol preset (standard-cl, lnt) names, if any of ``config`` has one."""
     from surecl.config import load_yaml
@@ -180,6 +200,7 @@ def cmd_sweep(args) -> int:
         raise SureclError("sweep: --methods, --orders and --seeds each need at least one value")
     # the command line's overrides replace the plan's own; a group's overrides and grid values still decide their runs
     plan.overrides = plan.overrides + list(args.overrides)
+    check_sweep_keys(plan)
     planned, todo = [], []
     streams: dict[str, set[str]] = {}
     for r in expand(plan):

@@ -205,7 +205,9 @@ def expand(plan: Plan) -> list[PlannedRun]:
                         data = [f"data.order={order}"] + ([f"data.tasks=[{','.join(tasks)}]"] if tasks else [])
                         overrides = plan.overrides + g.get("overrides", []) + point + data + [f"seed={seed}", f"preset={row}"]
                         folder = f"order{order}" if order.isdigit() or order == "default" else f"order-{order}"
-                        path = "/".join([method, *point, folder, f"seed{seed}"])
+                        # a method given as a YAML file is its stem there: a path would put the run outside --out
+                        name = Path(method).stem if "/" in method or method.endswith((".yaml", ".yml")) else method
+                        path = "/".join([name, *point, folder, f"seed{seed}"])
                         if path in seen:
                             raise SureclError(f"sweep: run {path} is planned twice (a method in two groups?)")
                         seen.add(path)

@@ -257,7 +257,7 @@ def _write_mark(path, sent: dict) -> None:
     after every log, and a lost update only means a step logged twice)."""
     from surecl.files import file_mode
 
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.surecl-{os.getpid():08d}")  # a temporary Manifest.temporaries knows
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode())
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(sent, f)
