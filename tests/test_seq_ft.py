@@ -172,9 +172,9 @@ def test_seq_ft_refuses_the_dual_learner_and_bf16(tmp_path, tiny_cache, monkeypa
 def test_fresh_removes_the_saved_model_and_only_that(tmp_path, tiny_cache):
     out = tmp_path / "run"
     run(build_config("tiny,seq_ft", [*SMALL, "train.epochs=1"]), out, progress=False, cache_dir=tiny_cache)
-    (out / ".model.abc12345").mkdir()  # the temporary of an export cut short
+    (out / ".model.surecl-abc12345").mkdir()  # the temporary of an export cut short
     listed = {str(p.relative_to(out)) for p in checkpoint.run_outputs(out)}
-    assert {"model", ".model.abc12345", "checkpoints/stage-0002", "results.json"} <= listed
+    assert {"model", ".model.surecl-abc12345", "checkpoints/stage-0002", "results.json"} <= listed
     (out / "notes.txt").write_text("mine")
     checkpoint.clear_run(out)
     assert (out / "notes.txt").read_text() == "mine"
