@@ -123,6 +123,9 @@ def cmd_run(args) -> int:
     return 0
 
 
+ORDER_LISTS = "give each order its task list in a plan (orders: {name: [task, ...]}) or sweep one order"
+"""How a sweep over several orders of one task list is mended (both checks of :func:`cmd_sweep` say it)."""
+
 SWEEP_KEYS = {"seed": "--seeds (or a plan's seeds)", "data.order": "--orders (or a plan's orders)",
               "preset": "the row's name (its method and grid point)"}
 """Keys a sweep sets for each run itself, last: given as an override or a grid axis they would be
@@ -139,8 +142,7 @@ def check_sweep_keys(plan) -> None:
         if key in SWEEP_KEYS:
             raise SureclError(f"sweep: {key} is set for each run by the sweep; give it with {SWEEP_KEYS[key]}, not as an override or grid key")
     if "data.tasks" in keys and len(plan.orders) > 1:
-        raise SureclError("sweep: data.tasks gives one task list to every order, so the orders would be one stream; give each "
-                          "order its task list in a plan (orders: {name: [task, ...]}) or sweep one order")
+        raise SureclError(f"sweep: data.tasks gives one task list to every order, so the orders would be one stream; {ORDER_LISTS}")
 
 
 def _preset_orders(config: str) -> list[str] | None:
@@ -213,8 +215,7 @@ def cmd_sweep(args) -> int:
     for benchmark, orders in streams.items():
         if len(orders) > 1:  # one stream under several names: a report would count its runs as independent units
             what = "the tiny benchmark" if benchmark == "tiny" else "a stream of data.jsonl / data.hf tasks"
-            raise SureclError(f"sweep: orders {', '.join(sorted(orders))} of {what} are one stream (it has no numbered orders); "
-                              "give each order its task list in a plan (orders: {name: [task, ...]}) or sweep one order")
+            raise SureclError(f"sweep: orders {', '.join(sorted(orders))} of {what} are one stream (it has no numbered orders); {ORDER_LISTS}")
     # the plan first, so `surecl report` can name the runs a killed or failed sweep did not finish
     meta = {"config": plan.config, "overrides": list(args.overrides), "plan": args.plan, "order_benchmark": plan.order_benchmark}
     from surecl.report import PLAN_FILE

@@ -683,6 +683,7 @@ def _check_results(f: Path, res) -> None:
 
     if not isinstance(res, dict):
         raise SureclError(f"report: {f} is not a results object")
+    width = len(res.get("tasks") or []) or None
     for where, part in (("", res), ("fast.", res.get("fast") if isinstance(res.get("fast"), dict) else {})):
         for m in METRICS:
             if not finite(part.get(m)):
@@ -690,7 +691,6 @@ def _check_results(f: Path, res) -> None:
         matrix = part.get("accuracy_matrix")
         if matrix is None:
             continue
-        width = len(res.get("tasks") or []) or None
         if not (isinstance(matrix, list) and all(isinstance(r, list) and all(finite(v) for v in r) and (width is None or len(r) == width)
                                                  for r in matrix)):
             raise SureclError(f"report: {f}: {where}accuracy_matrix is not rows of finite numbers (or null), one entry per task; "
@@ -1323,9 +1323,9 @@ def claim_units_complete(pairs: list[_Pair]) -> tuple[str, list[tuple[str, float
     """:func:`claim_units`, where a seed unit (shared samples) counts only with a pair on every
     order the claim's pairs have (a seed with one order of three would be another quantity);
     the third value is the number of seeds left out for lacking one."""
-    kind, _ = claim_units(pairs)
+    kind, units = claim_units(pairs)
     if kind in ("order", "none"):
-        return (*claim_units(pairs), 0)
+        return kind, units, 0
     orders = {p.order for p in pairs}
     by_seed: dict[int | str, set[str]] = defaultdict(set)
     for p in pairs:
