@@ -479,3 +479,23 @@ def test_a_model_folder_built_without_its_weights_never_takes_the_cache_place(tm
 
     _atomic_save_folder(whole, target)
     assert (target / "config.json").is_file()
+
+
+def test_non_finite_loss_says_whether_the_weights_or_the_forward_made_it(tmp_path, tiny_cache, monkeypatch):
+    """The error line of a non-finite loss tells a diverged update (weights already non-finite,
+    the rows named) from a NaN the loss hooks made from finite weights."""
+    import torch
+
+    from surecl.step import nonfinite_where
+
+    cfg = build_config("tiny,seq_lora", [*LR_RUN])
+    monkeypatch.setenv("SURECL_NAN_AT", "0:1")
+    with pytest.raises(SureclError, match=r"trained weights finite before the step; 0 of \d+ rows non-finite \(the loss hooks"):
+        surecl.run(cfg, tmp_path / "hook", progress=False, cache_dir=tiny_cache)
+
+    w = [torch.zeros(2), torch.tensor([1.0, float("nan")])]
+    nll = torch.tensor([0.5, float("inf"), float("nan")])
+    rows = [[0] * 7, [0] * 3, [0] * 12]
+    line = nonfinite_where(w, nll, rows, [(0, 4), (1, 9), (2, 0)])
+    assert line == ("trained weights non-finite before the step; 2 of 3 rows non-finite: task 1 row 9 (3 tokens), "
+                    "task 2 row 0 (12 tokens); row lengths 3-12 tokens")

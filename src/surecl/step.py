@@ -21,6 +21,7 @@ run's ``optimizer`` plugin (``before_task`` clears the AdamW state with
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -125,6 +126,7 @@ class TrainStep(Plugin):
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = self.lr_at(step, total, base)
         rows = local or items[:1]  # a rank without items runs one at weight 0 (DDP needs every rank's backward)
+        step_items = ctx.step_items[rank::world] if local else ctx.step_items[:1]
         tasks = None
         if ctx.share_prefix:
             tasks = [t for t, _ in current] + [e.task for e in replayed]
@@ -149,8 +151,9 @@ class TrainStep(Plugin):
                     loss = ctx.plugins.loss(ctx, loss)  # a penalty enters once per step
                 if not torch.isfinite(loss):
                     raise SureclError(
-                        f"non-finite loss ({loss.item()}) at task {ctx.stage_name(stage)} step {step}; the last checkpoint "
-                        "is intact: lower train.lr (or fix the data) and rerun the same command to resume"
+                        f"non-finite loss ({loss.item()}) at task {ctx.stage_name(stage)} step {step} "
+                        f"({nonfinite_where(self.params, nll_k, [rows[i] for i in positions], [step_items[i] for i in positions])}); "
+                        "the last checkpoint is intact: lower train.lr (or fix the data) and rerun the same command to resume"
                     )
                 accelerator.backward(loss)
             loss_total = loss_total + loss.detach()
@@ -167,6 +170,20 @@ class TrainStep(Plugin):
             rows=list(range(len(items)))[rank::world] if local else [], nll=nll, tokens=count,
             loss=shown.item(), lr=self.optimizer.param_groups[0]["lr"],
         )
+
+
+def nonfinite_where(params: list[torch.Tensor], nll: torch.Tensor, rows: list, items: list[tuple[int, int]]) -> str:
+    """Where a non-finite loss came from, for its error line: whether the trained weights
+    were already non-finite (an earlier update diverged) or the forward made it from finite
+    weights, and which rows (task index, example index, prompt + answer tokens) gave a
+    non-finite NLL."""
+    weights = "finite" if all(bool(torch.isfinite(p).all()) for p in params) else "non-finite"
+    bad = [k for k, v in enumerate(nll.detach().float().cpu().tolist()) if not math.isfinite(v)]
+    shown = ", ".join(f"task {items[k][0]} row {items[k][1]} ({len(rows[k])} tokens)" for k in bad[:4])
+    more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+    lengths = sorted(len(r) for r in rows)
+    return (f"trained weights {weights} before the step; {len(bad)} of {len(rows)} rows non-finite"
+            f"{': ' + shown + more if bad else ' (the loss hooks or the weighting made it)'}; row lengths {lengths[0]}-{lengths[-1]} tokens")
 
 
 def pair_weights(n_new: int, tokens: list[int]) -> list[float]:
