@@ -499,3 +499,30 @@ def test_non_finite_loss_says_whether_the_weights_or_the_forward_made_it(tmp_pat
     line = nonfinite_where(w, nll, rows, [(0, 4), (1, 9), (2, 0)])
     assert line == ("trained weights non-finite before the step; 2 of 3 rows non-finite: task 1 row 9 (3 tokens), "
                     "task 2 row 0 (12 tokens); row lengths 3-12 tokens")
+
+
+def test_a_non_finite_gradient_from_a_finite_loss_stops_before_the_update(tmp_path, tiny_cache, monkeypatch):
+    """A finite loss whose backward gives NaN (a kernel's fault) stops the run before the
+    optimizer step: clipping by a NaN norm would have put NaN into every weight. The line names
+    the tensors and the rows; the checkpoint is intact, and the rerun without the fault ends as
+    an uninterrupted run does."""
+    import torch
+    from safetensors.torch import load_file
+
+    cfg = build_config("tiny,seq_lora", [*LR_RUN, "train.checkpoint_every=2"])
+    plain = tmp_path / "plain"
+    surecl.run(cfg, plain, progress=False, cache_dir=tiny_cache)
+    out = tmp_path / "run"
+    monkeypatch.setenv("SURECL_NAN_GRAD_AT", "1:5")
+    with pytest.raises(SureclError, match=r"non-finite gradient at task \S+ step 5 from a finite loss \([0-9.]+\) \(\d+ of \d+ trained "
+                       r"tensors: .*lora_A.*; rows: task 1: \d+ of \d+-\d+ tokens\); the weights were not updated") as err:
+        surecl.run(cfg, out, progress=False, cache_dir=tiny_cache)
+    assert "\n" not in str(err.value)
+    monkeypatch.delenv("SURECL_NAN_GRAD_AT")
+    newest = sorted(p.name for p in (out / "checkpoints").iterdir())[-1]
+    assert newest == "stage-0001-step-000004"
+    for path in (out / "checkpoints" / newest).rglob("*.safetensors"):
+        assert all(bool(torch.isfinite(t).all()) for t in load_file(path).values())
+    surecl.run(cfg, out, progress=False, cache_dir=tiny_cache)
+    a, b = (json.loads((d / "results.json").read_text()) for d in (plain, out))
+    assert a["accuracy_matrix"] == b["accuracy_matrix"]

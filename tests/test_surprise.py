@@ -217,3 +217,23 @@ def test_shared_prefix_scores_match_naive_loop(tiny_loaded, one_task, scope, red
     assert got == pytest.approx(naive_scores(tiny_loaded.model, one_task, scope, reduction), abs=1e-4, rel=1e-5)
     plain = score_examples(tiny_loaded.model, one_task, pad_id=pad, is_seq2seq=False, scope=scope, reduction=reduction, batch_size=5, share_prefix=False)
     assert got == pytest.approx(plain, abs=1e-4, rel=1e-5)
+
+
+def test_attn_implementation_picks_the_kernels_and_scores_alike(tiny_cache, items):
+    """``model.attn_implementation=eager`` loads the plain attention (the check for a fused
+    kernel's numerical fault); on left-padded, shared-prefix batches it scores what the default
+    kernels score. A name transformers does not offer here is refused in one line."""
+    from surecl.config import build_config
+    from surecl.errors import SureclError
+    from surecl.model import load_model
+
+    eager = load_model(ModelConfig(name="tiny", attn_implementation="eager"), torch.device("cpu"), tiny_cache)
+    auto = load_model(ModelConfig(name="tiny"), torch.device("cpu"), tiny_cache)
+    assert eager.model.config._attn_implementation == "eager"
+    assert auto.model.config._attn_implementation == "sdpa"
+    pad = auto.tokenizer.pad_token_id
+    for share in (True, False):
+        a, e = (score_examples(m.model, items, pad_id=pad, is_seq2seq=False, batch_size=4, share_prefix=share) for m in (auto, eager))
+        assert e == pytest.approx(a, abs=1e-5, rel=1e-5)
+    with pytest.raises(SureclError, match=r"^model.attn_implementation: .*flash"):
+        build_config("tiny", ["model.attn_implementation=flash"])

@@ -164,6 +164,7 @@ def _check_types(obj: Any, prefix: str) -> None:
 
 CHOICES: dict[str, tuple[str, ...] | None] = {
     "model.dtype": ("auto", "bf16", "fp32"),
+    "model.attn_implementation": ("auto", "sdpa", "eager"),
     "replay.policy": None,  # the registered replay policies (surecl.registry)
     "replay.score_time": ("before", "after"),
     "replay.insert_time": ("before", "after"),

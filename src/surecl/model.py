@@ -231,7 +231,8 @@ def load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None = 
         tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=cfg.trust_remote_code)
         is_seq2seq = bool(getattr(config, "is_encoder_decoder", False))
         auto = AutoModelForSeq2SeqLM if is_seq2seq else AutoModelForCausalLM
-        model = auto.from_pretrained(str(path), dtype=dtype, trust_remote_code=cfg.trust_remote_code)
+        attn = {} if cfg.attn_implementation == "auto" else {"attn_implementation": cfg.attn_implementation}
+        model = auto.from_pretrained(str(path), dtype=dtype, trust_remote_code=cfg.trust_remote_code, **attn)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SureclError(f"model.name: cannot load {cfg.name!r}: {first}") from None

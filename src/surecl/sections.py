@@ -21,6 +21,11 @@ class ModelConfig:
     dtype: str = "auto"
     """Dtype of the frozen base: ``auto`` (bf16 where supported), ``bf16``, ``fp32``."""
     trust_remote_code: bool = False
+    attn_implementation: str = "auto"
+    """The attention kernels: ``auto`` (transformers' choice: ``sdpa``, torch's fused kernels,
+    for the models here), ``sdpa`` or ``eager`` (plain matrix products and softmax: slower and
+    more memory, but none of the fused kernels' numerics; the check to make when a run on an
+    accelerator stops on a non-finite gradient from a finite loss)."""
     max_length: int = 128
     """Prompt tokens kept per example (the sentence is truncated, the answer never)."""
     encoder_eos: bool = False

@@ -161,6 +161,16 @@ class TrainStep(Plugin):
         back = torch.tensor([i for positions in slices for i in positions]).argsort()
         nll, count = torch.cat([p[0] for p in parts])[back], torch.cat([p[1] for p in parts])[back]
         shown = accelerator.reduce(loss_total, "sum") / world if world > 1 else loss_total
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if grads and not torch.isfinite(torch.nn.utils.get_total_norm(grads)):
+            # a finite loss whose gradient is not: stop before the update spreads it into every
+            # weight (clipping by a NaN norm would), so the weights and the checkpoint stay finite
+            raise SureclError(
+                f"non-finite gradient at task {ctx.stage_name(stage)} step {step} from a finite loss ({shown.item():.6g}) "
+                f"({nonfinite_grads(ctx.model, self.params)}; rows: {row_summary(rows, step_items)}); the weights were not "
+                "updated and the last checkpoint is intact: a numerical fault of the backward pass (bf16 kernels on an "
+                "accelerator, say): try model.attn_implementation=eager or model.dtype=fp32, or lower train.lr, and rerun"
+            )
         if self.config.grad_clip:
             accelerator.clip_grad_norm_(self.params, self.config.grad_clip)
         self.optimizer.step()
@@ -184,6 +194,24 @@ def nonfinite_where(params: list[torch.Tensor], nll: torch.Tensor, rows: list, i
     lengths = sorted(len(r) for r in rows)
     return (f"trained weights {weights} before the step; {len(bad)} of {len(rows)} rows non-finite"
             f"{': ' + shown + more if bad else ' (the loss hooks or the weighting made it)'}; row lengths {lengths[0]}-{lengths[-1]} tokens")
+
+
+def nonfinite_grads(model, params: list[torch.Tensor]) -> str:
+    """Which trained tensors got a non-finite gradient (named as the model names them; up to
+    four, then a count) and how many of them there are."""
+    names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
+    bad = [names.get(id(p), f"tensor {i} {tuple(p.shape)}") for i, p in enumerate(params)
+           if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+    more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+    return f"{len(bad)} of {len(params)} trained tensors: {', '.join(bad[:4])}{more}"
+
+
+def row_summary(rows: list, items: list[tuple[int, int]]) -> str:
+    """The step's rows on this process, per task index: how many and their token lengths."""
+    per: dict[int, list[int]] = {}
+    for (task, _), row in zip(items, rows):
+        per.setdefault(task, []).append(len(row))
+    return ", ".join(f"task {t}: {len(v)} of {min(v)}-{max(v)} tokens" for t, v in sorted(per.items()))
 
 
 def pair_weights(n_new: int, tokens: list[int]) -> list[float]:

@@ -10,7 +10,8 @@
 * ``finish:results`` - at the end, every final output written but ``results.json``.
 
 ``SURECL_NAN_AT=<stage>:<step>`` turns that step's loss into NaN (the run then stops with a
-clear error and the last checkpoint intact).
+clear error and the last checkpoint intact). ``SURECL_NAN_GRAD_AT=<stage>:<step>`` leaves that
+step's loss finite and makes its gradient NaN (a kernel's fault in the backward pass).
 """
 
 from __future__ import annotations
@@ -43,4 +44,6 @@ class FaultInjection(Plugin):
         fault_point(f"step:{where}")
         if os.environ.get("SURECL_NAN_AT") == where:
             loss = loss * float("nan")
+        if os.environ.get("SURECL_NAN_GRAD_AT") == where and loss.requires_grad:
+            loss.register_hook(lambda grad: grad * float("nan"))
         return loss
