@@ -133,3 +133,92 @@ def test_run_with_shared_prefix_equals_run_without(preset, tmp_path, tiny_cache)
     b1, b0 = (json.loads((tmp_path / str(s) / "buffer.json").read_text()) for s in (True, False))
     assert [(e["task"], e["index"]) for e in b1["entries"]] == [(e["task"], e["index"]) for e in b0["entries"]]
     assert [e["score"] for e in b1["entries"]] == pytest.approx([e["score"] for e in b0["entries"]], rel=5e-3)
+
+
+class _FaultyBackwardSDPA(torch.autograd.Function):
+    """torch's SDPA forward, whose backward returns NaN in the query gradient of every fully
+    masked query row: the fault a fused kernel showed on a GPU (RESULTS.md §9), on the CPU."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale):
+        ctx.save_for_backward(q, k, v, mask)
+        ctx.scale = scale
+        return _REAL_SDPA(q, k, v, attn_mask=mask, scale=scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, mask = ctx.saved_tensors
+        with torch.enable_grad():
+            q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+            dq, dk, dv = torch.autograd.grad(_REAL_SDPA(q_, k_, v_, attn_mask=mask, scale=ctx.scale), (q_, k_, v_), grad)
+        allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+        dead = ~allowed.any(-1, keepdim=True)  # [rows, 1, q, 1]: a query that attends to nothing
+        return torch.where(dead, float("nan"), dq), dk, dv, None, None
+
+
+_REAL_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def _faulty_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, scale=None, is_causal=False, **kw):
+    assert attn_mask is not None and not is_causal and dropout_p == 0.0
+    return _FaultyBackwardSDPA.apply(q, k, v, attn_mask, scale)
+
+
+@pytest.mark.parametrize("scope", ["label", "sequence"])
+def test_pads_attending_to_themselves_keep_a_faulty_kernel_finite_and_change_nothing(fresh_tiny, tiny_loaded, task_examples, monkeypatch, scope):
+    """A left-padded batch of several tasks (no shared prefix: a replay step's mixed slice) has
+    pad positions whose attention row is fully masked. With ``pads_self`` they attend to
+    themselves: the NLL and the gradient are the plain mask's, and a kernel whose backward
+    gives NaN for a fully masked row (emulated) no longer reaches the weights."""
+    mixed = task_examples(0, 3, seed=5) + task_examples(2, 3, seed=6)
+    assert len({len(e) for e in mixed}) > 1  # padding there is
+    dl = DualLoRA(fresh_tiny, LoraConfig(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"]), DualConfig(), is_seq2seq=False)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in dl.fast_params:
+            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    dl.model.train()
+    batch = collate(mixed, tiny_loaded.tokenizer.pad_token_id, False)
+
+    def grads(pads_self):
+        for p in dl.fast_params:
+            p.grad = None
+        nll, count = token_nll(dl.model, batch, scope=scope, pads_self=pads_self)
+        (nll.sum() / count.sum()).backward()
+        return nll.detach(), [p.grad.clone() for p in dl.fast_params]
+
+    plain_nll, plain = grads(False)
+    self_nll, selfed = grads(True)
+    assert self_nll.tolist() == pytest.approx(plain_nll.tolist(), abs=1e-5, rel=1e-5)
+    for a, b in zip(selfed, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+    import transformers.integrations.sdpa_attention as sdpa_mod
+
+    monkeypatch.setattr(sdpa_mod.torch.nn.functional, "scaled_dot_product_attention", _faulty_sdpa)
+    faulty_nll, faulty = grads(False)
+    assert bool(torch.isfinite(faulty_nll).all())  # the loss is finite ...
+    assert not all(bool(torch.isfinite(gr).all()) for gr in faulty)  # ... its gradient is not
+    fixed_nll, fixed = grads(True)
+    assert fixed_nll.tolist() == pytest.approx(plain_nll.tolist(), abs=1e-5, rel=1e-5)
+    for a, b in zip(fixed, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_pads_self_is_on_off_the_cpu_only(tiny_loaded):
+    """The default: the plain 2D mask on the CPU (its runs keep their results), the pad-self 4D
+    mask elsewhere; a batch without padding keeps the 2D mask everywhere."""
+    from surecl.nll import pad_self_mask, prefixed
+
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    kw, _ = prefixed(tiny_loaded.model, {"attention_mask": mask}, want_logits=False)
+    assert kw["attention_mask"] is mask
+    kw, _ = prefixed(tiny_loaded.model, {"attention_mask": mask}, want_logits=False, pads_self=True)
+    m = kw["attention_mask"]
+    assert m.shape == (2, 1, 4, 4) and m.dtype == torch.float32
+    allowed = (m == 0)[:, 0].int().tolist()
+    assert allowed[0] == [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]  # pads: themselves alone
+    assert allowed[1] == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]  # the causal mask
+    full = torch.ones(2, 4, dtype=torch.long)
+    assert prefixed(tiny_loaded.model, {"attention_mask": full}, want_logits=False, pads_self=True)[0]["attention_mask"] is full
+    assert torch.equal(pad_self_mask(mask, torch.bfloat16) == 0, m == 0)

@@ -2,6 +2,8 @@
 
 A causal batch may carry a shared prompt prefix (``prefix_ids``, see ``collate``): it then
 runs once and the rows attend to its KV cache; the result is the same as for the whole rows.
+Without one, on an accelerator, the left padding's positions attend to themselves
+(:func:`pad_self_mask`) rather than to nothing.
 
 Returns, for each row of a collated batch, the summed NLL and the number of tokens scored, so
 callers choose the reduction (mean = the paper's surprise, sum = its ablation) and scope
@@ -16,15 +18,23 @@ from __future__ import annotations
 import torch
 
 
-def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_seq2seq: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed NLL and token count per row (fp32), for causal (left-padded) or seq2seq batches."""
+def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_seq2seq: bool = False,
+              pads_self: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed NLL and token count per row (fp32), for causal (left-padded) or seq2seq batches.
+
+    ``pads_self``: a left-padded causal batch without a shared prefix runs with a 4D mask in
+    which each pad position attends to itself alone (:func:`pad_self_mask`), so no query row
+    of the attention is fully masked; the real positions' results are the same. None (the
+    default): on an accelerator only, where fused attention kernels were seen to give a
+    non-finite gradient from such rows (RESULTS.md §9); the CPU keeps the plain mask, and so
+    the results its runs had."""
     if is_seq2seq:
         labels = batch["labels"]
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels, use_cache=False)
         return _rows_nll(out.logits, labels.clamp(min=0), (labels != -100).float())
     if scope == "label":
         ids = batch["input_ids"]
-        kwargs, _ = prefixed(model, batch, want_logits=False)
+        kwargs, _ = prefixed(model, batch, want_logits=False, pads_self=pads_self)
         # Answers end at the last position (left padding): keep logits for the last k+1 positions.
         k = int(batch["n_answer"].max())
         out = model(input_ids=ids, position_ids=batch["position_ids"], use_cache=False, logits_to_keep=k + 1, **kwargs)
@@ -36,7 +46,7 @@ def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_se
             valid = valid * batch["answer_mask"].to(valid.device)
     else:
         ids, mask = batch["input_ids"], batch["attention_mask"]
-        kwargs, prefix_logits = prefixed(model, batch, want_logits=True)
+        kwargs, prefix_logits = prefixed(model, batch, want_logits=True, pads_self=pads_self)
         out = model(input_ids=ids, position_ids=batch["position_ids"], use_cache=False, **kwargs)
         logits = out.logits[:, :-1]
         # Virtual tokens (negative ids, a method's soft prompt) are attended to but never scored:
@@ -60,7 +70,22 @@ def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_se
     return _rows_nll(logits, targets, valid)
 
 
-def prefixed(model, batch: dict[str, torch.Tensor], want_logits: bool) -> tuple[dict, torch.Tensor | None]:
+def pad_self_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive 4D attention mask [rows, 1, L, L] of a left-padded batch (``mask`` [rows, L],
+    1 for a real token) in which a real position attends to the real positions up to it, as
+    the plain causal padding mask has it, and a pad position attends to itself alone instead of
+    to nothing. A fully masked query row is what some fused attention kernels turn into NaN in
+    the backward pass (a softmax over no keys); the pad positions' outputs are never scored."""
+    n = mask.shape[1]
+    real = mask.bool()
+    causal = torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
+    allowed = causal[None] & real[:, None, :]
+    allowed = allowed | torch.eye(n, dtype=torch.bool, device=mask.device)[None]
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
+
+
+def prefixed(model, batch: dict[str, torch.Tensor], want_logits: bool, pads_self: bool | None = None) -> tuple[dict, torch.Tensor | None]:
     """Keyword arguments for the rows' forward; with ``prefix_ids`` in the batch, the shared
     prefix runs once (batch 1) and its KV cache, repeated per row, is what the rows attend to.
 
@@ -71,6 +96,12 @@ def prefixed(model, batch: dict[str, torch.Tensor], want_logits: bool) -> tuple[
     mask = batch["attention_mask"]
     prefix = batch.get("prefix_ids")
     if prefix is None:
+        if pads_self is None:
+            pads_self = mask.device.type != "cpu"
+        if pads_self and not bool(mask.all()):
+            dtype = next(model.parameters()).dtype
+            dtype = dtype if dtype.is_floating_point else torch.float32
+            return {"attention_mask": pad_self_mask(mask, dtype)}, None
         return {"attention_mask": mask}, None
     pre = model(input_ids=prefix, use_cache=True, logits_to_keep=0 if want_logits else 1)
     cache = pre.past_key_values
