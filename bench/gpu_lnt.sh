@@ -5,13 +5,14 @@
 #   bash bench/gpu_lnt.sh OUT BENCH [WORKERS] [SECONDS]
 #
 # OUT: the study folder (studies/gpu-lnt); BENCH: the CL_Benchmark folder; WORKERS: parallel
-# workers (default 8); SECONDS: stop every worker after this long (0 = no limit): a stopped
+# workers (default 2: with the plan's unsliced steps each takes up to 30 GB, two used 61 GB of an
+# 80 GB H100 together, RESULTS.md §9); SECONDS: stop every worker after this long (0 = no limit): a stopped
 # run resumes from its last checkpoint when the same command runs again. The model cache is
 # built once before the workers start. Ends with the paper-layout report in OUT/report.
 set -u
 out=${1:?usage: bench/gpu_lnt.sh OUT BENCH [WORKERS] [SECONDS]}
 bench=${2:?usage: bench/gpu_lnt.sh OUT BENCH [WORKERS] [SECONDS]}
-workers=${3:-8}
+workers=${3:-2}
 limit=${4:-0}
 py=${PYTHON:-python3}
 mkdir -p "$out"
