@@ -205,20 +205,68 @@ def test_pads_attending_to_themselves_keep_a_faulty_kernel_finite_and_change_not
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
-def test_pads_self_is_on_off_the_cpu_only(tiny_loaded):
-    """The default: the plain 2D mask on the CPU (its runs keep their results), the pad-self 4D
-    mask elsewhere; a batch without padding keeps the 2D mask everywhere."""
+def test_pads_self_is_on_off_the_cpu_only(tiny_loaded, monkeypatch):
+    """The default: the plain 2D mask on the CPU (its runs keep their results); off it, the
+    pad-self 4D mask while gradients are recorded (boolean for SDPA, additive in the
+    embeddings' dtype for eager attention), the 2D one under no_grad and for a batch without
+    padding; a sliding-window model keeps the 2D mask for rows longer than its window."""
+    import types
+
+    import surecl.nll as nll
     from surecl.nll import pad_self_mask, prefixed
 
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
-    kw, _ = prefixed(tiny_loaded.model, {"attention_mask": mask}, want_logits=False)
-    assert kw["attention_mask"] is mask
-    kw, _ = prefixed(tiny_loaded.model, {"attention_mask": mask}, want_logits=False, pads_self=True)
-    m = kw["attention_mask"]
-    assert m.shape == (2, 1, 4, 4) and m.dtype == torch.float32
-    allowed = (m == 0)[:, 0].int().tolist()
+    model = tiny_loaded.model
+    assert prefixed(model, {"attention_mask": mask}, want_logits=False)[0]["attention_mask"] is mask
+    monkeypatch.setattr(nll, "pads_self_here", lambda m: True)  # as on an accelerator
+    m = prefixed(model, {"attention_mask": mask}, want_logits=False)[0]["attention_mask"]
+    assert m.shape == (2, 1, 4, 4) and m.dtype == torch.bool
+    allowed = m[:, 0].int().tolist()
     assert allowed[0] == [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]  # pads: themselves alone
     assert allowed[1] == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]  # the causal mask
+    with torch.no_grad():
+        assert prefixed(model, {"attention_mask": mask}, want_logits=False)[0]["attention_mask"] is mask
     full = torch.ones(2, 4, dtype=torch.long)
-    assert prefixed(tiny_loaded.model, {"attention_mask": full}, want_logits=False, pads_self=True)[0]["attention_mask"] is full
-    assert torch.equal(pad_self_mask(mask, torch.bfloat16) == 0, m == 0)
+    assert prefixed(model, {"attention_mask": full}, want_logits=False)[0]["attention_mask"] is full
+    additive = pad_self_mask(mask, torch.bfloat16)
+    assert additive.dtype == torch.bfloat16 and torch.equal(additive == 0, m)
+    assert float(additive.min()) == torch.finfo(torch.bfloat16).min
+
+    class Stub(torch.nn.Module):
+        def __init__(self, impl, window):
+            super().__init__()
+            self.config = types.SimpleNamespace(_attn_implementation=impl, sliding_window=window)
+            self.emb = torch.nn.Embedding(3, 2).to(torch.bfloat16)
+
+        def get_input_embeddings(self):
+            return self.emb
+
+    eager = prefixed(Stub("eager", None), {"attention_mask": mask}, want_logits=False)[0]["attention_mask"]
+    assert eager.dtype == torch.bfloat16 and torch.equal(eager == 0, m)
+    assert prefixed(Stub("sdpa", 3), {"attention_mask": mask}, want_logits=False)[0]["attention_mask"] is mask
+    assert prefixed(Stub("sdpa", 4), {"attention_mask": mask}, want_logits=False)[0]["attention_mask"].shape == (2, 1, 4, 4)
+
+
+@pytest.mark.parametrize("preset", ["slow_surprise", "ilora"])
+def test_a_run_with_pads_attending_to_themselves_ends_as_the_plain_run(preset, tmp_path, tiny_cache, monkeypatch):
+    """The accelerator's path, forced on the CPU: a replay run without shared prefixes (every
+    training slice left-padded with no prefix; I-LoRA's consistency forwards too) trains,
+    scores and evaluates as the plain-mask run does: the same matrix, and for slow_surprise the
+    same step losses to rounding. I-LoRA's consistency term averages over pad positions too,
+    whose hidden states depend on what the pads attend to, so its losses part a little (1.6 %
+    at most here); both of its forwards take the same mask."""
+    import surecl.nll as nll
+
+    args = ["data.tasks=[colors,animals]", "data.n_train=24", "data.n_test=8", "model.share_prefix=false", "eval.before=false"]
+    cfg = build_config(f"tiny,{preset}", args)
+    plain = run(cfg, tmp_path / "plain", progress=False, cache_dir=tiny_cache)
+    monkeypatch.setattr(nll, "pads_self_here", lambda m: True)
+    calls = []
+    real = nll.pad_self_mask
+    monkeypatch.setattr(nll, "pad_self_mask", lambda *a, **k: calls.append(1) or real(*a, **k))
+    selfed = run(cfg, tmp_path / "selfed", progress=False, cache_dir=tiny_cache)
+    assert calls, "the pad-self mask was never used"
+    assert selfed["accuracy_matrix"] == plain["accuracy_matrix"]
+    a, b = _losses(tmp_path / "plain"), _losses(tmp_path / "selfed")
+    assert len(a) == len(b) > 0 and b[0] == pytest.approx(a[0], rel=1e-5)
+    assert b == pytest.approx(a, rel=1e-4 if preset == "slow_surprise" else 0.05, abs=1e-6)

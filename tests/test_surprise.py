@@ -222,7 +222,7 @@ def test_shared_prefix_scores_match_naive_loop(tiny_loaded, one_task, scope, red
 def test_attn_implementation_picks_the_kernels_and_scores_alike(tiny_cache, items):
     """``model.attn_implementation=eager`` loads the plain attention (the check for a fused
     kernel's numerical fault); on left-padded, shared-prefix batches it scores what the default
-    kernels score. A name transformers does not offer here is refused in one line."""
+    kernels score. A name outside surecl's choices (auto, sdpa, eager) is refused in one line."""
     from surecl.config import build_config
     from surecl.errors import SureclError
     from surecl.model import load_model
@@ -237,3 +237,16 @@ def test_attn_implementation_picks_the_kernels_and_scores_alike(tiny_cache, item
         assert e == pytest.approx(a, abs=1e-5, rel=1e-5)
     with pytest.raises(SureclError, match=r"^model.attn_implementation: .*flash"):
         build_config("tiny", ["model.attn_implementation=flash"])
+
+
+def test_attn_implementation_is_refused_for_a_model_the_caller_built(tiny_loaded, tmp_path):
+    """A model the caller built keeps its attention: a non-auto value would be ignored, so it
+    stops in one line."""
+    from surecl.config import build_config
+    from surecl.errors import SureclError
+    from surecl.trainer import ContinualRun
+
+    cfg = build_config("tiny,seq_lora", ["data.tasks=[colors]", "data.n_train=4", "data.n_test=2", "model.attn_implementation=eager"])
+    with pytest.raises(SureclError, match=r"^model.attn_implementation=eager: a model the caller built keeps"):
+        ContinualRun(cfg, tmp_path / "run", model=tiny_loaded.model, tokenizer=tiny_loaded.tokenizer, progress=False)
+    assert not (tmp_path / "run" / "results.json").exists()

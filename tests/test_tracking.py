@@ -93,3 +93,37 @@ def test_generation_stream_logs_its_metric_and_the_general_probe(tmp_path, tiny_
         assert got[f"summary/general_change/{part}"] == [(res["steps"], pytest.approx(g["change"][part]))]
     mark = json.loads((tmp_path / "run" / "tracking.json").read_text())
     assert mark["general_initial"] is True and mark["rows"] == [0, 1]
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_a_rerun_before_any_checkpoint_logs_its_own_steps_when_its_config_changed(tmp_path, tiny_cache, monkeypatch, changed):
+    """A run stopped before its first checkpoint may be rerun into its folder, changed or not.
+    Unchanged, the steps the stopped process logged are not sent again (the rerun trains them
+    again to the same values). Changed (another lr), they are another run's: the rerun sends its
+    own, so every step of the finished run has its value in the event files."""
+    from surecl.errors import SureclError
+
+    args = [*ARGS, "train.checkpoint_every=0", "eval.before=false"]
+    out = tmp_path / "run"
+    monkeypatch.setenv("SURECL_NAN_AT", "0:3")
+    with pytest.raises(SureclError, match="non-finite loss"):
+        run(build_config("tiny,seq_lora", args), out, progress=False, cache_dir=tiny_cache, log_with=["tensorboard"])
+    monkeypatch.delenv("SURECL_NAN_AT")
+    assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
+    first = dict(scalars(out / "tensorboard")["train/loss"])
+    assert sorted(first) == [1, 2, 3]
+    again = build_config("tiny,seq_lora", [*args, "train.lr=0.0005"] if changed else args)
+    run(again, out, progress=False, cache_dir=tiny_cache, log_with=["tensorboard"])
+    losses = {r["global_step"]: r["loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in r}
+    got = scalars(out / "tensorboard")["train/loss"]
+    steps = [s for s, _ in got]
+    if changed:
+        assert sorted(steps) == sorted([1, 2, 3, *losses])  # the stopped run's three and all of this run's
+        for s in (1, 2, 3):
+            values = [v for t, v in got if t == s]
+            assert losses[s] == pytest.approx(values[-1], rel=1e-6, abs=1e-6) and values[0] == pytest.approx(first[s], rel=1e-6)
+            if s > 1:  # step 1's loss is computed before the first update, at either lr
+                assert values[0] != pytest.approx(values[-1], rel=1e-6)
+    else:
+        assert sorted(steps) == sorted(losses)  # each step once
+        assert all(v == pytest.approx(losses[s], rel=1e-6, abs=1e-6) for s, v in got)  # log.jsonl keeps 6 decimals

@@ -192,3 +192,18 @@ def test_two_processes_killed_and_resumed_end_as_uninterrupted_ones(tmp_path):
     whole, cut = outcome(tmp_path / "whole"), outcome(tmp_path / "cut")
     assert cut[3] == whole[3]  # every step's loss, bit for bit
     assert (cut[0], cut[1], cut[2]) == (whole[0], whole[1], whole[2])
+
+
+def test_a_non_finite_loss_on_one_process_stops_both_with_one_line(tmp_path):
+    """A NaN loss on process 1 alone: both processes finish the step's backward (DDP's
+    collective) and then stop together, each with the one-line error (process 1's names its
+    rows), instead of process 1 leaving process 0 waiting in the gradient's all-reduce."""
+    env = {**os.environ, "SURECL_CACHE": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": "",
+           "SURECL_NAN_AT": "1:1", "SURECL_FAULT_RANK": "1"}
+    env.pop("SURECL_KILL_AT", None)
+    codes, out = launch_two([sys.executable, "-m", "surecl.cli", "run", "--out", str(tmp_path / "run"), *ARGS], env, TWO_PROCESS_TIMEOUT)
+    assert codes == [2, 2], out
+    rank0, rank1 = out.split("--- rank 1\n")
+    assert "non-finite loss at task" in rank0 and "on another process" in rank0 and "Traceback" not in rank0, out
+    assert "non-finite loss (nan)" in rank1 and "on process 1" in rank1 and "Traceback" not in rank1, out
+    assert (tmp_path / "run" / "checkpoints").is_dir() and not (tmp_path / "run" / "results.json").exists()

@@ -92,7 +92,7 @@ def _prompt_pass(model, batch: dict[str, torch.Tensor]):
     """One forward over a batch of prompts (behind their shared prefix, if any) with the KV
     cache, logits for the last position only; returns the output and the rows' full attention
     mask (prefix included), which continues into the tokens that follow."""
-    kwargs, _ = prefixed(model, batch, want_logits=False)
+    kwargs, _ = prefixed(model, batch, want_logits=False, pads_self=False)  # the mask grows with each new token: 2D
     out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=True, logits_to_keep=1, **kwargs)
     return out, kwargs["attention_mask"]
 

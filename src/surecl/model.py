@@ -235,6 +235,8 @@ def load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None = 
         model = auto.from_pretrained(str(path), dtype=dtype, trust_remote_code=cfg.trust_remote_code, **attn)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if cfg.attn_implementation != "auto" and "attn" in first.lower():
+            raise SureclError(f"model.attn_implementation={cfg.attn_implementation}: {cfg.name!r} does not support it: {first}") from None
         raise SureclError(f"model.name: cannot load {cfg.name!r}: {first}") from None
     return prepare_model(model, tokenizer, device, path=str(path), note=note)
 

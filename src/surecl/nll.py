@@ -2,7 +2,7 @@
 
 A causal batch may carry a shared prompt prefix (``prefix_ids``, see ``collate``): it then
 runs once and the rows attend to its KV cache; the result is the same as for the whole rows.
-Without one, on an accelerator, the left padding's positions attend to themselves
+Without one, on an accelerator in training, the left padding's positions attend to themselves
 (:func:`pad_self_mask`) rather than to nothing.
 
 Returns, for each row of a collated batch, the summed NLL and the number of tokens scored, so
@@ -25,9 +25,9 @@ def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_se
     ``pads_self``: a left-padded causal batch without a shared prefix runs with a 4D mask in
     which each pad position attends to itself alone (:func:`pad_self_mask`), so no query row
     of the attention is fully masked; the real positions' results are the same. None (the
-    default): on an accelerator only, where fused attention kernels were seen to give a
-    non-finite gradient from such rows (RESULTS.md §9); the CPU keeps the plain mask, and so
-    the results its runs had."""
+    default, :func:`pads_self_default`): on an accelerator while gradients are recorded, where
+    fused attention kernels were seen to give a non-finite gradient from such rows (RESULTS.md
+    §9); the CPU keeps the plain mask, and so the results its runs had."""
     if is_seq2seq:
         labels = batch["labels"]
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels, use_cache=False)
@@ -70,19 +70,41 @@ def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_se
     return _rows_nll(logits, targets, valid)
 
 
-def pad_self_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The additive 4D attention mask [rows, 1, L, L] of a left-padded batch (``mask`` [rows, L],
-    1 for a real token) in which a real position attends to the real positions up to it, as
-    the plain causal padding mask has it, and a pad position attends to itself alone instead of
-    to nothing. A fully masked query row is what some fused attention kernels turn into NaN in
-    the backward pass (a softmax over no keys); the pad positions' outputs are never scored."""
+def pad_self_mask(mask: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The 4D attention mask [rows, 1, L, L] of a left-padded batch (``mask`` [rows, L], 1 for a
+    real token) in which a real position attends to the real positions up to it, as the plain
+    causal padding mask has it, and a pad position attends to itself alone instead of to
+    nothing. A fully masked query row is what some fused attention kernels turn into NaN in the
+    backward pass (a softmax over no keys); the pad positions' outputs are never scored.
+
+    ``dtype`` None: boolean (True = attend; what SDPA takes for any query dtype, one byte an
+    element); a float dtype: additive (0 or that dtype's lowest value), for eager attention,
+    which adds the mask to its scores."""
     n = mask.shape[1]
-    real = mask.bool()
-    causal = torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
-    allowed = causal[None] & real[:, None, :]
-    allowed = allowed | torch.eye(n, dtype=torch.bool, device=mask.device)[None]
-    zero = torch.zeros((), dtype=dtype, device=mask.device)
-    return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
+    allowed = torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()[None] & mask.bool()[:, None, :]
+    allowed.diagonal(dim1=1, dim2=2).fill_(True)
+    if dtype is None:
+        return allowed[:, None]
+    out = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=mask.device)
+    return out.masked_fill_(allowed, 0)[:, None]
+
+
+def pads_self_here(mask: torch.Tensor) -> bool:
+    """Whether a batch on ``mask``'s device takes :func:`pad_self_mask` in training: off the CPU."""
+    return mask.device.type != "cpu"
+
+
+def pads_self_default(mask: torch.Tensor) -> bool:
+    """Whether :func:`prefixed` gives pads a self-attending mask when not told: off the CPU
+    (:func:`pads_self_here`), and only where gradients are recorded (the fault is in the
+    backward pass; evaluation and scoring keep the plain mask, and so the scores they gave)."""
+    return pads_self_here(mask) and torch.is_grad_enabled()
+
+
+def _model_config(model):
+    """The transformers config behind ``model`` (through DDP's and PEFT's wrappers), or None."""
+    inner = getattr(model, "module", model)
+    return getattr(inner, "config", None)
 
 
 def prefixed(model, batch: dict[str, torch.Tensor], want_logits: bool, pads_self: bool | None = None) -> tuple[dict, torch.Tensor | None]:
@@ -92,16 +114,23 @@ def prefixed(model, batch: dict[str, torch.Tensor], want_logits: bool, pads_self
     The rows' attention mask is the prefix's ones followed by their own (left-padded) mask.
     Gradients flow through the repeated cache back into the one prefix pass, so a training
     step through a shared prefix computes the same gradient as running every row whole.
+    Without a prefix, ``pads_self`` (default :func:`pads_self_default`) gives a padded batch
+    the 4D :func:`pad_self_mask` instead of its 2D mask (boolean for SDPA, additive in the
+    embeddings' dtype for other attention; not for rows longer than a sliding-window model's
+    window, whose layers build a banded mask of their own from the 2D one).
     Returns the kwargs and, if ``want_logits``, the prefix's logits [P, V] (else None)."""
     mask = batch["attention_mask"]
     prefix = batch.get("prefix_ids")
     if prefix is None:
         if pads_self is None:
-            pads_self = mask.device.type != "cpu"
+            pads_self = pads_self_default(mask)
         if pads_self and not bool(mask.all()):
-            dtype = next(model.parameters()).dtype
-            dtype = dtype if dtype.is_floating_point else torch.float32
-            return {"attention_mask": pad_self_mask(mask, dtype)}, None
+            config = _model_config(model)
+            window = getattr(config, "sliding_window", None)
+            if not (isinstance(window, int) and mask.shape[1] > window):
+                if getattr(config, "_attn_implementation", None) == "sdpa":
+                    return {"attention_mask": pad_self_mask(mask)}, None
+                return {"attention_mask": pad_self_mask(mask, model.get_input_embeddings().weight.dtype)}, None
         return {"attention_mask": mask}, None
     pre = model(input_ids=prefix, use_cache=True, logits_to_keep=0 if want_logits else 1)
     cache = pre.past_key_values

@@ -86,6 +86,9 @@ def build_run(
         with run.accelerator.local_main_process_first():
             loaded = load_model(cfg.model, run.device, cache_dir or default_cache_dir())
     else:
+        if cfg.model.attn_implementation != "auto":
+            raise SureclError(f"model.attn_implementation={cfg.model.attn_implementation}: a model the caller built keeps the "
+                              "attention it was built with; build it with attn_implementation=... instead, or leave this at auto")
         loaded = prepare_model(model, tokenizer, run.device)
     run.model_name_or_path = str(getattr(loaded.model.config, "_name_or_path", "") or "") if model is not None else cfg.model.name
     run.model_class = type(loaded.model).__name__

@@ -138,7 +138,7 @@ class TrainStep(Plugin):
         if self.config.replay_loss == "example" or (self.config.replay_loss == "pair" and replayed):
             coef = pair_weights(len(current), [e.scored for e in items])
             coef = coef[rank::world] if local else coef[:1]
-        parts, loss_total = [], 0.0
+        parts, loss_total, bad_loss = [], 0.0, None
         for k, positions in enumerate(slices):
             sync = accelerator.no_sync(ctx.model) if k < len(slices) - 1 else contextlib.nullcontext()
             with sync:
@@ -149,27 +149,38 @@ class TrainStep(Plugin):
                     loss = weight * (nll_k * torch.tensor([coef[i] for i in positions], dtype=nll_k.dtype, device=nll_k.device)).sum()
                 if k == 0:
                     loss = ctx.plugins.loss(ctx, loss)  # a penalty enters once per step
-                if not torch.isfinite(loss):
-                    raise SureclError(
-                        f"non-finite loss ({loss.item()}) at task {ctx.stage_name(stage)} step {step} "
-                        f"({nonfinite_where(self.params, nll_k, [rows[i] for i in positions], [step_items[i] for i in positions])}); "
-                        "the last checkpoint is intact: lower train.lr (or fix the data) and rerun the same command to resume"
-                    )
+                if not torch.isfinite(loss) and bad_loss is None:
+                    bad_loss = (f"non-finite loss ({loss.item()}) at task {ctx.stage_name(stage)} step {step} "
+                                f"({nonfinite_where(self.params, nll_k, [rows[i] for i in positions], [step_items[i] for i in positions])}"
+                                f"{f', on process {rank}' if world > 1 else ''})")
+                    if world == 1:  # with several processes every one runs its backward first (DDP's collectives), then all stop
+                        self.optimizer.zero_grad(set_to_none=True)
+                        raise SureclError(f"{bad_loss}; {NONFINITE_RERUN}")
                 accelerator.backward(loss)
             loss_total = loss_total + loss.detach()
             parts.append((nll_k.detach(), count_k.detach()))
         back = torch.tensor([i for positions in slices for i in positions]).argsort()
         nll, count = torch.cat([p[0] for p in parts])[back], torch.cat([p[1] for p in parts])[back]
-        shown = accelerator.reduce(loss_total, "sum") / world if world > 1 else loss_total
         grads = [p.grad for p in self.params if p.grad is not None]
-        if grads and not torch.isfinite(torch.nn.utils.get_total_norm(grads)):
+        grad_bad = bool(grads) and not bool(torch.isfinite(torch.nn.utils.get_total_norm(grads)))
+        if world > 1:  # one collective decides for every process: the summed loss and whether any gradient is non-finite
+            flags = accelerator.reduce(torch.stack([torch.as_tensor(loss_total, device=nll.device, dtype=torch.float32).reshape(()),
+                                                    torch.tensor(float(grad_bad), device=nll.device)]), "sum")
+            shown, grad_bad = flags[0] / world, bool(flags[1] > 0)
+        else:
+            shown = torch.as_tensor(loss_total)
+        if not bool(torch.isfinite(shown)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise SureclError(f"{bad_loss or f'non-finite loss at task {ctx.stage_name(stage)} step {step} on another process'}; {NONFINITE_RERUN}")
+        if grad_bad:
             # a finite loss whose gradient is not: stop before the update spreads it into every
             # weight (clipping by a NaN norm would), so the weights and the checkpoint stay finite
+            where = f"{nonfinite_grads(ctx.model, self.params)}; rows{f' on process {rank}' if world > 1 else ''}: {row_summary(rows, step_items)}"
+            self.optimizer.zero_grad(set_to_none=True)
             raise SureclError(
-                f"non-finite gradient at task {ctx.stage_name(stage)} step {step} from a finite loss ({shown.item():.6g}) "
-                f"({nonfinite_grads(ctx.model, self.params)}; rows: {row_summary(rows, step_items)}); the weights were not "
-                "updated and the last checkpoint is intact: a numerical fault of the backward pass (bf16 kernels on an "
-                "accelerator, say): try model.attn_implementation=eager or model.dtype=fp32, or lower train.lr, and rerun"
+                f"non-finite gradient at task {ctx.stage_name(stage)} step {step} from a finite loss ({shown.item():.6g}) ({where}); "
+                f"the weights were not updated. A numerical fault of the backward pass (bf16 kernels on an accelerator, say): "
+                f"{NONFINITE_RERUN}; model.attn_implementation=eager or model.dtype=fp32 in a fresh run tell the kernels from the precision"
             )
         if self.config.grad_clip:
             accelerator.clip_grad_norm_(self.params, self.config.grad_clip)
@@ -180,6 +191,11 @@ class TrainStep(Plugin):
             rows=list(range(len(items)))[rank::world] if local else [], nll=nll, tokens=count,
             loss=shown.item(), lr=self.optimizer.param_groups[0]["lr"],
         )
+
+
+NONFINITE_RERUN = ("the last checkpoint is intact: rerun the same command to resume from it (an accelerator's kernels are not "
+                   "bit-deterministic), or start over (--fresh, or another --out) with a lower train.lr or the data fixed")
+"""What a non-finite loss or gradient's error line says to do (a changed config cannot resume)."""
 
 
 def nonfinite_where(params: list[torch.Tensor], nll: torch.Tensor, rows: list, items: list[tuple[int, int]]) -> str:

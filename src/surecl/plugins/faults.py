@@ -12,6 +12,7 @@
 ``SURECL_NAN_AT=<stage>:<step>`` turns that step's loss into NaN (the run then stops with a
 clear error and the last checkpoint intact). ``SURECL_NAN_GRAD_AT=<stage>:<step>`` leaves that
 step's loss finite and makes its gradient NaN (a kernel's fault in the backward pass).
+``SURECL_FAULT_RANK=<r>`` limits both to process ``r`` of several.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class FaultInjection(Plugin):
     def loss(self, ctx, loss):
         where = f"{ctx.stage.row}:{ctx.state.step}"
         fault_point(f"step:{where}")
+        if os.environ.get("SURECL_FAULT_RANK", str(ctx.rank)) != str(ctx.rank):
+            return loss
         if os.environ.get("SURECL_NAN_AT") == where:
             loss = loss * float("nan")
         if os.environ.get("SURECL_NAN_GRAD_AT") == where and loss.requires_grad:

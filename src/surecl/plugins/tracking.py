@@ -19,7 +19,9 @@ of its own beside the killed run's (never over it, even within the same second) 
 nothing twice: ``<out>/tracking.json`` (:data:`MARK`) records what was sent (the last
 training step, the matrix rows, the before-training row, the summary), rewritten after each
 log, so the steps a killed run logged after its last checkpoint, which the resumed run trains
-again, are not sent again (a run that starts over, ``--fresh`` or ``resume=False``, sends all).
+again, are not sent again (a run that starts over, ``--fresh`` or ``resume=False``, sends all,
+and so does a rerun whose configuration or task stream differs from the run that wrote the
+mark: a run killed before its first checkpoint may be rerun changed).
 """
 
 from __future__ import annotations
@@ -92,7 +94,16 @@ class Tracking(Plugin):
             for tracker in ctx.accelerator.trackers:
                 _count_events(tracker)
             if getattr(ctx, "continuing", False):  # a rerun into the same folder: what an earlier process sent stays sent
-                self.sent.update(_read_mark(ctx.out_dir / MARK))
+                mark = _read_mark(ctx.out_dir / MARK)
+                if mark and not _same_run(mark, ctx):
+                    # an earlier process of another configuration or task stream (killed before its
+                    # first checkpoint, so nothing refused the change): this run's steps are new
+                    mark = {}
+                    ctx.log("tracking: the earlier process logged another configuration or task stream; this run logs "
+                            "every step again (the earlier event files stay beside this run's)")
+                self.sent.update({k: v for k, v in mark.items() if k in self.sent})
+            self.sent["config"] = ctx.cfg.to_dict()
+            self.sent["tasks"] = [t.name for t in ctx.tasks]
 
     def _log(self, ctx, values: dict, step: int) -> None:
         clean = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
@@ -242,14 +253,28 @@ def _settle(trackers) -> None:
 
 
 def _read_mark(path) -> dict:
-    """:data:`MARK`'s content ({} when missing or unreadable: everything is sent again)."""
+    """:data:`MARK`'s content ({} when missing or unreadable: everything is sent again); with the
+    config and task names of the run that wrote it where it recorded them."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         out = {"train": int(data["train"]), "rows": [int(r) for r in data["rows"]], "initial": bool(data["initial"]),
                "general_initial": bool(data.get("general_initial", False)), "summary": bool(data["summary"])}
-    except (OSError, ValueError, KeyError, TypeError):
+        if isinstance(data.get("config"), dict) and isinstance(data.get("tasks"), list):
+            out["config"], out["tasks"] = data["config"], [str(t) for t in data["tasks"]]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return {}
     return out
+
+
+def _same_run(mark: dict, ctx) -> bool:
+    """Whether :data:`MARK` was written by a run of this configuration and task stream (as a
+    checkpoint's resume checks them, :func:`surecl.config.same_config`); a mark from before
+    marks recorded them counts as this run's, as it did then."""
+    from surecl.config import same_config
+
+    if "config" not in mark:
+        return True
+    return mark["tasks"] == [t.name for t in ctx.tasks] and same_config(mark["config"], ctx.cfg)
 
 
 def _write_mark(path, sent: dict) -> None:

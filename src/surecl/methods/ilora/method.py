@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+import surecl.nll as nll
 from surecl.adapters import FAST, SLOW
 from surecl.errors import SureclError
 from surecl.methods.base import Method
@@ -41,8 +42,11 @@ class ILoRA(Method):
             out = ctx.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
                             output_hidden_states=True, use_cache=False)
             return out.decoder_hidden_states
-        out = ctx.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
-                        output_hidden_states=True, use_cache=False, logits_to_keep=1)
+        # both adapters' forwards under one mask (the stable one runs without gradients): off the
+        # CPU the pads attend to themselves, as in the training step (surecl.nll.prefixed)
+        kwargs, _ = nll.prefixed(ctx.model, batch, want_logits=False, pads_self=nll.pads_self_here(batch["attention_mask"]))
+        out = ctx.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], output_hidden_states=True,
+                        use_cache=False, logits_to_keep=1, **kwargs)
         return out.hidden_states
 
     def consistency(self, ctx, items: list[tuple[int, int]]) -> torch.Tensor:
