@@ -241,10 +241,20 @@ def test_pads_self_is_on_off_the_cpu_only(tiny_loaded, monkeypatch):
         def get_input_embeddings(self):
             return self.emb
 
-    eager = prefixed(Stub("eager", None), {"attention_mask": mask}, want_logits=False)[0]["attention_mask"]
-    assert eager.dtype == torch.bfloat16 and torch.equal(eager == 0, m)
+    class Wrapped(torch.nn.Module):  # as DDP wraps a model: no attribute forwarded but .module
+        def __init__(self, inner):
+            super().__init__()
+            self.module = inner
+
+    for stub in (Stub("eager", None), Wrapped(Stub("eager", None))):
+        eager = prefixed(stub, {"attention_mask": mask}, want_logits=False)[0]["attention_mask"]
+        assert eager.dtype == torch.bfloat16 and torch.equal(eager == 0, m)
     assert prefixed(Stub("sdpa", 3), {"attention_mask": mask}, want_logits=False)[0]["attention_mask"] is mask
     assert prefixed(Stub("sdpa", 4), {"attention_mask": mask}, want_logits=False)[0]["attention_mask"].shape == (2, 1, 4, 4)
+    assert prefixed(Stub("flash_attention_2", None), {"attention_mask": mask}, want_logits=False)[0]["attention_mask"] is mask
+    nested = Stub("sdpa", None)
+    nested.config.text_config = types.SimpleNamespace(sliding_window=3)  # a composite config's text model
+    assert prefixed(nested, {"attention_mask": mask}, want_logits=False)[0]["attention_mask"] is mask
 
 
 @pytest.mark.parametrize("preset", ["slow_surprise", "ilora"])

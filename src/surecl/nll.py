@@ -101,10 +101,13 @@ def pads_self_default(mask: torch.Tensor) -> bool:
     return pads_self_here(mask) and torch.is_grad_enabled()
 
 
-def _model_config(model):
-    """The transformers config behind ``model`` (through DDP's and PEFT's wrappers), or None."""
-    inner = getattr(model, "module", model)
-    return getattr(inner, "config", None)
+def _sliding_window(config) -> int | None:
+    """A sliding-window model's window (its own config's, or its text model's), else None."""
+    for c in (config, getattr(config, "text_config", None)):
+        window = getattr(c, "sliding_window", None)
+        if isinstance(window, int) and not isinstance(window, bool):
+            return window
+    return None
 
 
 def prefixed(model, batch: dict[str, torch.Tensor], want_logits: bool, pads_self: bool | None = None) -> tuple[dict, torch.Tensor | None]:
@@ -116,8 +119,8 @@ def prefixed(model, batch: dict[str, torch.Tensor], want_logits: bool, pads_self
     step through a shared prefix computes the same gradient as running every row whole.
     Without a prefix, ``pads_self`` (default :func:`pads_self_default`) gives a padded batch
     the 4D :func:`pad_self_mask` instead of its 2D mask (boolean for SDPA, additive in the
-    embeddings' dtype for other attention; not for rows longer than a sliding-window model's
-    window, whose layers build a banded mask of their own from the 2D one).
+    embeddings' dtype for eager attention; other kernels, and rows longer than a sliding-window
+    model's window, whose layers build a banded mask of their own from the 2D one, keep it).
     Returns the kwargs and, if ``want_logits``, the prefix's logits [P, V] (else None)."""
     mask = batch["attention_mask"]
     prefix = batch.get("prefix_ids")
@@ -125,12 +128,16 @@ def prefixed(model, batch: dict[str, torch.Tensor], want_logits: bool, pads_self
         if pads_self is None:
             pads_self = pads_self_default(mask)
         if pads_self and not bool(mask.all()):
-            config = _model_config(model)
-            window = getattr(config, "sliding_window", None)
-            if not (isinstance(window, int) and mask.shape[1] > window):
-                if getattr(config, "_attn_implementation", None) == "sdpa":
+            inner = getattr(model, "module", model)  # DDP's wrapper forwards no attributes; PEFT's does
+            config = getattr(inner, "config", None)
+            impl = getattr(config, "_attn_implementation", None)
+            window = _sliding_window(config)
+            if window is None or mask.shape[1] <= window:
+                if impl == "sdpa":
                     return {"attention_mask": pad_self_mask(mask)}, None
-                return {"attention_mask": pad_self_mask(mask, model.get_input_embeddings().weight.dtype)}, None
+                if impl == "eager":
+                    return {"attention_mask": pad_self_mask(mask, inner.get_input_embeddings().weight.dtype)}, None
+            # other kernels (flash attention: a 2D padding mask; flex: its block mask) take the plain mask
         return {"attention_mask": mask}, None
     pre = model(input_ids=prefix, use_cache=True, logits_to_keep=0 if want_logits else 1)
     cache = pre.past_key_values
