@@ -271,8 +271,10 @@ def test_chat_errors_are_one_line(chat_tok, tiny_loaded):
     with pytest.raises(SureclError, match="chat template refuses the conversation .*a system turn must come first") as err:
         TaskEncoder(strict, max_length=64).encode(task, task.train)
     assert "\n" not in str(err.value)
-    odd = copy.deepcopy(chat_tok)  # a template that renders earlier turns differently once a later one exists
-    odd.chat_template = "{% for m in messages %}{% if loop.last %}{{ m['content'] }}{% else %}user{% endif %} {% endfor %}"
+    # a template that renders earlier turns differently once a later one exists, and writes an
+    # assistant content twice: neither turn by turn nor each content once, verbatim
+    odd = copy.deepcopy(chat_tok)
+    odd.chat_template = "{% for m in messages %}{% if loop.last %}{{ m['content'] }} {{ m['content'] }}{% else %}user{% endif %} {% endfor %}"
     with pytest.raises(SureclError, match="does not render the conversation turn by turn"):
         TaskEncoder(odd, max_length=64).encode(task, task.train)
 
@@ -532,3 +534,45 @@ def test_classification_sentences_cut_to_max_length_are_counted(tiny_loaded, tmp
     plain = TaskEncoder(tiny_loaded.tokenizer, max_length=32, template="plain")
     plain.encode(gen, gen.train)
     assert plain.sentence_cut == {("g", "train"): (1, 2)} and plain.cut == {}
+
+
+QWEN3_LIKE = (
+    "{%- set ns = namespace(last=0) %}{%- for m in messages %}{%- if m['role'] == 'user' %}{%- set ns.last = loop.index0 %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}<|im_start|>{{ m['role'] }} {% if m['role'] == 'assistant' and loop.index0 > ns.last %}be short "
+    "{% endif %}{{ m['content'] }}<|im_end|> {% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant {% endif %}"
+)
+"""Qwen3's way, in ChatML words: an assistant turn after the last user turn gets a lead-in
+("be short" for the empty think block), earlier ones lose it once a user turn follows, so a
+conversation's rendering does not grow turn by turn."""
+
+
+def test_a_template_that_rerenders_earlier_turns_marks_them_by_their_content(chat_tok):
+    """Multi-turn rows through a Qwen3-like template (earlier assistant turns render without
+    the lead-in the last one has): each turn is found where its content stands in the whole
+    rendering, trained on its content and end of turn; the rest, the last turn's lead-in
+    included, is read only. A template that hides an earlier turn's content is refused in one
+    line."""
+    import copy
+
+    tok = copy.deepcopy(chat_tok)
+    tok.chat_template = QWEN3_LIKE
+    task = Task("chat", "", [], [Example("bye ?", "see you", CONVERSATION)], [Example("bye ?", "see you", CONVERSATION)], kind="generate")
+    enc = TaskEncoder(tok, max_length=64)
+    [train] = enc.encode(task, task.train)
+    [test] = enc.encode(task, task.test, split="test")
+    whole = tok.apply_chat_template([{"role": r, "content": c} for r, c in CONVERSATION], tokenize=False)
+    assert train.prompt + train.answer == tok(whole, add_special_tokens=False)["input_ids"]
+    assert train.prompt == ids(tok, "<|im_start|> system be short <|im_end|> <|im_start|> user hi <|im_end|> <|im_start|> assistant")
+    assert train.answer == ids(tok, "hello <|im_end|> <|im_start|> user bye ? <|im_end|> <|im_start|> assistant be short see you <|im_end|>")
+    assert train.mask == [1, 1] + [0] * 9 + [1, 1, 1]
+    assert test.prompt == train.prompt + train.answer[:11] and test.answer == ids(tok, "see you <|im_end|>")
+    # one turn renders turn by turn: the lead-in goes with the prompt as before
+    qa = Task("qa", "", [], [Example("hi", "hello")], [Example("hi", "hello")], kind="generate")
+    [row] = enc.encode(qa, qa.test, split="test")
+    assert row.prompt[-3:] == ids(tok, "assistant be short") and row.answer == ids(tok, "hello <|im_end|>")
+    hiding = copy.deepcopy(chat_tok)
+    hiding.chat_template = QWEN3_LIKE.replace("{{ m['content'] }}", "{% if m['role'] != 'assistant' or loop.index0 > ns.last %}{{ m['content'] }}{% endif %}")
+    with pytest.raises(SureclError, match=r"does not render the conversation turn by turn .*nor each assistant content verbatim"):
+        TaskEncoder(hiding, max_length=64).encode(task, task.train)

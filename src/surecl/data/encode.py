@@ -247,8 +247,11 @@ class TaskEncoder:
             asked = self.render(turns[:i], True, where) if i else ""
             said = self.render(turns[: i + 1], False, where)
             if len(asked) < pos or not said.startswith(asked) or not full.startswith(said):
-                raise SureclError(f"{where}: the chat template does not render the conversation turn by turn (each turn's "
-                                  "prefix unchanged), so its assistant turns cannot be marked")
+                marked = self._segments_by_markers(turns, full, where)
+                if marked is None:
+                    raise SureclError(f"{where}: the chat template does not render the conversation turn by turn (each turn's "
+                                      "prefix unchanged), nor each assistant content verbatim, so its assistant turns cannot be marked")
+                return marked
             turn = full[len(asked) : len(said)]
             lead = self._lead_in(turns[:i], asked, where)
             if not (lead and turn.startswith(lead)):  # none, or this turn renders without it (not the last)
@@ -256,6 +259,37 @@ class TaskEncoder:
             out += [(full[pos : len(asked)] + lead, False), (turn[len(lead) :], True)]
             pos = len(said)
         out.append((full[pos:], False))
+        return [(text, a) for text, a in out if text]
+
+    def _segments_by_markers(self, turns, full: str, where: str) -> list[tuple[str, bool]] | None:
+        """:meth:`chat_segments` for a template that renders an earlier turn otherwise once
+        later turns follow (Qwen3 drops the think block of assistant turns before the last user
+        turn): the conversation rendered with a marker in place of each assistant content shows
+        where each content sits; a turn is its content and the end-of-turn text the template
+        writes after a content (what follows it in a one-turn conversation). None when the
+        contents do not stand verbatim in the rendering or a turn lacks that ending."""
+        n = sum(role == "assistant" for role, _ in turns)
+        marks = [f"\u2063surecl{k}\u2063" for k in range(n)]
+        it = iter(marks)
+        probe = self.render([(role, next(it) if role == "assistant" else content) for role, content in turns], False, where)
+        pieces, pos = [], 0
+        for mark in marks:
+            at = probe.find(mark, pos)
+            if at < 0:
+                return None
+            pieces.append(probe[pos:at])
+            pos = at + len(mark)
+        pieces.append(probe[pos:])
+        contents = [content for role, content in turns if role == "assistant"]
+        if pieces[0] + "".join(c + p for c, p in zip(contents, pieces[1:])) != full:
+            return None
+        one = self.render((("user", "hi"), ("assistant", self._MARKER)), False, where)
+        tail = one[one.index(self._MARKER) + len(self._MARKER):] if self._MARKER in one else ""
+        out: list[tuple[str, bool]] = [(pieces[0], False)]
+        for content, after in zip(contents, pieces[1:]):
+            if not after.startswith(tail):
+                return None
+            out += [(content + tail, True), (after[len(tail):], False)]
         return [(text, a) for text, a in out if text]
 
     _MARKER = "\u2063surecl\u2063"
