@@ -574,5 +574,49 @@ def test_a_template_that_rerenders_earlier_turns_marks_them_by_their_content(cha
     assert row.prompt[-3:] == ids(tok, "assistant be short") and row.answer == ids(tok, "hello <|im_end|>")
     hiding = copy.deepcopy(chat_tok)
     hiding.chat_template = QWEN3_LIKE.replace("{{ m['content'] }}", "{% if m['role'] != 'assistant' or loop.index0 > ns.last %}{{ m['content'] }}{% endif %}")
-    with pytest.raises(SureclError, match=r"does not render the conversation turn by turn .*nor each assistant content verbatim"):
+    with pytest.raises(SureclError, match=r"does not render the conversation turn by turn .*nor with each assistant content once, verbatim"):
         TaskEncoder(hiding, max_length=64).encode(task, task.train)
+    # a content the template splits (Qwen3 moves text before a think end into its think block)
+    splitting = copy.deepcopy(chat_tok)
+    splitting.chat_template = QWEN3_LIKE.replace("{{ m['content'] }}", "{{ m['content'].split('?')[-1] }}")
+    asked = (("user", "hi"), ("assistant", "bye ? hello"), ("user", "bye ?"), ("assistant", "see you"))
+    with pytest.raises(SureclError, match=r"nor with each assistant content once, verbatim"):
+        TaskEncoder(splitting, max_length=64).encode(task, [Example("bye ?", "see you", asked)])
+    # an end of turn that depends on the turn's place (EOS after a last assistant message only)
+    ending = copy.deepcopy(chat_tok)
+    ending.chat_template = QWEN3_LIKE.replace(
+        "<|im_end|> {% endfor %}", "<|im_end|> {% if loop.last and m['role'] == 'assistant' %}<eos> {% endif %}{% endfor %}")
+    with pytest.raises(SureclError, match=r"nor with each assistant turn ending as the last one does"):
+        TaskEncoder(ending, max_length=64).encode(task, task.train)
+
+
+def _trl_template(name: str) -> str:
+    import trl
+
+    return (Path(trl.__file__).parent / "chat_templates" / f"{name}.jinja").read_text(encoding="utf-8")
+
+
+def test_qwen3s_own_template_marks_its_turns_and_r1s_is_refused(chat_tok):
+    """Qwen3's own chat template (as trl ships it): a multi-turn conversation's assistant turns
+    are their contents and end of turn, the last turn's empty think block is prompt; a content
+    with a think block of its own is not rendered verbatim and is refused. DeepSeek-R1-distill's
+    template, whose generation prompt (an open think block) is not what a rendered turn starts
+    with, is refused rather than evaluated behind another prompt."""
+    import copy
+
+    tok = copy.deepcopy(chat_tok)
+    tok.chat_template = _trl_template("qwen3")
+    enc = TaskEncoder(tok, max_length=64)
+    turns = [("system", "be short"), ("user", "hi"), ("assistant", "hello"), ("user", "bye?"), ("assistant", "see you")]
+    pieces = enc.chat_segments(turns, "row")
+    assert [t for t, a in pieces if a] == ["hello<|im_end|>\n", "see you<|im_end|>\n"]
+    assert "".join(t for t, _ in pieces) == enc.render(turns, False, "row")
+    before_last = "".join(t for t, _ in pieces[: [a for _, a in pieces].index(True, 2)])
+    assert before_last.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert before_last.startswith(enc.render(turns[:4], True, "row"))
+    with pytest.raises(SureclError, match=r"nor with each assistant content once, verbatim"):
+        enc.chat_segments([*turns[:4], ("assistant", "<think>\nwhy\n</think>\n\nsee you")], "row")
+    r1 = copy.deepcopy(chat_tok)
+    r1.chat_template = _trl_template("deepseek_r1_distill")
+    with pytest.raises(SureclError, match=r"generation prompt"):
+        TaskEncoder(r1, max_length=64).chat_segments(turns[1:], "row")

@@ -247,10 +247,10 @@ class TaskEncoder:
             asked = self.render(turns[:i], True, where) if i else ""
             said = self.render(turns[: i + 1], False, where)
             if len(asked) < pos or not said.startswith(asked) or not full.startswith(said):
-                marked = self._segments_by_markers(turns, full, where)
+                marked, lacking = self._segments_by_markers(turns, full, where)
                 if marked is None:
                     raise SureclError(f"{where}: the chat template does not render the conversation turn by turn (each turn's "
-                                      "prefix unchanged), nor each assistant content verbatim, so its assistant turns cannot be marked")
+                                      f"prefix unchanged), nor with {lacking}, so its assistant turns cannot be marked")
                 return marked
             turn = full[len(asked) : len(said)]
             lead = self._lead_in(turns[:i], asked, where)
@@ -261,13 +261,16 @@ class TaskEncoder:
         out.append((full[pos:], False))
         return [(text, a) for text, a in out if text]
 
-    def _segments_by_markers(self, turns, full: str, where: str) -> list[tuple[str, bool]] | None:
+    def _segments_by_markers(self, turns, full: str, where: str) -> tuple[list[tuple[str, bool]] | None, str]:
         """:meth:`chat_segments` for a template that renders an earlier turn otherwise once
         later turns follow (Qwen3 drops the think block of assistant turns before the last user
         turn): the conversation rendered with a marker in place of each assistant content shows
         where each content sits; a turn is its content and the end-of-turn text the template
-        writes after a content (what follows it in a one-turn conversation). None when the
-        contents do not stand verbatim in the rendering or a turn lacks that ending."""
+        writes after the last assistant content of the conversation. Returns the segments and
+        "", or None and why not: a content not verbatim in the rendering (trimmed, split, hidden
+        or repeated), a turn not followed by that end of turn, or text before the last content
+        that does not begin with the template's generation prompt (what evaluation would prompt
+        with)."""
         n = sum(role == "assistant" for role, _ in turns)
         marks = [f"\u2063surecl{k}\u2063" for k in range(n)]
         it = iter(marks)
@@ -275,22 +278,28 @@ class TaskEncoder:
         pieces, pos = [], 0
         for mark in marks:
             at = probe.find(mark, pos)
-            if at < 0:
-                return None
+            if at < 0 or probe.count(mark) != 1:
+                return None, "each assistant content once, verbatim"
             pieces.append(probe[pos:at])
             pos = at + len(mark)
         pieces.append(probe[pos:])
         contents = [content for role, content in turns if role == "assistant"]
         if pieces[0] + "".join(c + p for c, p in zip(contents, pieces[1:])) != full:
-            return None
-        one = self.render((("user", "hi"), ("assistant", self._MARKER)), False, where)
-        tail = one[one.index(self._MARKER) + len(self._MARKER):] if self._MARKER in one else ""
+            return None, "each assistant content once, verbatim"
+        last = max(i for i, (role, _) in enumerate(turns) if role == "assistant")
+        one = self.render((*turns[:last], ("assistant", self._MARKER)), False, where)
+        if one.count(self._MARKER) != 1:
+            return None, "each assistant content once, verbatim"
+        tail = one[one.index(self._MARKER) + len(self._MARKER):]
+        before_last = pieces[0] + "".join(c + p for c, p in zip(contents[:-1], pieces[1:-1]))
+        if not before_last.startswith(self.render(turns[:last], True, where)):
+            return None, "the text before the last assistant content beginning with the template's generation prompt"
         out: list[tuple[str, bool]] = [(pieces[0], False)]
         for content, after in zip(contents, pieces[1:]):
             if not after.startswith(tail):
-                return None
+                return None, f"each assistant turn ending as the last one does ({tail!r})"
             out += [(content + tail, True), (after[len(tail):], False)]
-        return [(text, a) for text, a in out if text]
+        return [(text, a) for text, a in out if text], ""
 
     _MARKER = "\u2063surecl\u2063"
     """A string no conversation holds: an assistant turn rendered with it shows where the
