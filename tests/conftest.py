@@ -63,3 +63,22 @@ def task_examples(tiny_loaded):
         return out
 
     return make
+
+
+@pytest.fixture(scope="session")
+def random_dual():
+    """``random_dual(model, scale, targets)``: a ``DualLoRA`` (r 4, alpha 8, no dropout) on
+    ``model`` whose fast adapter holds ``scale`` x standard-normal weights (generator seed 0),
+    so a forward through it differs from the base's."""
+    from surecl.adapters import DualLoRA
+    from surecl.config import DualConfig, LoraConfig
+
+    def make(model, scale: float, targets: tuple[str, ...] = ("q_proj", "v_proj")) -> DualLoRA:
+        dl = DualLoRA(model, LoraConfig(r=4, alpha=8, dropout=0.0, target_modules=list(targets)), DualConfig(), is_seq2seq=False)
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in dl.fast_params:
+                p.copy_(scale * torch.randn(p.shape, generator=g))
+        return dl
+
+    return make

@@ -18,8 +18,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from bf16_emulation import EmulatedBF16Matmuls, main  # noqa: E402
 
-from surecl.adapters import DualLoRA  # noqa: E402
-from surecl.config import DualConfig, LoraConfig  # noqa: E402
 from surecl.data.encode import collate  # noqa: E402
 from surecl.nll import token_nll  # noqa: E402
 
@@ -97,12 +95,8 @@ def test_fp32_products_are_left_alone():
     assert torch.equal(out, torch.nn.functional.linear(x, w))
 
 
-def _loss_and_grads(base, rows, pad, emulate: bool):
-    dl = DualLoRA(copy.deepcopy(base), LoraConfig(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj"]), DualConfig(), is_seq2seq=False)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in dl.fast_params:
-            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+def _loss_and_grads(base, rows, pad, emulate: bool, random_dual):
+    dl = random_dual(copy.deepcopy(base), 0.2, ("q_proj", "v_proj", "up_proj"))
     dl.model.train()
     mode = EmulatedBF16Matmuls()
     batch = collate(rows, pad, False, share_prefix=True)
@@ -114,16 +108,16 @@ def _loss_and_grads(base, rows, pad, emulate: bool):
     return loss.item(), [p.grad.clone() for p in dl.fast_params], [p.dtype for p in dl.fast_params], forward_calls, mode.calls
 
 
-def test_bf16_model_step_matches_torch_bf16(tiny_loaded, task_examples):
+def test_bf16_model_step_matches_torch_bf16(tiny_loaded, task_examples, random_dual):
     """A training step of a bf16 base with fp32 LoRA: the emulated step takes over the matmuls of
     the forward and of the backward, and lands on torch's bf16 loss and LoRA gradients far closer
     than the same step in fp32 does (it keeps bf16's rounding, not only fp32's products)."""
     rows = task_examples(1, 6, seed=3)
     pad = tiny_loaded.tokenizer.pad_token_id
     bf16_base = copy.deepcopy(tiny_loaded.model).to(BF)
-    loss_native, grads_native, dtypes, _, _ = _loss_and_grads(bf16_base, rows, pad, emulate=False)
-    loss_emul, grads_emul, _, forward_calls, all_calls = _loss_and_grads(bf16_base, rows, pad, emulate=True)
-    loss_fp32, grads_fp32, _, _, _ = _loss_and_grads(tiny_loaded.model, rows, pad, emulate=False)
+    loss_native, grads_native, dtypes, _, _ = _loss_and_grads(bf16_base, rows, pad, emulate=False, random_dual=random_dual)
+    loss_emul, grads_emul, _, forward_calls, all_calls = _loss_and_grads(bf16_base, rows, pad, emulate=True, random_dual=random_dual)
+    loss_fp32, grads_fp32, _, _, _ = _loss_and_grads(tiny_loaded.model, rows, pad, emulate=False, random_dual=random_dual)
     assert set(dtypes) == {torch.float32}  # LoRA stays fp32 on the bf16 base
     assert forward_calls >= 2 * 7  # two layers' q, k, v, o, gate, up, down at least (+ the output layer)
     assert all_calls > forward_calls  # the backward's products were taken over too

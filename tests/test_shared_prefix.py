@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 
-from surecl.adapters import DualLoRA
-from surecl.config import DualConfig, LoraConfig, build_config
+from surecl.config import build_config
 from surecl.data.encode import Encoded, collate, micro_batch_positions, shared_prefix_len
 from surecl.nll import token_nll
 from surecl.trainer import run
@@ -28,12 +27,8 @@ def _grads(model, params, batch, scope):
 
 
 @pytest.mark.parametrize("scope", ["label", "sequence"])
-def test_gradient_through_a_shared_prefix_equals_whole_rows(fresh_tiny, tiny_loaded, rows, scope):
-    dl = DualLoRA(fresh_tiny, LoraConfig(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj"]), DualConfig(), is_seq2seq=False)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in dl.fast_params:
-            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+def test_gradient_through_a_shared_prefix_equals_whole_rows(fresh_tiny, tiny_loaded, rows, scope, random_dual):
+    dl = random_dual(fresh_tiny, 0.2, ("q_proj", "v_proj", "up_proj"))
     dl.model.train()
     pad = tiny_loaded.tokenizer.pad_token_id
     n = shared_prefix_len(rows)
@@ -165,18 +160,15 @@ def _faulty_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, scale=None, is_causal=F
 
 
 @pytest.mark.parametrize("scope", ["label", "sequence"])
-def test_pads_attending_to_themselves_keep_a_faulty_kernel_finite_and_change_nothing(fresh_tiny, tiny_loaded, task_examples, monkeypatch, scope):
+def test_pads_attending_to_themselves_keep_a_faulty_kernel_finite_and_change_nothing(fresh_tiny, tiny_loaded, task_examples, monkeypatch, scope,
+                                                                                   random_dual):
     """A left-padded batch of several tasks (no shared prefix: a replay step's mixed slice) has
     pad positions whose attention row is fully masked. With ``pads_self`` they attend to
     themselves: the NLL and the gradient are the plain mask's, and a kernel whose backward
     gives NaN for a fully masked row (emulated) no longer reaches the weights."""
     mixed = task_examples(0, 3, seed=5) + task_examples(2, 3, seed=6)
     assert len({len(e) for e in mixed}) > 1  # padding there is
-    dl = DualLoRA(fresh_tiny, LoraConfig(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"]), DualConfig(), is_seq2seq=False)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in dl.fast_params:
-            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    dl = random_dual(fresh_tiny, 0.2)
     dl.model.train()
     batch = collate(mixed, tiny_loaded.tokenizer.pad_token_id, False)
 

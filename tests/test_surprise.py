@@ -95,16 +95,9 @@ def test_scores_follow_item_order(tiny_loaded, items):
     assert backward[::-1] == pytest.approx(forward, abs=1e-4)
 
 
-def test_scores_through_a_trained_lora_model_match_naive_loop(fresh_tiny, tiny_loaded, items):
+def test_scores_through_a_trained_lora_model_match_naive_loop(fresh_tiny, tiny_loaded, items, random_dual):
     """What the trainer scores: the PEFT-wrapped model with a non-zero fast adapter."""
-    from surecl.adapters import DualLoRA
-    from surecl.config import DualConfig, LoraConfig
-
-    dl = DualLoRA(fresh_tiny, LoraConfig(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"]), DualConfig(), is_seq2seq=False)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in dl.fast_params:
-            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    dl = random_dual(fresh_tiny, 0.3)
     dl.model.eval()
     pad = tiny_loaded.tokenizer.pad_token_id
     base = score_examples(tiny_loaded.model, items, pad_id=pad, is_seq2seq=False, scope="label")
