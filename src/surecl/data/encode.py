@@ -271,27 +271,27 @@ class TaskEncoder:
         or repeated), a turn not followed by that end of turn, or text before the last content
         that does not begin with the template's generation prompt (what evaluation would prompt
         with)."""
-        n = sum(role == "assistant" for role, _ in turns)
-        marks = [f"\u2063surecl{k}\u2063" for k in range(n)]
+        verbatim = "each assistant content once, verbatim"
+        contents = [content for role, content in turns if role == "assistant"]
+        marks = [f"\u2063surecl{k}\u2063" for k in range(len(contents))]
         it = iter(marks)
         probe = self.render([(role, next(it) if role == "assistant" else content) for role, content in turns], False, where)
         pieces, pos = [], 0
         for mark in marks:
             at = probe.find(mark, pos)
             if at < 0 or probe.count(mark) != 1:
-                return None, "each assistant content once, verbatim"
+                return None, verbatim
             pieces.append(probe[pos:at])
             pos = at + len(mark)
         pieces.append(probe[pos:])
-        contents = [content for role, content in turns if role == "assistant"]
-        if pieces[0] + "".join(c + p for c, p in zip(contents, pieces[1:])) != full:
-            return None, "each assistant content once, verbatim"
+        before_last = pieces[0] + "".join(c + p for c, p in zip(contents[:-1], pieces[1:-1]))
+        if before_last + contents[-1] + pieces[-1] != full:
+            return None, verbatim
         last = max(i for i, (role, _) in enumerate(turns) if role == "assistant")
         one = self.render((*turns[:last], ("assistant", self._MARKER)), False, where)
         if one.count(self._MARKER) != 1:
-            return None, "each assistant content once, verbatim"
+            return None, verbatim
         tail = one[one.index(self._MARKER) + len(self._MARKER):]
-        before_last = pieces[0] + "".join(c + p for c, p in zip(contents[:-1], pieces[1:-1]))
         if not before_last.startswith(self.render(turns[:last], True, where)):
             return None, "the text before the last assistant content beginning with the template's generation prompt"
         out: list[tuple[str, bool]] = [(pieces[0], False)]
