@@ -15,6 +15,7 @@
 # (../shared/benchmarks/CL_Benchmark, so claims see no changed key), runs bench/gpu_lnt.sh with
 # WORKERS (default 2) for at most SECONDS, and leaves the study's small outputs, its workers' logs
 # and report in $OUT/study.tgz, the GPU's memory in $OUT/gpu.log.
+# Rehearsed on a CPU machine in a scratch clone (RESULTS.md §9): every step ran but the GPU's.
 set -u
 cmd=${1:?usage: bench/gpu_carry.sh pack BENCH | first | second SECONDS [WORKERS]}
 here=$(cd "$(dirname "$0")/.." && pwd)
