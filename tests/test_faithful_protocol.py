@@ -299,3 +299,38 @@ def test_order_draws_are_independent_across_orders_and_shared_draws_are_not(tiny
     own1, own2 = sample("order", "colors,animals"), sample("order", "animals,colors")
     assert own1["colors"] != own2["colors"] and own1["animals"] != own2["animals"]
     assert own1 == sample("order", "colors,animals")  # reproducible per (order, seed)
+
+
+def test_run_draws_make_the_orders_of_a_seed_independent_runs(tiny_cache, tmp_path):
+    """``data.draw=run``: the data as ``order`` draws it, and the run's own random streams (LoRA
+    initialisation, batch order, replay draws) seeded from (seed, order): two orders of one seed
+    start from different adapters, one order at two seeds too, the same (order, seed) twice the same."""
+    from surecl.data.loading import streams_seed
+    from surecl.trainer import ContinualRun
+
+    def cfg(draw, tasks, seed=0):
+        return build_config("tiny,slow_surprise", [f"data.draw={draw}", f"data.tasks=[{tasks}]", "data.n_train=10",
+                                                   "data.n_test=5", f"seed={seed}"])
+
+    def start(c, name):
+        r = ContinualRun(c, tmp_path / name, progress=False, cache_dir=tiny_cache)
+        lora_a = {k: v.detach().clone() for k, v in r.model.named_parameters() if "lora_A" in k}
+        return r, lora_a, r.rng.random(), r.policy.rng.random()
+
+    run_cfg = cfg("run", "colors,animals")
+    assert [e.sentence for t in load_stream(run_cfg, cache_dir=tiny_cache) for e in t.train] == \
+        [e.sentence for t in load_stream(cfg("order", "colors,animals"), cache_dir=tiny_cache) for e in t.train]
+    assert streams_seed(cfg("order", "colors,animals", 3), ["colors", "animals"]) == 3  # order / shared: the seed itself
+    assert streams_seed(run_cfg, ["colors", "animals"]) != streams_seed(run_cfg, ["animals", "colors"])
+
+    r1, a1, batches1, replay1 = start(run_cfg, "a")
+    _, a2, batches2, replay2 = start(cfg("run", "animals,colors"), "b")
+    _, a3, batches3, _ = start(cfg("run", "colors,animals", seed=1), "c")
+    _, again, batches_again, replay_again = start(run_cfg, "d")
+    assert a1 and all(not a1[k].equal(a2[k]) for k in a1) and all(not a1[k].equal(a3[k]) for k in a1)
+    assert batches1 != batches2 and replay1 != replay2 and batches1 != batches3
+    assert all(a1[k].equal(again[k]) for k in a1) and (batches1, replay1) == (batches_again, replay_again)
+    # with data.draw=order the two orders of a seed share the initialisation (as the faithful study's runs did)
+    _, o1, _, _ = start(cfg("order", "colors,animals"), "e")
+    _, o2, _, _ = start(cfg("order", "animals,colors"), "f")
+    assert all(o1[k].equal(o2[k]) for k in o1)

@@ -182,7 +182,8 @@ def test_full_benchmark_header_and_varying_seed_counts(tmp_path):
     # order 1 has 3 seeds, the others 2: n is shown; the average's ± runs over seeds 0, 1
     assert rows["seq_lora"][0] == "44.7 ± 4.7 (n=3)"  # 41, 43, 50
     assert rows["seq_lora"][1] == "43.0 ± 1.4 (n=2)"
-    assert rows["seq_lora"][3].endswith("(n=2)") and "†" not in rows["seq_lora"][3]
+    # its mean is over the per-order means (seed 2's run too), its ± over the 2 seeds in every order: both said
+    assert rows["seq_lora"][3] == "43.9 ± 1.4 (n=2; mean over 3 seeds)" and "†" not in rows["seq_lora"][3]
 
 
 def test_forgetting_table(runs):
@@ -451,7 +452,7 @@ def test_claims_count_pairs_on_one_host(tmp_path):
     assert (cross["n"], cross["same_host"], cross["other_host"], cross["host_unrecorded"]) == ("3", "1", "1", "1")
     cells = table_rows(rep.markdown(), "Claims (FP, paired)")
     # fewer than 3 same-host units: all units, the cross-host ones counted
-    assert cells["slow_surprise > seq_lora"][-1] == "cross-host pairs: 1, unrecorded: 1"
+    assert cells["slow_surprise > seq_lora"][-1] == "cross-host units: 1, unrecorded: 1"
     assert (cross["host_basis"], cross["n_all"]) == ("all", "3")
     assert cells["slow_surprise > slow_surprise (fast)"][-1] == "same-host units only: 3 of 3"
     own = by["slow_surprise > slow_surprise (fast)"]  # a dual run's two adapters: one trajectory
@@ -467,11 +468,13 @@ def test_claims_count_pairs_on_one_host(tmp_path):
 
 def test_host_key_keeps_what_changes_the_numbers():
     a = {"host": {"cpu": "Xeon", "cpu_flags": ["avx2", "avx512f", "avx512_bf16"], "threads": 2, "torch": "2.13.0"}, "base_dtype": "bfloat16"}
-    same_kernels = {"host": {**a["host"], "cpu_flags": ["avx512_bf16", "avx2"], "threads": 1}, "base_dtype": "bfloat16"}
-    assert host_key(a) == host_key(same_kernels)  # thread count and unrelated flags do not name another host
+    same_kernels = {"host": {**a["host"], "cpu_flags": ["avx512_bf16", "avx512f", "avx2"], "threads": 1}, "base_dtype": "bfloat16"}
+    assert host_key(a) == host_key(same_kernels)  # neither the thread count nor the flags' order names another host
     assert host_key(a) != host_key({**a, "base_dtype": "float32"})
     assert host_key(a) != host_key({"host": {**a["host"], "cpu_flags": ["avx2"]}, "base_dtype": "bfloat16"})
     assert host_key(a) != host_key({"host": {**a["host"], "gpu": "NVIDIA H100"}, "base_dtype": "bfloat16"})
+    assert host_key(a) != host_key({"host": {**a["host"], "cpu_flags": ["avx2", "avx512_bf16"]}, "base_dtype": "bfloat16"})  # no AVX-512F
+    assert host_key(a) != host_key({"host": {**a["host"], "torch": "2.11.0"}, "base_dtype": "bfloat16"})
     assert host_key({"base_dtype": "bfloat16"}) is None
 
 
@@ -493,7 +496,7 @@ def test_a_run_resumed_on_another_machine_names_both(tmp_path, tiny_cache, monke
     assert again["accuracy_matrix"] == first["accuracy_matrix"]
     assert [h["cpu"] for h in again["hosts"]] == ["Machine X", real(torch.device("cpu"))["cpu"]]
     assert again["host"] == again["hosts"][-1]
-    assert host_key(again).startswith("Machine X [avx512_bf16] then ") and host_key(again) != host_key(first)
+    assert host_key(again).startswith("Machine X [avx512_bf16] torch ") and " then " in host_key(again) and host_key(again) != host_key(first)
     assert "earlier parts ran on Machine X" in (out / "report.md").read_text()
     (out / "results.json").unlink()
     third = trainer.run(build_config("tiny,surprise", small), out, progress=False, cache_dir=tiny_cache)
@@ -799,7 +802,7 @@ def test_a_pair_across_two_recorded_hosts_is_flagged(tmp_path):
     rep = paper_report([root], claims="none", custom_claims=["ewc>seq_lora"])
     row = claims_csv(rep)[("ewc > seq_lora", "Standard CL")]
     assert (row["same_host"], row["other_host"], row["host_unrecorded"], row["host_basis"], row["n"]) == ("1", "1", "0", "all", "2")
-    assert table_rows(rep.markdown(), "Claims (FP, paired)")["ewc > seq_lora"][-1] == "cross-host pairs: 1"
+    assert table_rows(rep.markdown(), "Claims (FP, paired)")["ewc > seq_lora"][-1] == "cross-host units: 1"
 
 
 def test_a_run_that_moved_between_hosts_makes_its_pair_cross_host(tmp_path):
@@ -884,6 +887,40 @@ def test_a_task_no_row_learns_above_its_majority_class_is_left_out_of_the_claims
     assert "left out" in claims_md and "order 4: c" in claims_md
     # the main table's FP is still over every task
     assert rep.study.value(("surprise", "4", 0), "fp") == pytest.approx((60 + 70 + 50.5) / 3)
+    # so are the claims of every other metric: AP over a, b is (82 + 81)/2 - (80 + 80)/2 = 1.5 at every seed
+    # (with c, 1.5 * 2/3 + 0.5/3); forgetting = AP - FP over the same two tasks
+    ap = claims_csv(paper_report([root], metric="ap", claims="none", custom_claims=["surprise>seq_lora"]))[("surprise > seq_lora", "LNT")]
+    assert float(ap["mean_diff"]) == pytest.approx(1.5)
+    forget = claims_csv(paper_report([root], metric="forgetting", claims="none", custom_claims=["seq_lora>surprise"]))
+    # lower is better: seq_lora's forgetting over a, b minus surprise's, per seed (80 - 35) - (81.5 - 65) = 28.5, ...
+    per_seed = [(80 - (30 + 40) / 2) - (81.5 - (60 + 70) / 2), (80 - (34 + 41) / 2) - (81.5 - (62 + 69) / 2),
+                (80 - (31 + 44) / 2) - (81.5 - (66 + 72) / 2)]
+    assert abs(float(forget[("seq_lora > surprise", "LNT")]["mean_diff"])) == pytest.approx(fmean(per_seed))
+    assert "AP in the claims is over the tasks some row learns" in next(
+        t for t in paper_report([root], metric="ap", claims="none", custom_claims=["surprise>seq_lora"]).tables if t.name == "claims").markdown
+
+
+def test_a_task_is_learned_against_each_runs_own_majority_rate(tmp_path):
+    """With independent draws every run has its own test set and rate: a task is learned when
+    the best row's accuracy stands above its own runs' rates, not above one run's."""
+    root = tmp_path / "lnt"
+    # task c: 24 % at both seeds; its rate is 26 at seed 0 and 22 at seed 1: on average not above it
+    _three_task_run(root, "seq_lora", 0, (60, 70, 24), (80, 80, 24), (25, 50, 26))
+    _three_task_run(root, "seq_lora", 1, (61, 71, 24), (81, 79, 24), (25, 50, 22))
+    for _ in range(2):  # as written, then with the two runs swapped on disk
+        rep = paper_report([root], claims="none")
+        rows = {r["task"]: r for r in csv.DictReader(io.StringIO(next(t for t in rep.tables if t.name == "tasks").csv))}
+        c = rows["c"]
+        assert (float(c["majority"]), float(c["majority_min"]), float(c["majority_max"])) == (24.0, 22.0, 26.0)
+        assert float(c["margin"]) == pytest.approx(0.0) and c["learned"] == "0"
+        assert rows["a"]["learned"] == "1" and float(rows["a"]["margin"]) == pytest.approx(55.5)
+        assert rep.study.unlearned("4") == ["c"]
+        md = next(t for t in rep.tables if t.name == "tasks").markdown
+        assert "24.0 (22.0-26.0)" in md
+        # the other seed's run first on disk: the same answer
+        shutil.move(str(root / rel("seq_lora", "4", 0)), str(tmp_path / "moved"))
+        shutil.move(str(root / rel("seq_lora", "4", 1)), str(root / rel("seq_lora", "4", 0)))
+        shutil.move(str(tmp_path / "moved"), str(root / rel("seq_lora", "4", 1)))
 
 
 def test_a_run_records_majority_rates_and_its_report_shows_them(tmp_path, tiny_cache):
@@ -966,7 +1003,7 @@ def test_a_joint_run_counts_for_every_task_it_learns(tmp_path):
                "config": {"preset": "mtl", "method": "mtl", "seed": seed, "data": {"order": "4", "draw": "order"}}}
         (d / "results.json").write_text(json.dumps(res))
     st = Study.load([root])
-    rates = {t: (best, row) for t, _, best, row in st.task_rates("4")}
+    rates = {t.task: (t.best, t.row) for t in st.task_rates("4")}
     assert rates["b"] == (85.0, "mtl")
     assert st.unlearned("4") == ["c"]
 
@@ -1111,3 +1148,18 @@ def test_a_results_file_a_report_cannot_use_is_one_line(tmp_path, capsys, edit, 
     assert main(["report", str(tmp_path / "r"), "--layout", layout, *(["--out-dir", str(tmp_path / "o")] if layout == "paper" else [])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0] and "Traceback" not in err[0], err
+
+
+def test_run_draws_are_independent_units_and_say_so(tmp_path):
+    """data.draw=run: every (order, seed) pair is a unit, as with order, and the caption says the
+    runs share nothing; a claim pairing run and order draws is over (order, seed) units with the
+    order caveat."""
+    rep = paper_report([make_runs(tmp_path / "run", draw="run")])
+    by = claims_csv(rep)
+    assert (by[("slow_surprise > slow_surprise (fast)", "Standard CL")]["unit"], by[("slow_surprise > slow_surprise (fast)", "all")]["n"]) == ("order_seed", "6")
+    assert "unit: (order, seed) (independent runs, data.draw=run" in rep.markdown()
+    mixed = make_runs(tmp_path / "mixed", draw="run")
+    put(mixed, "seq_lora", "1", 0, SEQ[("1", 0)], 80.0, draw="order")  # one run made under order draws
+    rep = paper_report([mixed])
+    assert claims_csv(rep)[("slow_surprise > seq_lora", "all")]["unit"] == "order_seed"
+    assert "independent data draws, data.draw=order" in rep.markdown()

@@ -307,3 +307,33 @@ def test_the_lock_file_is_never_written_through_a_link(tmp_path):
         with run_lock(out, True):
             pass
     assert precious.read_text() == "keep me"
+
+
+# --------------------------------------------------------------------------- the clock
+
+
+def test_cpu_time_is_counted_across_a_resume_and_left_out_after_a_checkpoint_without_it(finished, tmp_path, monkeypatch):
+    """results.json ``timing.cpu``: the process CPU seconds of every part of the run (a resumed
+    run adds its own to what the checkpoint kept); a run resumed from a checkpoint written before
+    CPU time was counted leaves the key out rather than report only its own part."""
+    done = json.loads((finished / "results.json").read_text())["timing"]
+    assert done["cpu"] > 0 and done["cpu"] >= done["train"] * 0.5, done  # one thread at least half busy while training
+    for name, strip in (("kept", False), ("old", True)):
+        out = tmp_path / name
+        monkeypatch.setenv("SURECL_KILL_AT", "stage_end:1")
+        monkeypatch.setenv("SURECL_KILL_SIGNAL", "INT")
+        assert main(["run", *TINY, "--out", str(out), *SMALL]) == 130
+        meta_path = out / "checkpoints" / "stage-0001" / "meta.json"
+        meta = json.loads(meta_path.read_text())
+        kept = meta["components"]["run"]["seconds"]
+        assert kept["cpu"] > 0
+        if strip:
+            del kept["cpu"]
+            meta_path.write_text(json.dumps(meta))
+        monkeypatch.delenv("SURECL_KILL_AT", raising=False)  # a signal fault clears it itself
+        assert main(["run", *TINY, "--out", str(out), *SMALL]) == 0
+        timing = json.loads((out / "results.json").read_text())["timing"]
+        if strip:
+            assert "cpu" not in timing and timing["total"] > 0, timing
+        else:
+            assert timing["cpu"] > kept["cpu"], (timing, kept)

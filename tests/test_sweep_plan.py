@@ -22,13 +22,13 @@ def test_packaged_plans_reproduce_the_papers_tables():
     assert {r.row for r in ratio if r.method == "slow_surprise_sa"} == {f"slow_surprise_sa replay.ratio=1:{k}" for k in (2, 4, 8, 16)}
     cfg = build_config(f"{load_plan('ablation-ratio').config},slow_surprise_sa", ratio[0].overrides)
     assert cfg.replay.buffer_size == 300 and cfg.data.n_train == 1000 and cfg.replay.ratio == "1:2" and cfg.replay.loss == "example"
-    assert cfg.data.draw == "order"  # every packaged study draws its data independently per (order, seed)
+    assert cfg.data.draw == "run"  # every packaged study makes each (order, seed) run independent: data and random streams
     beta = expand(load_plan("ablation-beta"))
     assert {r.row.split(" ")[1] for r in beta} == {f"dual.beta={b}" for b in ("0.985", "0.99", "0.995", "0.999")}
     cfg = build_config("paper-t5,lnt,slow_surprise", beta[0].overrides)
     assert cfg.replay.ratio == "1:2" and cfg.dual.unit == "example" and not cfg.dual.bias_correction
     for name in ("paper-standard", "paper-lnt", "ablation-buffer", "ablation-beta"):
-        assert "data.draw=order" in expand(load_plan(name))[0].overrides
+        assert "data.draw=run" in expand(load_plan(name))[0].overrides
 
 
 def test_plan_with_named_orders_and_groups(tmp_path):

@@ -179,7 +179,7 @@ CHOICES: dict[str, tuple[str, ...] | None] = {
     "data.template": ("auto", "plain"),
     "data.invalid_labels": ("error", "drop"),
     "data.train_sampling": ("balanced", "random"),
-    "data.draw": ("shared", "order"),
+    "data.draw": ("shared", "order", "run"),
     "data.test_draw": ("after_train", "own"),
     "data.test_sampling": ("balanced", "random"),
     "train.batching": ("bucketed", "uniform"),

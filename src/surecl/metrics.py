@@ -87,6 +87,28 @@ def summarise(a: Matrix, higher_is_better: bool = True, initial: list[float | No
     }
 
 
+def summarise_tasks(a: Matrix, keep: list[int], higher_is_better: bool = True) -> dict[str, float | None]:
+    """:func:`summarise`'s FP, AP, forgetting, BWT and average incremental accuracy over the tasks
+    (columns) ``keep`` only, on the stream's own stages: FP from the last row, AP from each kept
+    task's cell right after it was learned, forgetting = AP - FP (sign by direction), BWT over the
+    kept tasks before the last stage, the incremental mean over each stage's kept tasks seen so
+    far (None while a needed cell is empty, as :func:`average_incremental_accuracy`)."""
+    n, sign = len(a), 1.0 if higher_is_better else -1.0
+    kept = sorted(set(keep))
+    fp = _mean([a[-1][j] for j in kept]) if a else None
+    ap = _mean([a[j][j] for j in kept if j < n])
+    diffs = [sign * (a[n - 1][j] - a[j][j]) for j in kept if j < n - 1 and a[n - 1][j] is not None and a[j][j] is not None]
+    rows = [[a[i][j] for j in kept if j <= i] for i in range(n)]
+    complete = all(v is not None for row in rows for v in row)
+    return {
+        "fp": fp,
+        "ap": ap,
+        "forgetting": None if ap is None or fp is None else sign * (ap - fp),
+        "bwt": fmean(diffs) if diffs else None,
+        "avg_incremental": _mean([_mean(row) for row in rows if row]) if complete else None,
+    }
+
+
 METRIC_NAMES = {"accuracy": "accuracy (%)", "exact_match": "exact match (%)", "rouge_l": "ROUGE-L (F, x100)", "perplexity": "perplexity"}
 """How reports name each metric."""
 

@@ -19,7 +19,7 @@ from statistics import fmean, median, stdev
 from surecl.checkpoint import write_text
 from surecl.config import read_view
 from surecl.errors import SureclError
-from surecl.metrics import METRIC_NAMES, metric_words
+from surecl.metrics import METRIC_NAMES, metric_words, summarise_tasks
 
 
 def _fmt(v: float | None, digits: int = 1) -> str:
@@ -530,15 +530,16 @@ class Record:
     host: str | None = None  # host_key: where the run ran, None for runs that did not record it
     seconds: float | None = None  # results.json timing.total: the run's own train + score + eval time
     threads: int | None = None  # torch threads of the run's last recorded host
-    draw: str = "shared"  # config data.draw: "shared" (a seed's samples shared across orders) or "order"
+    draw: str = "shared"  # config data.draw: "shared" (a seed's samples shared across orders), "order" or "run"
     host_moved: bool = False  # the run recorded several different hosts (resumed on another machine)
     majority: dict[str, float] | None = None  # results.json majority: each task's majority-class rate (%)
     general: dict | None = None  # the probe (results.json general) under this row's weights: source, metrics, before, final, change
     config: dict | None = None  # results.json config: what a claim's two runs must share besides their rows' own keys
+    cpu_seconds: float | None = None  # results.json timing.cpu: the run's process CPU seconds (None before it was recorded)
 
 
 # The kernel flags whose presence changes which matmul kernels (and so which rounding) a CPU run uses.
-_NUMERIC_FLAGS = ("avx512_bf16", "amx_bf16")
+_NUMERIC_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 def _host_keys(results: dict) -> list[str] | None:
@@ -549,8 +550,9 @@ def _host_keys(results: dict) -> list[str] | None:
     keys: list[str] = []
     for host in hosts:
         flags = sorted(f for f in host.get("cpu_flags") or [] if f in _NUMERIC_FLAGS)
-        gpu = host.get("gpu")
-        key = " ".join(str(x) for x in (host["cpu"], f"[{','.join(flags)}]", f"GPU {gpu}" if gpu else "") if x)
+        gpu, version = host.get("gpu"), host.get("torch")
+        key = " ".join(str(x) for x in (host["cpu"], f"[{','.join(flags)}]", f"torch {version}" if version else "",
+                                         f"GPU {gpu}" if gpu else "") if x)
         if not keys or keys[-1] != key:
             keys.append(key)
     return keys
@@ -558,7 +560,9 @@ def _host_keys(results: dict) -> list[str] | None:
 
 def host_key(results: dict) -> str | None:
     """Where a run ran, as far as its numbers depend on it: the processor, the kernel flags that
-    pick the bf16 kernels, the GPU and the base model's dtype. Two runs of one config and seed with
+    pick torch's CPU kernels (AVX2, AVX-512, their bf16 and AMX forms), torch's version, the GPU
+    and the base model's dtype (not the thread count: torch's CPU kernels give the same bits at
+    1 and 2 threads, bench/RESULTS.md §15). Two runs of one config and seed with
     equal keys follow one trajectory; with different keys they are independent runs at the same
     seed. A run resumed on other machines (``hosts``) names them all, in order. None for a run
     that did not record its host."""
@@ -575,15 +579,16 @@ def host_moved(results: dict) -> bool:
 
 
 def data_draw(results: dict) -> str:
-    """The run's ``data.draw``: "order" (every (order, seed) run an independent draw) or "shared"
+    """The run's ``data.draw``: "run" (every (order, seed) run independent, its random streams
+    too), "order" (an independent draw of data per (order, seed)) or "shared"
     (a task's sample depends on seed and task only); results.json files from before the key
     existed drew shared samples."""
     data = (results.get("config") or {}).get("data") or {}
-    return "order" if data.get("draw") == "order" else "shared"
+    return data.get("draw") if data.get("draw") in ("order", "run") else "shared"
 
 
-def _run_seconds(results: dict) -> float | None:
-    t = (results.get("timing") or {}).get("total") if isinstance(results.get("timing"), dict) else None
+def _run_seconds(results: dict, key: str = "total") -> float | None:
+    t = (results.get("timing") or {}).get(key) if isinstance(results.get("timing"), dict) else None
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 else None
 
 
@@ -616,6 +621,7 @@ class Cell:
     per_seed: dict = field(default_factory=dict)
     incomplete: bool = False
     pooled: list[float] | None = None  # ablation cells: all values over orders and seeds
+    mean_seeds: set | None = None  # average cells: every seed behind the mean (the ± has only those in every cell)
 
     @property
     def values(self) -> list[float]:
@@ -640,7 +646,8 @@ def average_cells(cells: list[Cell]) -> Cell:
         return Cell(None, {}, incomplete)
     common = set.intersection(*(set(c.per_seed) for c in present))
     per_seed = {s: fmean(c.per_seed[s] for c in present) for s in sorted(common, key=str)}
-    return Cell(fmean(c.mean for c in present), per_seed, incomplete)
+    behind = set().union(*(c.mean_seeds if c.mean_seeds is not None else set(c.per_seed) for c in present))
+    return Cell(fmean(c.mean for c in present), per_seed, incomplete, mean_seeds=behind)
 
 
 @dataclass
@@ -756,6 +763,23 @@ def write_sweep_plan(root: Path, runs: list[dict], meta: dict | None = None) -> 
 
 
 LEARNED_MARGIN = 1.0
+
+
+@dataclass
+class TaskRate:
+    """A task of one order against its majority class (:meth:`Study.task_rates`)."""
+
+    task: str
+    majority: float  # mean over the runs of the order that recorded it
+    majority_lo: float
+    majority_hi: float
+    best: float | None  # the best row's accuracy right after learning the task, mean over its seeds
+    row: str | None
+    margin: float | None  # that row's mean of (accuracy - its own run's rate)
+
+    @property
+    def learned(self) -> bool:
+        return self.margin is not None and self.margin > LEARNED_MARGIN
 """Points above the majority-class rate a task's best accuracy must reach to count as learned."""
 
 
@@ -765,6 +789,7 @@ class Study:
 
     def __init__(self, records: dict[Key, Record], expected: dict[Key, str], kind: str, bench_of: dict[str, str]):
         self.records, self.expected, self.kind, self.bench_of = records, expected, kind, bench_of
+        self._unlearned: dict[str, list[str]] = {}  # per order, computed once (records do not change)
         self.pooled_differences: list[str] = []
         """:func:`config_differences` of the runs pooled per (row, order): said in the report's header."""
         keys = set(records) | set(expected)
@@ -803,7 +828,7 @@ class Study:
                                       list(r.get("tasks") or []), src.get("accuracy_matrix"), host_key(r),
                                       _run_seconds(r), _run_threads(r), data_draw(r), host_moved(r),
                                       r.get("majority") if isinstance(r.get("majority"), dict) else None,
-                                      _probe_of(r, fast=name != row), cfg)
+                                      _probe_of(r, fast=name != row), cfg, _run_seconds(r, "cpu"))
         # expected runs: the plans, then every combination seen among runs no plan covers
         expected: dict[Key, str] = {}
         plan_dirs = []
@@ -840,28 +865,34 @@ class Study:
         return st
 
     # ---------------------------------------------------------------- tasks learned
-    def task_rates(self, order: str) -> list[tuple[str, float, float | None, str | None]]:
-        """Per task of ``order`` (runs that recorded majority-class rates): (task, majority rate,
-        the best row's accuracy right after learning it, averaged over its seeds, that row)."""
+    def task_rates(self, order: str) -> list[TaskRate]:
+        """Per task of ``order`` (runs that recorded majority-class rates): the rate of its test
+        set (mean and range over the runs: with independent draws every run has its own) and the
+        best row: the one whose accuracy right after learning the task stands highest above its
+        own run's rate, mean over its seeds."""
         recs = [r for r in self.records.values() if r.order == order and r.majority and r.matrix and r.tasks]
         if not recs:
             return []
-        tasks, majority = recs[0].tasks, recs[0].majority
+        tasks = recs[0].tasks
         out = []
         for j, task in enumerate(tasks):
-            if task not in majority or majority[task] is None:
-                continue
-            by_row: dict[str, list[float]] = defaultdict(list)
+            rates: list[float] = []
+            by_row: dict[str, list[tuple[float, float]]] = defaultdict(list)
             for r in recs:
-                if r.tasks != tasks:
+                rate = r.majority.get(task) if r.tasks == tasks else None
+                if not isinstance(rate, (int, float)) or isinstance(rate, bool):
                     continue
+                rates.append(float(rate))
                 # right after learning task j; a joint run (MTL) has only its last row
                 right_after = r.matrix[j][j] if j < len(r.matrix) else None
                 v = right_after if right_after is not None else r.matrix[-1][j]
                 if v is not None:
-                    by_row[r.row].append(v)
-            best = max(((fmean(v), row) for row, v in by_row.items()), default=(None, None))
-            out.append((task, majority[task], best[0], best[1]))
+                    by_row[r.row].append((v, float(rate)))
+            if not rates:
+                continue
+            best = max(((fmean(v - m for v, m in pairs), fmean(v for v, _ in pairs), row) for row, pairs in by_row.items()),
+                       default=(None, None, None))
+            out.append(TaskRate(task, fmean(rates), min(rates), max(rates), best[1], best[2], best[0]))
         return out
 
     def planned_units(self, a: str, b: str, group: str, kind: str) -> int:
@@ -870,7 +901,7 @@ class Study:
         (order, seed) pairs, or for seed units the seeds with both rows at every such order."""
         both = {(o, s) for (row, o, s) in self.expected if row == a and (b, o, s) in self.expected
                 and (group == "all" or self.bench_of.get(o, "other") == group)}
-        if kind == "order":
+        if kind in ("order", "run"):
             return len(both)
         orders = {o for o, _ in both}
         seeds = {s for _, s in both}
@@ -878,8 +909,10 @@ class Study:
 
     def unlearned(self, order: str) -> list[str]:
         """Tasks of ``order`` that no row learns above their majority-class rate (the best row's
-        accuracy right after learning them, mean over seeds, at most the rate + 1 point)."""
-        return [t for t, maj, best, _ in self.task_rates(order) if best is None or best <= maj + LEARNED_MARGIN]
+        accuracy right after learning them less its own run's rate, mean over seeds, at most 1 point)."""
+        if order not in self._unlearned:
+            self._unlearned[order] = [t.task for t in self.task_rates(order) if not t.learned]
+        return self._unlearned[order]
 
     # ---------------------------------------------------------------- cells
     def value(self, key: Key, metric: str) -> float | None:
@@ -887,17 +920,17 @@ class Study:
         return None if rec is None else rec.values.get(metric)
 
     def claim_value(self, key: Key, metric: str) -> float | None:
-        """The value a claim compares: ``metric``, except FP of an order with tasks no row learns
-        above their majority class (:meth:`unlearned`), which is FP over the learned tasks."""
+        """The value a claim compares: ``metric``, except for an order with tasks no row learns
+        above their majority class (:meth:`unlearned`), where it is the metric over the learned
+        tasks only (:func:`surecl.metrics.summarise_tasks`; None when none is learned)."""
         rec = self.records.get(key)
         if rec is None:
             return None
-        skip = set(self.unlearned(rec.order)) if metric == "fp" else set()
+        skip = set(self.unlearned(rec.order))
         if not skip or not rec.matrix or not rec.tasks:
             return rec.values.get(metric)
-        last = rec.matrix[-1]
-        kept = [v for t, v in zip(rec.tasks, last) if t not in skip and v is not None]
-        return fmean(kept) if kept else None
+        keep = [j for j, t in enumerate(rec.tasks) if t not in skip]
+        return summarise_tasks(rec.matrix, keep, self.kind != "perplexity").get(metric) if keep else None
 
     def missing(self, metric: str, rows: list[str] | None = None) -> list[Missing]:
         rows_set = set(self.rows if rows is None else rows)
@@ -997,7 +1030,8 @@ def fmt_cell(c: Cell, d: int, show_n: bool = False) -> str:
         return "-"
     s = f"{c.mean:.{d}f}" + (f" ± {c.std:.{d}f}" if c.std is not None else "")
     if show_n:
-        s += f" (n={c.n})"
+        more = len(c.mean_seeds) if c.mean_seeds is not None and len(c.mean_seeds) > c.n else 0
+        s += f" (n={c.n}; mean over {more} seeds)" if more else f" (n={c.n})"
     return s + (f" {DAGGER}" if c.incomplete else "")
 
 
@@ -1127,13 +1161,16 @@ def main_table(st: Study, metric: str, rows: list[str]) -> Table:
             cells.append(average_cells(cells))
         grid[row] = cells
     ns = {c.n for cells in grid.values() for c in cells if c.mean is not None}
-    show_n = len(ns) > 1
+    wider = any(c.mean_seeds is not None and len(c.mean_seeds) > c.n for cells in grid.values() for c in cells if c.mean is not None)
+    show_n = len(ns) > 1 or wider
     body = [[row] + [fmt_cell(c, d, show_n) for c in cells] for row, cells in grid.items()]
     seeds = f"n = {ns.pop()} seed(s) per cell" if len(ns) == 1 else "n = seeds per cell, shown where they differ"
     caption = f"{_LABEL[metric]} ({_unit(metric, st.kind)}): mean ± {STD_WORDS} ({seeds})."
     if len(cols) > len(st.orders):
         caption += (" Averages over orders are means of the per-order means; their ± is the sample std over seeds of each seed's "
-                    "average (the seeds present in every order averaged).")
+                    "average (the seeds present in every order averaged)" + (
+                        "; \"n=k; mean over m seeds\": the mean has runs of m seeds, some missing from an order, "
+                        "the ± only the k in every order." if wider else "."))
     if len(st.benchmarks) > 1:
         caption += " All avg = mean of the benchmark averages."
     empty = [f"{row} {name}" for row, cells in grid.items() for (name, _), c in zip(cols, cells) if c.mean is None and not c.incomplete]
@@ -1279,7 +1316,9 @@ def parse_claim(text: str, rows: list[str]) -> tuple[str, str]:
 MIN_SAME_HOST = 3
 """Fewest same-host units for a claim to be computed on same-host units only."""
 
-_UNIT_WORDS = {"order": "(order, seed) (independent data draws, data.draw=order; the runs of one seed share its LoRA init, "
+_UNIT_WORDS = {"run": "(order, seed) (independent runs, data.draw=run: each draws its own data, LoRA init, batch order and "
+                      "replay draws)",
+               "order": "(order, seed) (independent data draws, data.draw=order; the runs of one seed share its LoRA init, "
                         "batch shuffling and replay random streams across orders)",
                "seed": "seed (samples shared across orders, data.draw=shared)",
                "mixed": "seed (data.draw differs between the runs; shared samples make the seed the unit)"}
@@ -1291,7 +1330,7 @@ class _Pair:
     seed: int | str
     diff: float  # A - B
     where: str  # "same" | "other" | "unrecorded": the hosts of the pair's two runs
-    draw: str  # "order" when both runs drew per (order, seed), else "shared"
+    draw: str  # "run" / "order" when both runs drew so (one of each: "order"), else "shared"
 
 
 def claim_units(pairs: list[_Pair]) -> tuple[str, list[tuple[str, float, str]]]:
@@ -1305,8 +1344,8 @@ def claim_units(pairs: list[_Pair]) -> tuple[str, list[tuple[str, float, str]]]:
     if not pairs:
         return "none", []
     draws = {p.draw for p in pairs}
-    if draws == {"order"}:
-        return "order", [(f"{p.order}/{p.seed}", p.diff, p.where) for p in pairs]
+    if draws <= {"order", "run"}:
+        return ("run" if draws == {"run"} else "order"), [(f"{p.order}/{p.seed}", p.diff, p.where) for p in pairs]
     by_seed: dict[int | str, list[_Pair]] = defaultdict(list)
     for p in pairs:
         by_seed[p.seed].append(p)
@@ -1324,7 +1363,7 @@ def claim_units_complete(pairs: list[_Pair]) -> tuple[str, list[tuple[str, float
     order the claim's pairs have (a seed with one order of three would be another quantity);
     the third value is the number of seeds left out for lacking one."""
     kind, units = claim_units(pairs)
-    if kind in ("order", "none"):
+    if kind in ("order", "run", "none"):
         return kind, units, 0
     orders = {p.order for p in pairs}
     by_seed: dict[int | str, set[str]] = defaultdict(set)
@@ -1405,7 +1444,8 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
                 where = "other"
             else:
                 where = "same"
-            draw = "order" if ra.draw == rb.draw == "order" else "shared"
+            draws = {ra.draw, rb.draw}
+            draw = "shared" if "shared" in draws else "run" if draws == {"run"} else "order"
             pairs[(order, seed)] = _Pair(order, seed, va - vb, where, draw)
             if ra.path != rb.path and allowed is not None and ra.config and rb.config:
                 confounds[st.bench_of.get(order, "other")].update(pair_confounds(ra.config, rb.config, allowed))
@@ -1434,10 +1474,10 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
     for e, adj in zip(entries, holm([e["res"].p for e in entries])):
         e["holm"], e["family"] = adj, family_size
 
-    kinds = sorted({e["kind"] for e in entries if e["kind"] != "none"}, key=["seed", "mixed", "order"].index)
+    kinds = sorted({e["kind"] for e in entries if e["kind"] != "none"}, key=["seed", "mixed", "order", "run"].index)
     show_kind = len(kinds) > 1
     if not kinds:
-        unit_words = "unit: seed where samples are shared across orders (data.draw=shared), (order, seed) where every run is an independent draw (data.draw=order)"
+        unit_words = "unit: seed where samples are shared across orders (data.draw=shared), (order, seed) where every run is an independent draw (data.draw=order or run)"
     elif show_kind:
         unit_words = "unit per row (the n units column): " + "; ".join(_UNIT_WORDS[k] for k in kinds)
     else:
@@ -1455,7 +1495,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         f"{alpha:g}**: **shown**: Holm p < {alpha:g} and the mean favours A (its interval lies {side} 0 or not: the "
         f"interval is not adjusted); **contradicted**: Holm p < {alpha:g} and the mean favours B; **not shown**: otherwise. "
         "**hosts**: a unit is cross-host when the two runs of any of its pairs recorded different hosts (processor, its "
-        "bf16 kernel flags, GPU, base dtype) or a run moved between hosts; the two adapters of one dual run are one "
+        "kernel flags, torch version, GPU, base dtype) or a run moved between hosts; the two adapters of one dual run are one "
         "trajectory, same-host; a run from before hosts were recorded is unrecorded. A claim with at least "
         f"{MIN_SAME_HOST} same-host units is computed on those only (\"same-host units only: k of n\"); otherwise on all "
         "units, with the cross-host ones counted. Bf16 and fp32 kernels round differently, so runs on two hosts at one "
@@ -1487,8 +1527,8 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         sign_cell = f"{sign.wins}/{sign.losses}{ties}, p {_fmt_p(sign.p)}" if res.n else "-"
         unrec = f", unrecorded: {e['unrec']}" if e["unrec"] else ""
         hosts = (f"same-host units only: {res.n} of {e['n_all']}" if e["same_only"]
-                 else f"cross-host pairs: {e['cross']}{unrec}")
-        n_cell = str(res.n) + (f" ({'(order, seed)' if e['kind'] == 'order' else 'seeds'})" if show_kind else "")
+                 else f"cross-host units: {e['cross']}{unrec}")
+        n_cell = str(res.n) + (f" ({'(order, seed)' if e['kind'] in ('order', 'run') else 'seeds'})" if show_kind else "")
         if e["planned"] > e["n_all"]:  # a study still running, or runs that failed: the claim is over those present
             n_cell += f" of {e['planned']} planned †"
             incomplete = True
@@ -1497,16 +1537,15 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         label = f"other (orders {other_orders})" if g == "other" else g
         body.append([f"{e['a']} > {e['b']}", label, n_cell, f(res.mean), ci, _fmt_p(res.p), _fmt_p(e["holm"]), sign_cell, shown, hosts])
         num = lambda v: "" if v is None else round(v, 6)  # noqa: E731
-        csv_rows.append([f"{e['a']} > {e['b']}", e["a"], e["b"], g, "order_seed" if e["kind"] == "order" else "seed", res.n, e["n_all"],
+        csv_rows.append([f"{e['a']} > {e['b']}", e["a"], e["b"], g, "order_seed" if e["kind"] in ("order", "run") else "seed", res.n, e["n_all"],
                          *(num(v) for v in (res.mean, res.sd, res.lo, res.hi, res.t, res.t_stat, res.p, e["holm"])), e["family"],
                          sign.wins, sign.losses, sign.ties, num(sign.p), word, why, "same_host_only" if e["same_only"] else "all",
                          e["same"], e["cross"], e["unrec"], e["planned"], e["left_out"], ";".join(e["confounds"])])
-    if metric == "fp":
-        left = {o: st.unlearned(o) for o in st.orders}
-        left = {o: ts for o, ts in left.items() if ts}
-        if left:
-            caption += (" FP in the claims is over the tasks some row learns above their majority-class rate; left out "
-                        "(no row above it, the \"Tasks\" table): " + "; ".join(f"order {o}: {', '.join(ts)}" for o, ts in left.items()) + ".")
+    left = {o: st.unlearned(o) for o in st.orders}
+    left = {o: ts for o, ts in left.items() if ts}
+    if left:
+        caption += (f" {_LABEL[metric]} in the claims is over the tasks some row learns above their majority-class rate; left out "
+                    "(no row above it, the \"Tasks\" table): " + "; ".join(f"order {o}: {', '.join(ts)}" for o, ts in left.items()) + ".")
     if incomplete:
         caption += (" † fewer units than the sweep planned (a study still running, or runs that failed): the claim is over "
                     "the units present, which may favour the orders and seeds that finished first.")
@@ -1524,18 +1563,24 @@ def tasks_table(st: Study) -> Table | None:
     """Per order and task: the majority-class rate of its test set (from runs that recorded
     it), the best row's accuracy right after learning the task (mean over its seeds), and
     whether any row learned it above that rate."""
-    header = ["order", "task", "majority class", "best accuracy after learning it", "row", "learned"]
-    body, csv_rows = [], [["order", "task", "majority", "best", "row", "learned"]]
+    header = ["order", "task", "majority class", "best accuracy after learning it", "above the rate", "row", "learned"]
+    body, csv_rows = [], [["order", "task", "majority", "majority_min", "majority_max", "best", "margin", "row", "learned"]]
     for order in st.orders:
-        for task, maj, best, row in st.task_rates(order):
-            learned = best is not None and best > maj + LEARNED_MARGIN
-            body.append([order, task, f"{maj:.1f}", "-" if best is None else f"{best:.1f}", row or "-", "yes" if learned else "**no**"])
-            csv_rows.append([order, task, round(maj, 6), "" if best is None else round(best, 6), row or "", int(learned)])
+        for t in st.task_rates(order):
+            rate = f"{t.majority:.1f}" + ("" if t.majority_hi - t.majority_lo < 0.05 else f" ({t.majority_lo:.1f}-{t.majority_hi:.1f})")
+            f = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+            body.append([order, t.task, rate, f(t.best), "-" if t.margin is None else f"{t.margin:+.1f}", t.row or "-",
+                         "yes" if t.learned else "**no**"])
+            num = lambda v: "" if v is None else round(v, 6)  # noqa: E731
+            csv_rows.append([order, t.task, num(t.majority), num(t.majority_lo), num(t.majority_hi), num(t.best), num(t.margin),
+                             t.row or "", int(t.learned)])
     if not body:
         return None
-    caption = (f"Each task's majority-class rate (the accuracy of always giving its most frequent test label) beside the best "
-               f"row's accuracy right after learning it (mean over seeds). A task no row learns more than {LEARNED_MARGIN:g} point "
-               "above its rate is left out of the claims' FP.")
+    caption = (f"Each task's majority-class rate (the accuracy of always giving its most frequent test label; the mean over the "
+               f"order's runs, with their range where independent draws give each run its own test set) beside the best row's "
+               f"accuracy right after learning it (mean over seeds) and how far it stands above its own runs' rates (mean over "
+               f"seeds of accuracy - rate). A task no row learns more than {LEARNED_MARGIN:g} point above its rate is left out of "
+               "the claims, whatever their metric.")
     return Table("tasks", "Tasks learned above their majority class", caption + "\n\n" + _md(header, body), _csv(csv_rows))
 
 
@@ -1591,21 +1636,24 @@ def timing_table(st: Study) -> Table:
     for rec in runs:
         groups[(st.bench_of.get(rec.order, f"order {rec.order}"), rec.host or "(not recorded)")].append(rec)
     bench_rank = {b: i for i, b in enumerate(st.benchmarks)}
-    header = ["benchmark", "host", "runs", "timed", "median s", "min-max s", "total h", "thread-h"]
-    body, csv_rows = [], [["benchmark", "host", "runs", "timed", "median_s", "min_s", "max_s", "total_s", "thread_s"]]
+    header = ["benchmark", "host", "runs", "timed", "median s", "min-max s", "total h", "thread-h", "CPU h"]
+    body, csv_rows = [], [["benchmark", "host", "runs", "timed", "median_s", "min_s", "max_s", "total_s", "thread_s", "cpu_s", "cpu_runs"]]
 
     def line(bench: str, host: str, recs: list[Record]) -> None:
         secs = sorted(r.seconds for r in recs if r.seconds is not None)
         thread_s = sum(r.seconds * r.threads for r in recs if r.seconds is not None and r.threads is not None)
         untimed_threads = any(r.seconds is not None and r.threads is None for r in recs)
+        cpu = [r.cpu_seconds for r in recs if r.cpu_seconds is not None]
         med = median(secs) if secs else None
         f = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+        cpu_text = "-" if not cpu else f"{sum(cpu) / 3600:.2f}" + ("" if len(cpu) == len(recs) else f" ({len(cpu)} runs)")
         body.append([bench, host, str(len(recs)), str(len(secs)), f(med), f"{f(secs[0])}-{f(secs[-1])}" if secs else "-",
                      f"{sum(secs) / 3600:.2f}" if secs else "-",
-                     ("-" if untimed_threads or not secs else f"{thread_s / 3600:.2f}")])
+                     ("-" if untimed_threads or not secs else f"{thread_s / 3600:.2f}"), cpu_text])
         lo, hi = (round(secs[0], 3), round(secs[-1], 3)) if secs else ("", "")
         csv_rows.append([bench, host, len(recs), len(secs), "" if med is None else round(med, 3), lo, hi,
-                         round(sum(secs), 3), "" if untimed_threads or not secs else round(thread_s, 3)])
+                         round(sum(secs), 3), "" if untimed_threads or not secs else round(thread_s, 3),
+                         round(sum(cpu), 3) if cpu else "", len(cpu)])
 
     for (bench, host), recs in sorted(groups.items(), key=lambda kv: (bench_rank.get(kv[0][0], len(bench_rank)), kv[0][0], kv[0][1])):
         line(bench, host, recs)
@@ -1614,7 +1662,10 @@ def timing_table(st: Study) -> Table:
     caption = ("Time per run: results.json `timing.total`, the wall seconds of the run after its model is loaded "
                "(training, surprise scoring, evaluation, checkpoints; a resumed run counts what its checkpoints kept). "
                "thread-h = seconds x the run's torch threads (- where a run did not record them). Runs that shared a "
-               "machine's cores with another worker took longer than they would alone.")
+               "machine's cores with another worker took longer than they would alone, and a paused run counts its "
+               "pause. CPU h = the runs' process CPU time (results.json `timing.cpu`, all threads of the main "
+               "process), which neither a pause nor a neighbour adds to; \"(k runs)\": only k of the runs recorded it "
+               "(runs made, or resumed from checkpoints written, before it was recorded do not).")
     return Table("timing", "Wall time", caption + "\n\n" + _md(header, body), _csv(csv_rows))
 
 

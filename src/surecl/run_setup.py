@@ -23,7 +23,7 @@ from surecl.adapters import DualLoRA, beta_per_step, resolve_beta
 from surecl.config import RunConfig
 from surecl.data.encode import TaskEncoder
 from surecl.data.general import load_general_probe
-from surecl.data.loading import caller_stream, caller_tasks, load_stream
+from surecl.data.loading import caller_stream, caller_tasks, load_stream, streams_seed
 from surecl.data.task import Task
 from surecl.errors import SureclError
 from surecl.methods.base import check_declarations
@@ -65,7 +65,6 @@ def build_run(
     run.world, run.rank = run.accelerator.num_processes, run.accelerator.process_index
     if run.world > 1:
         release_at_exit()
-    run.rng = random.Random(f"batches:{cfg.seed}")
     if tasks is not None:
         tasks = caller_tasks(tasks, cfg)  # in-memory datasets read into tasks
     run.given_fingerprints = {t.name: t.fingerprint() for t in tasks} if tasks is not None else None
@@ -76,6 +75,8 @@ def build_run(
     # built would hold the tokenizer alone
     with run.accelerator.local_main_process_first():
         run.tasks = load_stream(cfg, cache_dir=cache_dir) if tasks is None else caller_stream(tasks, cfg)
+    run.streams_seed = streams_seed(cfg, [t.name for t in run.tasks])
+    run.rng = random.Random(f"batches:{run.streams_seed}")
     for t in run.tasks:
         for split, n in t.meta.get("dropped", {}).items():
             run.log(f"{t.name}: dropped {n} {split} rows whose label is not one of {t.labels} (data.invalid_labels=drop)")
@@ -126,14 +127,14 @@ def build_run(
     run.stop_ids = encoder.stop_ids() if generation or probing else None
     # Seeded right before the adapters are drawn, so a cold cache (which builds or converts
     # the base model first) gives the same LoRA init as a warm one.
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(run.streams_seed)
     run.adapters = DualLoRA(loaded.model, cfg.lora, cfg.dual, run.is_seq2seq)
     run.model = run.adapters.model
     run.method = method_class(cfg.method)(method_config(cfg))
     check_declarations(type(run.method))
     total = sum(len(s) for s in run.train_sets)
     policy_name = cfg.replay.policy if run.method.continual else "none"
-    run.policy = policy_class(policy_name)(cfg.replay, buffer_capacity(cfg.replay, total), cfg.seed)
+    run.policy = policy_class(policy_name)(cfg.replay, buffer_capacity(cfg.replay, total), run.streams_seed)
     run.policy.options = policy_options(cfg, policy_name)
     if generation and (cfg.replay.balance == "label" or isinstance(run.policy.buffer, OnlineQuotaBuffer)):
         what = "replay.balance=label" if cfg.replay.balance == "label" else f"replay.policy={policy_name} (a quota per answer label)"
@@ -153,6 +154,7 @@ def build_run(
     })
     run.state = RunState(accuracy=[[None] * len(run.tasks) for _ in run.tasks])
     run.wall = None  # wall clock of the running part (ContinualRun.clock)
+    run.cpu = None  # this process's CPU clock at the last ContinualRun.clock
     run.stage = None
     run.step_items = []
     run.eval_view = None

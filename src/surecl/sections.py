@@ -136,8 +136,11 @@ class DataConfig:
     """Which examples a seed draws: ``shared`` (a task's sample depends on the seed and the
     task only, so the orders of one seed train and test on the same rows: across orders the
     independent unit of a comparison is the seed) or ``order`` (the sample also depends on
-    the stream's task order, so every (order, seed) run is an independent draw; the packaged
-    study plans set it). ``surecl report`` reads it to choose the unit of its intervals."""
+    the stream's task order, so every (order, seed) run is an independent draw of data; its runs of one seed still share the
+    seed's LoRA initialisation, batch order and replay draws) or ``run`` (as ``order``, and
+    those random streams are seeded from (seed, order) too, so every (order, seed) run is
+    independent in everything; the packaged study plans set it). ``surecl report`` reads it to
+    choose the unit of its intervals."""
     test_draw: str = "after_train"
     """Where a task's test sample comes from: ``after_train`` (the random stream that drew its
     train sample goes on to draw the test sample, so the test rows depend on ``n_train``: runs

@@ -169,6 +169,9 @@ class ContinualRun:
         with checkpoint.run_lock(self.out_dir, self.accelerator.is_main_process, agree):
             run_folder.open_folder(self, resume, fresh)
             self.wall = time.perf_counter()
+            # a run resumed from a checkpoint written before CPU time was counted leaves it out
+            seconds = self.state.seconds
+            self.cpu = time.process_time() if "cpu" in seconds or not seconds.get("total") else None
             with self.steplog.opened(self.out_dir / "log.jsonl", self.accelerator.is_main_process):
                 if run_eval.before_training(self):
                     self.checkpoint()
@@ -178,9 +181,14 @@ class ContinualRun:
             return run_results.finish(self)
 
     def clock(self) -> None:
-        """Add the wall time since the last call to ``seconds["total"]`` (checkpointed)."""
-        now = time.perf_counter()
+        """Add the wall time since the last call to ``seconds["total"]`` and this process's CPU
+        time (all its threads; a pause or a neighbour on the cores adds nothing) to
+        ``seconds["cpu"]`` (both checkpointed)."""
+        now, cpu = time.perf_counter(), time.process_time()
         self.state.seconds["total"] = self.state.seconds.get("total", 0.0) + now - self.wall
+        if self.cpu is not None:
+            self.state.seconds["cpu"] = self.state.seconds.get("cpu", 0.0) + cpu - self.cpu
+            self.cpu = cpu
         self.wall = now
 
     def run_stage(self, s: int) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 
 from surecl.config import RunConfig
@@ -114,7 +115,17 @@ def sampled(tasks: list[Task], cfg: RunConfig) -> list[Task]:
     """The stream subsampled as the config says (``data.n_train`` / ``n_test``, ``data.*_sampling``, seed)."""
     data = cfg.data
     key = ""
-    if data.draw == "order":  # an independent draw per (order, seed): the stream's task list is the order
+    if data.draw in ("order", "run"):  # an independent draw per (order, seed): the stream's task list is the order
         key = "order=" + ",".join(t.name for t in tasks)
     return prepare_stream(tasks, data.n_train, data.n_test, data.train_sampling == "balanced", cfg.seed,
                           test_balanced=data.test_sampling == "balanced", draw_key=key, own_test=data.test_draw == "own")
+
+
+def streams_seed(cfg: RunConfig, task_names: list[str]) -> int:
+    """The seed of a run's own random streams (the LoRA initialisation and dropout masks, the
+    batch order, the replay draws): ``seed``, or with ``data.draw=run`` a number drawn from
+    (seed, the stream's task order), so that the orders of one seed are independent runs."""
+    if cfg.data.draw != "run":
+        return cfg.seed
+    digest = hashlib.sha256(f"{cfg.seed}:order={','.join(task_names)}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
