@@ -174,6 +174,7 @@ def test_predict_answers_with_the_evaluation_adapter(trained):
         ({"load_best_model_at_end": True, "eval_strategy": "steps", "save_strategy": "steps"}, "load_best_model_at_end=True is not supported"),
         ({"bf16_full_eval": True}, "fp16_full_eval / bf16_full_eval are not supported"),
         ({"fp16_full_eval": True}, "fp16_full_eval / bf16_full_eval are not supported"),
+        ({"auto_find_batch_size": True}, "auto_find_batch_size=True is not supported"),
     ],
 )
 def test_trainer_settings_it_cannot_honour_are_one_line_errors(tiny_loaded, tmp_path, settings, match):
@@ -205,6 +206,82 @@ def test_a_mid_task_resume_refuses_ignore_data_skip(tiny_loaded, tmp_path):
     assert "\n" not in str(err.value) and trainer.state.global_step == 0
     trainer.args.ignore_data_skip = False
     assert trainer.next_task(sets[0], resume_from_checkpoint=True) is not None and trainer.resumed_from.endswith("checkpoint-2")
+
+
+# ---------------------------------------------------------------------- the user's folder and data
+
+
+def test_output_dir_is_the_users_again_after_each_task(tiny_loaded, tmp_path):
+    """Each task's checkpoints go under task-<t>, but between tasks args.output_dir is the one the
+    user gave: save_model() writes there, not into the last task's folder."""
+    _, sets = lm_sets(tiny_loaded.tokenizer, n_train=8)
+    trainer = make_trainer(tiny_loaded, tmp_path, SureArguments(buffer_size=4), num_train_epochs=1)
+    for data in sets[:2]:
+        trainer.next_task(data)
+        assert trainer.args.output_dir == str(tmp_path)
+    trainer.save_model()
+    assert (tmp_path / "slow").is_dir() and not (tmp_path / "task-1" / "slow").exists()
+
+
+def test_a_fresh_run_into_a_folder_with_an_earlier_runs_state_is_refused(tiny_loaded, tmp_path):
+    """A run that does not resume, in an output_dir where another SureTrainer left its state:
+    one line before anything is trained or written (a later resume=True would take the earlier
+    run's newest task); the earlier files stay as they were. The same trainer may retry its
+    first task after a failure (its own state is there then)."""
+    _, sets = lm_sets(tiny_loaded.tokenizer, n_train=8)
+    first = make_trainer(tiny_loaded, tmp_path, SureArguments(buffer_size=4), num_train_epochs=1, save_strategy="steps", save_steps=1)
+    first.next_task(sets[0])
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    second = make_trainer(tiny_loaded, tmp_path, SureArguments(buffer_size=4), num_train_epochs=1, save_strategy="steps", save_steps=1)
+    with pytest.raises(SureclError, match="holds an earlier run's SuRe state .*resume_from_checkpoint=True") as err:
+        second.next_task(sets[0])
+    assert "\n" not in str(err.value) and second.state.global_step == 0
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert second.next_task(sets[0], resume_from_checkpoint=True) is None  # task 0 was finished: continuing is fine
+    retry = make_trainer(tiny_loaded, tmp_path / "other", SureArguments(buffer_size=4), num_train_epochs=1, save_strategy="steps", save_steps=1)
+    retry.add_callback(StopAt(task=0, step=1))
+    with pytest.raises(Interrupt):
+        retry.next_task(sets[0])
+    retry.callback_handler.callbacks = [c for c in retry.callback_handler.callbacks if not isinstance(c, StopAt)]
+    assert retry.next_task(sets[0]) is not None
+
+
+def test_a_resume_on_other_training_data_is_refused(tiny_loaded, tmp_path):
+    """The state records each task's row count and digest: a resume whose task has other rows
+    (fewer, or the same reordered) stops in one line instead of replaying the saved buffer's
+    indices into other rows; the same rows resume."""
+    _, sets = lm_sets(tiny_loaded.tokenizer, n_train=12)
+    first = make_trainer(tiny_loaded, tmp_path, SureArguments(buffer_size=4), num_train_epochs=1)
+    first.next_task(sets[0])
+    for changed, words in ((sets[0].select(range(10)), "10 rows, saved with 12"),
+                           (sets[0].shuffle(seed=1), "the same 12 rows in another order or with other content")):
+        again = make_trainer(tiny_loaded, tmp_path, SureArguments(buffer_size=4), num_train_epochs=1)
+        with pytest.raises(SureclError, match=f"task 0's training data is not the data .* was saved with \\({words}\\)") as err:
+            again.next_task(changed, resume_from_checkpoint=True)
+        assert "\n" not in str(err.value)
+    again = make_trainer(tiny_loaded, tmp_path, SureArguments(buffer_size=4), num_train_epochs=1)
+    assert again.next_task(sets[0], resume_from_checkpoint=True) is None and again.resumed_from.endswith("sure-end")
+
+
+def test_a_pair_loss_step_puts_the_optimizer_in_train_mode(tiny_loaded, tmp_path):
+    """replay_loss="pair" computes its loss itself; like Trainer.training_step it calls the
+    optimizer's train() (a schedule-free optimizer evaluates in its eval mode and must train in
+    train mode) on every micro-batch."""
+    _, sets = lm_sets(tiny_loaded.tokenizer, n_train=8)
+    trainer = make_trainer(tiny_loaded, tmp_path, SureArguments(buffer_size=4, replay_loss="pair"), num_train_epochs=1,
+                           per_device_train_batch_size=4)
+    calls = []
+    real = trainer.create_optimizer
+
+    def create_optimizer(*args, **kwargs):
+        opt = real(*args, **kwargs)
+        opt.train = lambda: calls.append("train")
+        return opt
+
+    trainer.create_optimizer = create_optimizer
+    trainer.next_task(sets[0])
+    trainer.next_task(sets[1])  # replays: its steps take the pair loss
+    assert trainer.replay_counts[1] and calls.count("train") >= 2, (calls, trainer.replay_counts)
 
 
 # ---------------------------------------------------------------------- a non-finite joint loss

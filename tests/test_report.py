@@ -469,7 +469,10 @@ def test_claims_count_pairs_on_one_host(tmp_path):
 def test_host_key_keeps_what_changes_the_numbers():
     a = {"host": {"cpu": "Xeon", "cpu_flags": ["avx2", "avx512f", "avx512_bf16"], "threads": 2, "torch": "2.13.0"}, "base_dtype": "bfloat16"}
     same_kernels = {"host": {**a["host"], "cpu_flags": ["avx512_bf16", "avx512f", "avx2"], "threads": 1}, "base_dtype": "bfloat16"}
-    assert host_key(a) == host_key(same_kernels)  # neither the thread count nor the flags' order names another host
+    assert host_key(a) == host_key({**a, "host": {**a["host"], "cpu_flags": ["avx512_bf16", "avx512f", "avx2"]}})  # flags in any order
+    assert host_key(a) != host_key(same_kernels)  # a CPU run's thread count is kept apart (unmeasured on bf16 hosts)
+    gpu = {"host": {**a["host"], "gpu": "NVIDIA H100"}, "base_dtype": "bfloat16"}
+    assert host_key(gpu) == host_key({**gpu, "host": {**gpu["host"], "threads": 4}})  # a GPU run's CPU threads do not count
     assert host_key(a) != host_key({**a, "base_dtype": "float32"})
     assert host_key(a) != host_key({"host": {**a["host"], "cpu_flags": ["avx2"]}, "base_dtype": "bfloat16"})
     assert host_key(a) != host_key({"host": {**a["host"], "gpu": "NVIDIA H100"}, "base_dtype": "bfloat16"})
@@ -1158,8 +1161,13 @@ def test_run_draws_are_independent_units_and_say_so(tmp_path):
     by = claims_csv(rep)
     assert (by[("slow_surprise > slow_surprise (fast)", "Standard CL")]["unit"], by[("slow_surprise > slow_surprise (fast)", "all")]["n"]) == ("order_seed", "6")
     assert "unit: (order, seed) (independent runs, data.draw=run" in rep.markdown()
+    head = rep.markdown().split("## ")[0]  # the header names the std convention and the draws
+    assert "Every ± is a sample standard deviation (n − 1 denominator) over runs" in head
+    assert "Data draws: data.draw=run (every (order, seed) run independent" in head and "data.draw=order" not in head
     mixed = make_runs(tmp_path / "mixed", draw="run")
     put(mixed, "seq_lora", "1", 0, SEQ[("1", 0)], 80.0, draw="order")  # one run made under order draws
     rep = paper_report([mixed])
     assert claims_csv(rep)[("slow_surprise > seq_lora", "all")]["unit"] == "order_seed"
     assert "independent data draws, data.draw=order" in rep.markdown()
+    head = rep.markdown().split("## ")[0]
+    assert "data.draw=order (every (order, seed) run draws its own data; the runs of one seed share" in head and "data.draw=run" in head

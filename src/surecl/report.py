@@ -550,9 +550,12 @@ def _host_keys(results: dict) -> list[str] | None:
     keys: list[str] = []
     for host in hosts:
         flags = sorted(f for f in host.get("cpu_flags") or [] if f in _NUMERIC_FLAGS)
-        gpu, version = host.get("gpu"), host.get("torch")
+        gpu, version, threads = host.get("gpu"), host.get("torch"), host.get("threads")
+        # a CPU run's thread count: the same bits at 1 and 2 threads on an AVX2 host in fp32 (bench/RESULTS.md
+        # §15), not measured on the bf16 hosts, so kept apart; a GPU run's CPU threads compute nothing of the model
+        cpu_threads = f"{threads} thread{'s' if threads != 1 else ''}" if threads and not gpu else ""
         key = " ".join(str(x) for x in (host["cpu"], f"[{','.join(flags)}]", f"torch {version}" if version else "",
-                                         f"GPU {gpu}" if gpu else "") if x)
+                                         cpu_threads, f"GPU {gpu}" if gpu else "") if x)
         if not keys or keys[-1] != key:
             keys.append(key)
     return keys
@@ -560,9 +563,9 @@ def _host_keys(results: dict) -> list[str] | None:
 
 def host_key(results: dict) -> str | None:
     """Where a run ran, as far as its numbers depend on it: the processor, the kernel flags that
-    pick torch's CPU kernels (AVX2, AVX-512, their bf16 and AMX forms), torch's version, the GPU
-    and the base model's dtype (not the thread count: torch's CPU kernels give the same bits at
-    1 and 2 threads, bench/RESULTS.md §15). Two runs of one config and seed with
+    pick torch's CPU kernels (AVX2, AVX-512, their bf16 and AMX forms), torch's version, a CPU
+    run's thread count (bit-equal at 1 and 2 threads on an AVX2 host in fp32, bench/RESULTS.md
+    §15, but not measured on the bf16 hosts), the GPU and the base model's dtype. Two runs of one config and seed with
     equal keys follow one trajectory; with different keys they are independent runs at the same
     seed. A run resumed on other machines (``hosts``) names them all, in order. None for a run
     that did not record its host."""
@@ -1098,6 +1101,15 @@ class PaperReport:
         head = [f"# surecl report: {_LABEL[self.metric]} ({_unit(self.metric, st.kind)})", "",
                 f"{len(st.records)} result rows ({sum(1 for r in st.records if not r[0].endswith(FAST))} runs), "
                 f"orders {', '.join(st.orders)}, seeds {', '.join(map(str, st.seeds))}."]
+        draws = sorted({r.draw for r in st.records.values()})
+        draw_words = {"run": "data.draw=run (every (order, seed) run independent: its data and random streams)",
+                      "order": "data.draw=order (every (order, seed) run draws its own data; the runs of one seed share its "
+                               "LoRA init, batch order and replay draws)",
+                      "shared": "data.draw=shared or unrecorded (the orders of a seed share their samples: the seed is the unit)"}
+        head += ["", "**Conventions.** Every ± is a sample standard deviation (n − 1 denominator) over runs: over the seeds of "
+                 "an order in the order columns, over each seed's average across the orders in the average columns, over every "
+                 "run of a row (orders and seeds) in the ablation and general-ability tables. Claims pair two rows' runs unit by "
+                 "unit (their caption names the unit). Data draws: " + "; ".join(draw_words[d] for d in draws) + "."]
         if n_missing:
             head += ["", f"**{n_missing} expected run(s) missing**: cells marked {DAGGER} are computed from fewer runs; see \"Missing runs\"."]
         if st.pooled_differences:
@@ -1495,7 +1507,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         f"{alpha:g}**: **shown**: Holm p < {alpha:g} and the mean favours A (its interval lies {side} 0 or not: the "
         f"interval is not adjusted); **contradicted**: Holm p < {alpha:g} and the mean favours B; **not shown**: otherwise. "
         "**hosts**: a unit is cross-host when the two runs of any of its pairs recorded different hosts (processor, its "
-        "kernel flags, torch version, GPU, base dtype) or a run moved between hosts; the two adapters of one dual run are one "
+        "kernel flags, torch version, a CPU run's threads, GPU, base dtype) or a run moved between hosts; the two adapters of one dual run are one "
         "trajectory, same-host; a run from before hosts were recorded is unrecorded. A claim with at least "
         f"{MIN_SAME_HOST} same-host units is computed on those only (\"same-host units only: k of n\"); otherwise on all "
         "units, with the cross-host ones counted. Bf16 and fp32 kernels round differently, so runs on two hosts at one "

@@ -62,6 +62,7 @@ map-style datasets whose rows are mappings (``datasets.Dataset``).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import random
@@ -315,6 +316,13 @@ class SureTrainer(Trainer):
                 "SureTrainer: load_best_model_at_end=True is not supported (a checkpoint's fast and slow adapters and buffer are "
                 "SuRe's state, which the Trainer's best-model reload does not restore); evaluate after each task, or resume from a chosen checkpoint"
             )
+        if getattr(args, "auto_find_batch_size", False):
+            # after an out-of-memory error the Trainer halves its batch size and runs the training loop
+            # again, on top of what the failed attempt's steps did to the adapters, the EMA and the replay counts
+            raise SureclError(
+                "SureTrainer: auto_find_batch_size=True is not supported (a retry after running out of memory would train the task "
+                "again on top of the failed attempt's steps, EMA and replay draws); set per_device_train_batch_size to one that fits"
+            )
         if getattr(args, "fp16_full_eval", False) or getattr(args, "bf16_full_eval", False):
             # the Trainer's evaluation loop casts the whole model (model.to(dtype)) and never casts it back
             raise SureclError(
@@ -346,6 +354,10 @@ class SureTrainer(Trainer):
         self._check_processes()
         self.root = Path(args.output_dir)
         self.task = 0
+        self.data_ids: list[dict] = []
+        """Each task's training rows as trained (count and digest, :func:`_data_digest`): saved with
+        SuRe's state, so a resume on other data stops in one line."""
+        self._root_checked = False
         """The index of the task the next :meth:`next_task` call trains."""
         self.sets: list = []
         self.scores: dict[int, list[float]] = {}
@@ -433,12 +445,18 @@ class SureTrainer(Trainer):
             raise SureclError(f"SureTrainer.next_task: task {t} has no training examples")
         if labels is not None and len(labels) != len(data):
             raise SureclError(f"SureTrainer.next_task: task {t} has {len(labels)} labels in {self.sure.label_column!r} for {len(data)} examples after preparation")
-        del self.sets[t:], self.labels[t:]  # what a failed call for this task appended
+        if not self._root_checked and not resume_from_checkpoint:
+            self._check_fresh_root()
+        self._root_checked = True
+        del self.sets[t:], self.labels[t:], self.data_ids[t:]  # what a failed call for this task appended
         self.sets.append(data)
         self.labels.append(labels)
+        self.data_ids.append({"rows": len(data), "sha256": _data_digest(data)})
         if resume_from_checkpoint and self._resume is None:
             self._resume = self._find_resume(resume_from_checkpoint)
         resume = self._resume
+        if resume is not None and t <= resume["task"]:
+            self._check_same_data(t, resume["path"])
         if resume is not None and (t < resume["task"] or (t == resume["task"] and resume["done"])):
             if t == resume["task"]:  # the last finished task: its end state is the run's state now
                 self._read_state(resume["path"])
@@ -455,7 +473,7 @@ class SureTrainer(Trainer):
                 )
             checkpoint, self._resume = resume["path"], None  # train() restores it (_load_from_checkpoint)
             self.resumed_from = checkpoint
-        self.args.output_dir = str(self.root / f"task-{t}")
+        self.args.output_dir = str(self.root / f"task-{t}")  # the Trainer's checkpoints of this task; the user's again on return
         self.optimizer, self.lr_scheduler = None, None  # fresh AdamW per task
         self._sets = _TaskSets(self.sets)
         self._sets.current = t
@@ -467,12 +485,41 @@ class SureTrainer(Trainer):
                 self.dual.beta = resolve_beta(self.sure.dual_config(), self._ema_units(len(data)))
             self.policy.at_task_start(t, len(data), self._scorer(data), *self._label_args(t))
         self.train_dataset = data
-        out = self.train(resume_from_checkpoint=checkpoint)
+        try:
+            out = self.train(resume_from_checkpoint=checkpoint)
+        finally:
+            self.args.output_dir = str(self.root)  # save_model(), save_state() and a model card go where the user said
         self.policy.at_task_end(t, len(data), self._scorer(data), *self._label_args(t))
         self.task += 1
         if self.args.should_save:
             self._write_state(self.root / f"task-{t}" / END_DIR, done=True)
         return out
+
+    def _check_fresh_root(self) -> None:
+        """One line when a run that does not resume starts in an ``output_dir`` that already holds
+        a SureTrainer's state: a later ``resume_from_checkpoint=True`` would take the newest task
+        state there, which may be the earlier run's."""
+        found = sorted(str(p.relative_to(self.root)) for p in self.root.glob(f"task-*/*/{STATE_JSON}"))
+        if found:
+            raise SureclError(
+                f"SureTrainer: output_dir {str(self.root)!r} holds an earlier run's SuRe state ({found[0]}{', ...' if len(found) > 1 else ''}); "
+                "pass resume_from_checkpoint=True to continue it, or give this run another output_dir (its files are left as they are)"
+            )
+
+    def _check_same_data(self, t: int, path: str) -> None:
+        """One line when task ``t``'s training rows are not those the state at ``path`` was saved
+        with (another count, order or content): its buffer would point at other rows."""
+        saved = json.loads((Path(path) / STATE_JSON).read_text(encoding="utf-8")).get("data")
+        if not isinstance(saved, list) or t >= len(saved) or not isinstance(saved[t], dict):
+            return  # a state from before the data was recorded
+        now = self.data_ids[t]
+        if saved[t] != now:
+            how = (f"{now['rows']} rows, saved with {saved[t].get('rows')}" if saved[t].get("rows") != now["rows"]
+                   else f"the same {now['rows']} rows in another order or with other content")
+            raise SureclError(
+                f"SureTrainer.next_task: task {t}'s training data is not the data {path} was saved with ({how}); resume with the same "
+                "datasets in the same order (seeded shuffles, the same preprocessing), or start afresh in another output_dir"
+            )
 
     def _labels(self, dataset) -> list[str] | None:
         """Each example's answer label from ``label_column`` (``balance="label"``), else None."""
@@ -703,16 +750,38 @@ class SureTrainer(Trainer):
         gradients); the weights already divide by the step's n_new, so the micro-batches'
         losses (of all processes) add up to the step's loss, and the gradient accumulates to
         the one-process step's. Returns the loss for the Trainer's log (its sum over a step's
-        micro-batches, averaged over processes, is the step's loss)."""
+        micro-batches, averaged over processes, is the step's loss).
+
+        What ``Trainer.training_step`` does around its loss is done here too: the optimizer's
+        train mode (schedule-free optimizers), TRL's activation offloading context, the device
+        cache emptied every ``torch_empty_cache_steps``, LOMO's learning rate passed to the
+        backward, and DeepSpeed told not to divide the loss by the accumulation steps (it is
+        the step's share already)."""
+        from accelerate.utils import DistributedType
+        from accelerate.utils.memory import clear_device_cache
+        from transformers.training_args import OptimizerNames
+
         model.train()
+        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
+            self.optimizer.train()
         inputs = self._prepare_inputs(inputs)
-        with self.compute_loss_context_manager():
-            nll, count = self._row_nll(model, inputs)
-            _check_rows(len(nll), len(weights), "weighted")
-            w = weights.to(device=nll.device, dtype=nll.dtype)
-            loss = self.world * (w * nll / count.clamp(min=1)).sum()
-        self._check_finite(loss)
-        self.accelerator.backward(loss)
+        with getattr(self, "maybe_activation_offload_context", None) or contextlib.nullcontext():
+            with self.compute_loss_context_manager():
+                nll, count = self._row_nll(model, inputs)
+                _check_rows(len(nll), len(weights), "weighted")
+                w = weights.to(device=nll.device, dtype=nll.dtype)
+                loss = self.world * (w * nll / count.clamp(min=1)).sum()
+            del inputs
+            self._check_finite(loss)
+            every = self.args.torch_empty_cache_steps
+            if every is not None and self.state.global_step % every == 0:
+                clear_device_cache()
+            kwargs = {}
+            if self.args.optim in (OptimizerNames.LOMO, OptimizerNames.ADALOMO):
+                kwargs["learning_rate"] = self._get_learning_rate()
+            if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
+                kwargs["scale_wrt_gas"] = False
+            self.accelerator.backward(loss, **kwargs)
         return loss.detach()
 
     # ------------------------------------------------------------------ evaluation
@@ -769,7 +838,7 @@ class SureTrainer(Trainer):
         meta = {
             "format": FORMAT, "task": self.task - 1 if done else self.task, "done": done, "beta": self.dual.beta,
             **dual_meta, "policy": policy, "replay_counts": {str(k): v for k, v in self.replay_counts.items()},
-            "sure": asdict(self.sure), "plan": self._plan_key(), "processes": self.world,
+            "sure": asdict(self.sure), "plan": self._plan_key(), "processes": self.world, "data": self.data_ids,
         }
         folder = Path(folder)
         write_tensors(folder / STATE_TENSORS, tensors)
@@ -830,6 +899,30 @@ class SureTrainer(Trainer):
                     _check_resumable(last)
                     return {"task": k, "path": str(last), "done": False}
         return None
+
+
+def _data_digest(data) -> str:
+    """SHA-256 of a task's prepared rows as the model reads them (``input_ids`` and, where the
+    dataset has them, ``labels``, in order), through Arrow: a second per few million tokens."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = data.with_format("arrow")[:]
+    h = hashlib.sha256()
+    for name in ("input_ids", "labels"):
+        if name not in table.column_names:
+            continue
+        col = table.column(name).combine_chunks()
+        h.update(name.encode())
+        try:
+            if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):  # token lists: their lengths and values
+                h.update(np.asarray(pc.list_value_length(col).fill_null(-1)).tobytes())
+                col = col.flatten()
+            h.update(np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.int64).tobytes())
+        except (TypeError, ValueError, pa.ArrowException):  # another shape (nested lists, strings): its values as text
+            h.update(json.dumps(col.to_pylist(), default=str).encode())
+    return h.hexdigest()
 
 
 def _check_rows(rows: int, examples: int, what: str) -> None:
