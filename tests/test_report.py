@@ -1171,3 +1171,20 @@ def test_run_draws_are_independent_units_and_say_so(tmp_path):
     assert "independent data draws, data.draw=order" in rep.markdown()
     head = rep.markdown().split("## ")[0]
     assert "data.draw=order (every (order, seed) run draws its own data; the runs of one seed share" in head and "data.draw=run" in head
+
+
+def test_unit_seed_averages_each_seeds_pairs_over_its_orders(runs_order, tmp_path, capsys):
+    """--unit seed: the claims' unit is the seed even where every run drew its own data (the
+    conservative unit where the runs of a seed share its random streams, data.draw=order)."""
+    auto = claims_csv(paper_report([runs_order]))[("slow_surprise > slow_surprise (fast)", "Standard CL")]
+    rep = paper_report([runs_order], unit="seed")
+    seed = claims_csv(rep)[("slow_surprise > slow_surprise (fast)", "Standard CL")]
+    assert (auto["unit"], auto["n"]) == ("order_seed", "4")
+    # per seed over orders 1 and 2: seed 0 (5 + 4) / 2, seed 1 (7 + 6) / 2 (SLOW - FASTV, as test_default_claims)
+    assert (seed["unit"], seed["n"], float(seed["mean_diff"])) == ("seed", "2", pytest.approx(5.5))
+    assert "unit: seed (--unit seed: each seed's pairs averaged over its orders" in rep.markdown()
+    assert main(["report", str(runs_order), "--layout", "paper", "--unit", "seed", "--out-dir", str(tmp_path / "rep")]) == 0
+    assert "--unit seed" in (tmp_path / "rep" / "claims.md").read_text()
+    capsys.readouterr()
+    with pytest.raises(SureclError, match="--unit"):
+        paper_report([runs_order], unit="order")

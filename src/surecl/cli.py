@@ -279,7 +279,7 @@ def cmd_report(args) -> int:
         from surecl.report import paper_report
 
         rep = paper_report([Path(d) for d in args.dirs], args.metric, fast=not args.no_fast, claims=args.claims,
-                           custom_claims=args.claim, order_benchmark=_order_benchmarks(args.order_benchmark))
+                           custom_claims=args.claim, order_benchmark=_order_benchmarks(args.order_benchmark), unit=args.unit)
         if args.out_dir:
             check_out_dir(Path(args.out_dir))
         print(rep.markdown(images=bool(args.out_dir)))
@@ -413,6 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="paper: the paper's claims whose rows are in the runs (default) or none")
     rep.add_argument("--claim", action="append", default=[], metavar="A>B",
                      help="paper: also test 'row A is better than row B' (repeatable; quote it)")
+    rep.add_argument("--unit", choices=("auto", "seed"), default="auto",
+                     help="paper: the claims' unit: auto (each (order, seed) where every run drew its own data, else the seed) or seed "
+                          "(each seed's pairs averaged over its orders: the conservative unit where a seed's runs share random streams)")
     rep.add_argument("--order-benchmark", action="append", default=[], metavar="ORDER=BENCHMARK",
                      help="paper: count a custom order in a benchmark's average, e.g. lnt8a=LNT (orders 1-3 Standard CL, 4-6 LNT)")
     rep.set_defaults(func=cmd_report)

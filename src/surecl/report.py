@@ -1333,6 +1333,7 @@ _UNIT_WORDS = {"run": "(order, seed) (independent runs, data.draw=run: each draw
                "order": "(order, seed) (independent data draws, data.draw=order; the runs of one seed share its LoRA init, "
                         "batch shuffling and replay random streams across orders)",
                "seed": "seed (samples shared across orders, data.draw=shared)",
+               "seed_asked": "seed (--unit seed: each seed's pairs averaged over its orders, whatever the runs' draws)",
                "mixed": "seed (data.draw differs between the runs; shared samples make the seed the unit)"}
 
 
@@ -1422,8 +1423,9 @@ def _fmt_p(p: float | None) -> str:
     return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: float = 0.95) -> Table:
-    """Paired claims "A > B" per benchmark group: the independent units (see :func:`claim_units`),
+def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: float = 0.95, unit: str = "auto") -> Table:
+    """Paired claims "A > B" per benchmark group: the independent units (see :func:`claim_units`;
+    ``unit="seed"``: the seed whatever the runs' draws, each seed's pairs averaged over its orders),
     same-host units only where at least :data:`MIN_SAME_HOST` exist, the Student-t interval, the
     paired t-test's raw p-value, its Holm adjustment over every claim row of the table,
     the exact sign test, and the verdict from the Holm-adjusted p-value at 1 − ``level``."""
@@ -1457,7 +1459,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
             else:
                 where = "same"
             draws = {ra.draw, rb.draw}
-            draw = "shared" if "shared" in draws else "run" if draws == {"run"} else "order"
+            draw = "shared" if "shared" in draws or unit == "seed" else "run" if draws == {"run"} else "order"
             pairs[(order, seed)] = _Pair(order, seed, va - vb, where, draw)
             if ra.path != rb.path and allowed is not None and ra.config and rb.config:
                 confounds[st.bench_of.get(order, "other")].update(pair_confounds(ra.config, rb.config, allowed))
@@ -1486,7 +1488,10 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
     for e, adj in zip(entries, holm([e["res"].p for e in entries])):
         e["holm"], e["family"] = adj, family_size
 
-    kinds = sorted({e["kind"] for e in entries if e["kind"] != "none"}, key=["seed", "mixed", "order", "run"].index)
+    if unit == "seed":
+        for e in entries:
+            e["kind"] = "seed_asked" if e["kind"] != "none" else e["kind"]
+    kinds = sorted({e["kind"] for e in entries if e["kind"] != "none"}, key=["seed", "seed_asked", "mixed", "order", "run"].index)
     show_kind = len(kinds) > 1
     if not kinds:
         unit_words = "unit: seed where samples are shared across orders (data.draw=shared), (order, seed) where every run is an independent draw (data.draw=order or run)"
@@ -1696,9 +1701,13 @@ def missing_table(st: Study, metric: str, rows: list[str]) -> Table:
 
 
 def paper_report(paths: list[Path], metric: str = "fp", fast: bool = True, claims: str = "default",
-                 custom_claims: list[str] | None = None, order_benchmark: dict[str, str] | None = None) -> PaperReport:
+                 custom_claims: list[str] | None = None, order_benchmark: dict[str, str] | None = None,
+                 unit: str = "auto") -> PaperReport:
     """Main table, forgetting table, ablation tables (rows with grid values), paired claims and
-    missing runs from run directories (see ``surecl report --layout paper``)."""
+    missing runs from run directories (see ``surecl report --layout paper``). ``unit``: the
+    claims' unit, ``auto`` (from the runs' ``data.draw``) or ``seed``."""
+    if unit not in ("auto", "seed"):
+        raise SureclError(f"--unit: {unit!r} must be 'auto' or 'seed'")
     if metric not in METRICS:
         raise SureclError(f"--metric: unknown metric {metric!r} (choose from {', '.join(METRICS)})")
     if claims not in ("default", "none"):
@@ -1713,7 +1722,7 @@ def paper_report(paths: list[Path], metric: str = "fp", fast: bool = True, claim
     rep.claims = pairs
     rows = rep.shown_rows
     rep.tables = [main_table(st, metric, rows), forgetting_table(st, rows), *ablation_tables(st, metric, rows),
-                  claims_table(st, metric, pairs), missing_table(st, metric, rows), timing_table(st)]
+                  claims_table(st, metric, pairs, unit=unit), missing_table(st, metric, rows), timing_table(st)]
     general = general_table(st, rows)
     if general is not None:
         rep.tables.insert(rep.tables.index(next(t for t in rep.tables if t.name == "claims")), general)
