@@ -382,6 +382,23 @@ def test_long_targets_keep_their_room(tiny_loaded):
     assert enc.cut == {("t", "train"): (1, 2)}
 
 
+def test_a_cut_test_target_is_scored_against_its_kept_part(tiny_loaded, chat_tok):
+    """A generation test row whose target is cut to model.max_length keeps the full target for
+    training's train rows but is scored against the kept part (the text of its kept tokens):
+    generation stops at that length, so the full target could never be matched. Rows not cut keep
+    their label; with a chat template too."""
+    for tok, (a, b) in ((tiny_loaded.tokenizer, ("blue", "cat")), (chat_tok, ("see", "you"))):
+        long = " ".join([a, b] * 40)
+        task = Task("t", "", [], [Example(b, a)], [Example(b, long), Example(b, a)], kind="generate")
+        enc = TaskEncoder(tok, max_length=48)
+        cut, short = enc.encode(task, task.test, split="test")
+        assert enc.cut == {("t", "test"): (1, 2)} and short.label == a
+        assert cut.label != long and long.startswith(cut.label) and len(cut.label.split()) >= 5, cut.label
+        assert cut.label == tok.decode(cut.answer, skip_special_tokens=True).strip()
+        from surecl.evaluate import task_score
+        assert task_score("exact_match", [cut.label], [cut.label]) == 100.0  # a model that generates every kept token is right
+
+
 def test_a_long_conversation_trains_on_its_last_turn_when_all_would_not_fit(chat_tok):
     """Training scores every assistant turn from the first on; when they do not all fit in
     max_length, the last turn (the row's target) is scored with the earlier ones as its prompt,

@@ -173,3 +173,77 @@ def test_an_own_test_draw_keeps_the_test_rows_whatever_n_train():
     assert tests(8, "after_train") == tests(8, "after_train")  # still a fixed draw per seed
     with pytest.raises(SureclError, match=r"data.test_draw"):
         build_config("tiny", ["data.test_draw=fresh"])
+
+
+# --------------------------------------------------------------------------- labels, instructions, hold-outs
+
+
+def test_labels_are_one_class_however_their_unicode_is_composed(tmp_path):
+    """"café" with a combining accent (NFD) and precomposed (NFC) is one label, in rows and header alike."""
+    nfc, nfd = "caf\u00e9", "cafe\u0301"
+    path = tmp_path / "t.jsonl"
+    rows = [{"sentence": "a", "label": nfc}, {"sentence": "b", "label": nfd}, {"sentence": "c", "label": "x"},
+            {"sentence": "d", "label": nfd, "split": "test"}, {"sentence": "e", "label": "x", "split": "test"}]
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
+    task = load_jsonl_task(path)
+    assert task.labels == [nfc, "x"] and {ex.label for ex in task.train + task.test} == {nfc, "x"}
+    path.write_text(json.dumps({"task": "t", "labels": [nfd, "x"]}, ensure_ascii=False) + "\n"
+                    + "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
+    assert load_jsonl_task(path).labels == [nfc, "x"]
+
+
+@pytest.mark.parametrize("label", ["", "   "])
+def test_a_blank_classification_label_is_one_line(tmp_path, label):
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [{"sentence": "a", "label": "x"}, {"sentence": "b", "label": label},
+                                                       {"sentence": "c", "label": "x", "split": "test"}]) + "\n")
+    with pytest.raises(SureclError, match="train row 1: empty label") as err:
+        load_jsonl_task(path)
+    assert "\n" not in str(err.value)
+    csv_path = write_csv(tmp_path / "t.csv", [("a", "pos"), ("b", "neg"), ("c", label or " "), ("d", "pos"), ("e", "neg")])
+    with pytest.raises(SureclError, match="empty label"):
+        load_hf_task(HFTaskConfig(path=str(csv_path), test_fraction=0.4), "data.hf[0]")
+
+
+@pytest.mark.parametrize("given, used", [("Is it blue?", "Is it blue?\n"), ("Is it blue?\n", "Is it blue?\n"), ("Say: ", "Say: "), ("", "")])
+def test_an_instruction_without_a_newline_does_not_run_into_the_input(tmp_path, given, used):
+    """A header instruction is put before every input: one that ends in a word gets a newline."""
+    rows = json.dumps({"sentence": "dog", "label": "blue"}) + "\n" + json.dumps({"sentence": "cat", "label": "cat", "split": "test"}) + "\n"
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"task": "t", "instruction": given, "labels": ["blue", "cat"]}) + "\n" + rows)
+    assert load_jsonl_task(path).instruction == used
+    gen = tmp_path / "g.jsonl"
+    gen.write_text(json.dumps({"task": "g", "kind": "generate", "instruction": given}) + "\n"
+                   + json.dumps({"prompt": "dog", "response": "blue"}) + "\n" + json.dumps({"prompt": "cat", "response": "cat", "split": "test"}) + "\n")
+    assert load_jsonl_task(gen).instruction == used
+
+
+def test_a_header_without_a_task_name_is_read_as_the_header(tmp_path):
+    path = tmp_path / "moods.jsonl"
+    path.write_text(json.dumps({"labels": ["blue", "cat"]}) + "\n" + json.dumps({"sentence": "a", "label": "blue"}) + "\n"
+                    + json.dumps({"sentence": "b", "label": "cat", "split": "test"}) + "\n")
+    task = load_jsonl_task(path)
+    assert (task.name, task.labels, len(task.train)) == ("moods", ["blue", "cat"], 1)
+
+
+@pytest.mark.parametrize("line, words", [
+    ('{"sentence": "red \\ud800", "label": "x"}', "invalid Unicode"),
+    ('{"sentence": "x", "label": "x", "n": ' + "9" * 5000 + "}", "malformed JSON"),
+])
+def test_undecodable_jsonl_values_are_one_line(tmp_path, line, words):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"task": "bad", "labels": ["x", "y"]}\n' + line + "\n")
+    with pytest.raises(SureclError, match=words) as err:
+        load_jsonl_task(path)
+    assert "\n" not in str(err.value)
+
+
+def test_a_held_out_test_split_never_shares_a_text_with_train(tmp_path):
+    """test_fraction holds out whole groups of identical rows where texts repeat (20 texts, 10 copies each)."""
+    rows = [(f"text{i % 20}", "pos" if i % 2 else "neg") for i in range(200)]
+    task = load_hf_task(HFTaskConfig(path=str(write_csv(tmp_path / "dups.csv", rows)), test_fraction=0.2), "data.hf[0]")
+    train, test = {ex.sentence for ex in task.train}, {ex.sentence for ex in task.test}
+    assert not train & test and len(task.test) >= 40 and len(task.train) + len(task.test) == 200
+    unique = [(f"t{i}", "pos" if i % 2 else "neg") for i in range(50)]  # no copies: the plain draw, as before
+    plain = load_hf_task(HFTaskConfig(path=str(write_csv(tmp_path / "u.csv", unique)), test_fraction=0.2), "data.hf[0]")
+    assert len(plain.test) == 10

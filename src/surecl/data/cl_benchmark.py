@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from surecl.data.task import Example, Task
+from surecl.data.task import Example, Task, clean_label
 from surecl.errors import SureclError
 
 # O-LoRA scripts (orders 1-3) and the N-LoRA fork (orders 4-6).
@@ -58,7 +58,7 @@ def parse_rows(rows: Any, source: str) -> list[Example]:
                 raise SureclError(f"{source} row {i}: missing '{key}'")
             if not isinstance(row[key], str):
                 raise SureclError(f"{source} row {i}: '{key}' must be a string")
-        out.append(Example(sentence=row["sentence"], label=row["label"].strip()))
+        out.append(Example(sentence=row["sentence"], label=clean_label(row["label"])))
     return out
 
 
@@ -115,7 +115,7 @@ def load_task(folder: Path, instructions: dict[str, str], invalid_labels: str = 
     task = Task(
         name=name,
         instruction=instruction,
-        labels=[x.strip() for x in labels],
+        labels=[clean_label(x) for x in labels],
         train=splits["train"],
         test=splits["test"],
         group=group,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -88,6 +88,7 @@ class TaskEncoder:
         instruction, options and answer are kept; a conversation loses its first turns)."""
         self._sentence_cuts = 0
         self._dropped = 0
+        self._row_cut = False  # the row being encoded had its target cut (set by _fit_answer)
 
     def _ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
@@ -156,10 +157,18 @@ class TaskEncoder:
     def encode(self, task: Task, rows: list[Example], split: str = "train") -> list[Encoded]:
         """``split`` ``test``: a chat row is encoded as its last turn's generation prompt and answer.
         A generation target or a text longer than ``max_length`` allows is cut, and counted in
-        :attr:`cut`."""
+        :attr:`cut`; a cut test target's ``label`` becomes the text of its kept tokens, so that
+        evaluation scores the answer against what the model can be asked to generate (the cut
+        end is neither trained nor scored)."""
         self._cuts = self._sentence_cuts = 0
         if task.kind == "generate":
-            out = [self.generation(task, ex, split, i) for i, ex in enumerate(rows)]
+            out = []
+            for i, ex in enumerate(rows):
+                self._row_cut = False
+                enc = self.generation(task, ex, split, i)
+                if self._row_cut and split == "test":
+                    enc = replace(enc, label=self.tok.decode(enc.answer, skip_special_tokens=True).strip())
+                out.append(enc)
         elif task.kind == "text":
             out = [self.document(ex.sentence) for ex in rows]
             for i, e in enumerate(out):
@@ -202,7 +211,7 @@ class TaskEncoder:
                     break
                 keep = max(keep - self._dropped - 1, 0)
                 text = self.tok.decode(body[:keep], skip_special_tokens=True)
-                self._cuts = cuts
+                self._cuts, self._row_cut = cuts, False
                 enc = self._chat((("user", task.instruction + text), ("assistant", ex.label)), ex.label, test, where)
             self._sentence_cuts += keep < len(body) or self._dropped > 0
             return enc
@@ -222,6 +231,7 @@ class TaskEncoder:
             return answer
         keep = max(self.max_length - prompt_len, self.max_length // 2)
         self._cuts += keep < len(answer)
+        self._row_cut = self._row_cut or keep < len(answer)
         return answer[:keep]
 
     def render(self, turns, generation_prompt: bool, where: str) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from surecl.data.jsonl import GENERIC_INSTRUCTION
-from surecl.data.task import _SAFE_NAME, Example, Task
+from surecl.data.task import _SAFE_NAME, Example, Task, clean_label, user_instruction
 from surecl.errors import SureclError
 from surecl.sections import HFTaskConfig
 
@@ -197,9 +197,28 @@ def _describe(feature: Any) -> str:
     return f"{dtype} values" if isinstance(dtype, str) and dtype != "list" else f"{type(feature).__name__} values"
 
 
+def _held_out(train: list[Example], n_test: int, rng: random.Random) -> set[int]:
+    """The rows ``test_fraction`` holds out: ``n_test`` drawn at random, or where some text
+    occurs more than once, whole groups of identical rows (their input and conversation) drawn
+    until ``n_test`` are held, so no test row has a copy among the training rows."""
+    keys = [(ex.sentence, ex.messages) for ex in train]
+    if len(set(keys)) == len(keys):
+        return set(rng.sample(range(len(train)), n_test))
+    groups: dict = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    order = list(groups.values())
+    held: set[int] = set()
+    for g in rng.sample(order, len(order)):
+        if len(held) >= n_test:
+            break
+        held.update(g)
+    return held
+
+
 def _given_labels(spec: HFTaskConfig) -> list[str]:
     """The labels the task spec names, stripped as the rows' labels are."""
-    return [x.strip() for x in spec.labels]
+    return [clean_label(x) for x in spec.labels]
 
 
 def _labels(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str) -> tuple[list[str], list[str] | None]:
@@ -225,7 +244,7 @@ def _labels(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str) -> tupl
         if v is None:
             raise SureclError(f"{key}.label_column: {src} {split} row {i}: no label (null)")
         if isinstance(v, str):
-            out.append(v.strip())
+            out.append(clean_label(v))
         elif index is not None and 0 <= v < len(index):
             out.append(index[v])
         else:  # no names, or outside them (-1 marks an unlabelled row in many hub datasets): Task.check names it
@@ -298,7 +317,7 @@ def splits_task(datasets: Any, splits: dict[str, Any], spec: HFTaskConfig, name:
         if not 1 <= n_test < len(train):
             left = "no test rows" if n_test < 1 else "no train rows"
             raise SureclError(f"{key}.test_fraction: {spec.test_fraction:g} of {src}'s {len(train)} train rows leaves {left}")
-        held = set(random.Random(f"hf-test:{name}").sample(range(len(train)), n_test))
+        held = _held_out(train, n_test, random.Random(f"hf-test:{name}"))
         rows = {"train": [ex for i, ex in enumerate(train) if i not in held], "test": [ex for i, ex in enumerate(train) if i in held]}
     where = f"{key} ({src})"
     if kind == "text":
@@ -306,14 +325,14 @@ def splits_task(datasets: Any, splits: dict[str, Any], spec: HFTaskConfig, name:
         task.check(where)
         return task
     if kind == "generate":
-        task = Task(name=name, instruction=spec.instruction, labels=[], train=rows["train"], test=rows["test"], group="hf",
+        task = Task(name=name, instruction=user_instruction(spec.instruction), labels=[], train=rows["train"], test=rows["test"], group="hf",
                     kind="generate", metric=spec.metric)
         task.check(where)
         return task
     labels = _given_labels(spec) or class_names or sorted({ex.label for ex in rows["train"] + rows["test"]})
     task = Task(
         name=name,
-        instruction=spec.instruction or GENERIC_INSTRUCTION,
+        instruction=user_instruction(spec.instruction) or GENERIC_INSTRUCTION,
         labels=labels,
         train=rows["train"],
         test=rows["test"],

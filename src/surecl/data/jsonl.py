@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from surecl.data.cl_benchmark import parse_rows
-from surecl.data.task import Example, Task
+from surecl.data.task import Example, Task, clean_label, user_instruction
 from surecl.errors import SureclError
 
 GENERIC_INSTRUCTION = "Classify the following text. Choose one from the option.\n"
@@ -128,9 +128,17 @@ def read_jsonl(path: str | Path, what: str = "data.jsonl") -> tuple[dict, list[t
             raise SureclError(f"{path} line {lineno}: malformed JSON ({exc.msg})") from None
         except RecursionError:  # nesting deeper than Python's parser follows
             raise SureclError(f"{path} line {lineno}: malformed JSON (nested too deeply)") from None
+        except ValueError as exc:  # what json's own checks refuse, e.g. an integer of more than 4300 digits
+            raise SureclError(f"{path} line {lineno}: malformed JSON ({str(exc).splitlines()[0]})") from None
+        if "\\u" in line.lower():  # an escaped lone surrogate (text cut inside a UTF-16 pair) no tokenizer takes
+            try:
+                json.dumps(obj, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                raise SureclError(f"{path} line {lineno}: invalid Unicode (a lone surrogate escape such as \\ud800)") from None
         if not isinstance(obj, dict):
             raise SureclError(f"{path} line {lineno}: expected a JSON object")
-        if "task" in obj and not any(k in obj for k in ROW_KEYS):
+        # a header names its task, or (without one: the file's name is the task's) its labels, kind or metric
+        if not any(k in obj for k in ROW_KEYS) and ("task" in obj or any(k in obj for k in ("labels", "kind", "metric"))):
             if header:
                 raise SureclError(f"{path} line {lineno}: a second header line")
             header = obj
@@ -162,7 +170,7 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
         if not isinstance(instruction, str):
             raise SureclError(f"{path}: header 'instruction' must be a string")
         task = Task(
-            name=str(header.get("task", path.stem)), instruction=instruction, labels=[], group="jsonl", kind="generate", metric=metric,
+            name=str(header.get("task", path.stem)), instruction=user_instruction(instruction), labels=[], group="jsonl", kind="generate", metric=metric,
             train=[generation_example(o, f"{path} line {n}") for n, o in rows["train"]],
             test=[generation_example(o, f"{path} line {n}") for n, o in rows["test"]],
         )
@@ -184,13 +192,13 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
         labels = sorted({ex.label for ex in splits["train"] + splits["test"]})
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise SureclError(f"{path}: header 'labels' must be a list of strings")
-    labels = [x.strip() for x in labels]  # as each row's label is read
+    labels = [clean_label(x) for x in labels]  # as each row's label is read
     instruction = header.get("instruction", GENERIC_INSTRUCTION)
     if not isinstance(instruction, str):
         raise SureclError(f"{path}: header 'instruction' must be a string")
     task = Task(
         name=str(header.get("task", path.stem)),
-        instruction=instruction,
+        instruction=user_instruction(instruction),
         labels=labels,
         train=splits["train"],
         test=splits["test"],

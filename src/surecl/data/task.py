@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -25,6 +26,18 @@ class Example:
 
 
 KINDS = ("classify", "text", "generate")
+
+
+def clean_label(text: str) -> str:
+    """A label as every reader takes it: surrounding whitespace stripped and Unicode in its
+    composed form (NFC), so that "café" typed as e + combining accent is the same class as "café"."""
+    return unicodedata.normalize("NFC", text.strip())
+
+
+def user_instruction(text: str) -> str:
+    """A user's task instruction as prompts use it: a non-empty one that does not end in
+    whitespace gets a newline, so the input does not run on from its last word."""
+    return text + "\n" if text and not text[-1].isspace() else text
 METRICS = {"classify": ("accuracy",), "text": ("perplexity",), "generate": ("rouge_l", "exact_match")}
 """The metrics a task of each kind may be scored with; the first is its default."""
 
@@ -98,6 +111,12 @@ class Task:
             return
         if not self.labels:
             raise SureclError(f"{where}task {self.name} has no labels")
+        if any(not str(x).strip() for x in self.labels):
+            for split in ("train", "test"):
+                for i, ex in enumerate(getattr(self, split)):
+                    if not ex.label.strip():
+                        raise SureclError(f"{where}task {self.name} {split} row {i}: empty label (a classification row needs one of the task's labels)")
+            raise SureclError(f"{where}task {self.name}: its labels list an empty label")
         if len(set(self.labels)) != len(self.labels):
             raise SureclError(f"{where}task {self.name} lists a label twice")
         known = set(self.labels)
