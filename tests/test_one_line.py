@@ -21,7 +21,12 @@ def test_report_on_a_results_file_without_config_is_one_line(tmp_path, capsys, l
     assert len(err) == 1 and err[0].startswith("surecl: error: ") and "results.json" in err[0] and "config" in err[0], err
 
 
-def test_a_disk_filling_during_a_save_is_one_line_and_leaves_no_temporary(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("raised", ["os", "safetensors"])
+def test_a_disk_filling_during_a_save_is_one_line_and_leaves_no_temporary(tmp_path, capsys, monkeypatch, raised):
+    """A full disk while a checkpoint is written: as the OS's error, or as safetensors reports it
+    (its own error class, naming the OS error in its text)."""
+    from safetensors import SafetensorError
+
     import surecl.checkpoint
 
     monkeypatch.setenv("SURECL_CACHE", str(tmp_path / "cache"))
@@ -32,6 +37,8 @@ def test_a_disk_filling_during_a_save_is_one_line_and_leaves_no_temporary(tmp_pa
     def full(tensors, path, *args, **kwargs):
         calls.append(path)
         if len(calls) == 2:  # the second checkpoint: the disk is full
+            if raised == "safetensors":
+                raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')
             raise OSError(errno.ENOSPC, "No space left on device", path)
         return real(tensors, path, *args, **kwargs)
 

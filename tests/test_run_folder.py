@@ -248,6 +248,25 @@ def test_checkpoint_folders_of_other_names_are_neither_resumed_nor_pruned(tmp_pa
     assert load_latest(root).folder.name == "stage-0001"
 
 
+def test_checkpoint_named_folders_the_run_did_not_write_are_neither_pruned_nor_resumed(tmp_path, cache):
+    """A user's own ``checkpoints/stage-0000`` and ``stage-0009`` (checkpoint names, not the run's:
+    its manifest does not list them) survive a run's pruning, and a copy of a real checkpoint
+    put there by hand is not resumed from."""
+    out = tmp_path / "run"
+    for name in ("stage-0000", "stage-0009"):
+        (out / "checkpoints" / name).mkdir(parents=True)
+        (out / "checkpoints" / name / "notes.txt").write_text("mine")
+    assert main(["run", *TINY, "--out", str(out), *SMALL]) == 0
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["stage-0000", "stage-0001", "stage-0002", "stage-0009"]
+    assert all((out / "checkpoints" / n / "notes.txt").read_text() == "mine" for n in ("stage-0000", "stage-0009"))
+    from surecl.checkpoint import Manifest, load_latest
+
+    manifest = Manifest(out)
+    shutil.rmtree(out / "checkpoints" / "stage-0009")
+    shutil.copytree(out / "checkpoints" / "stage-0002", out / "checkpoints" / "stage-0009")  # by hand: not the run's
+    assert load_latest(out / "checkpoints", owned=lambda n: manifest.owns(f"checkpoints/{n}")).folder.name == "stage-0002"
+
+
 def test_a_run_that_starts_over_never_prunes_its_own_checkpoints(tmp_path):
     """Checkpoints are written in name order, so one named after the one just written belongs to
     another trajectory: an earlier run's that this one started over from (``resume=False``), or
@@ -337,3 +356,39 @@ def test_cpu_time_is_counted_across_a_resume_and_left_out_after_a_checkpoint_wit
             assert "cpu" not in timing and timing["total"] > 0, timing
         else:
             assert timing["cpu"] > kept["cpu"], (timing, kept)
+
+
+def test_a_dangling_link_on_the_way_to_out_is_one_line(tmp_path, capsys):
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    assert main(["run", *TINY, "--out", str(tmp_path / "dangling" / "x"), *SMALL]) != 0
+    assert "is a symbolic link to" in one_error_line(capsys) and not (tmp_path / "nowhere").exists()
+
+
+def test_the_default_out_folder_stays_under_runs(tmp_path):
+    """Without --out a run goes to runs/<preset>-<benchmark>-o<order>-s<seed>: a preset given as a
+    YAML path is named by its file's stem, and no part of the name leaves runs/."""
+    from surecl.cli import _out_dir
+    from surecl.config import build_config
+
+    cfg = build_config("tiny,seq_lora", [])
+    cfg.preset = str(tmp_path / "mine.yaml")
+    assert _out_dir(None, cfg) == Path("runs") / f"mine-{Path(cfg.data.benchmark).name or 'bench'}-o{cfg.data.order}-s0"
+    cfg.preset = "../../etc/x"
+    out = _out_dir(None, cfg)
+    assert out.parent == Path("runs") and "/" not in out.name and not out.name.startswith(".")
+
+
+def test_checkpoint_every_changes_no_number_and_a_resume_may_change_it(finished, tmp_path, capsys, monkeypatch):
+    """train.checkpoint_every is result-neutral: a run checkpointing every step ends as one that
+    checkpoints only between tasks, and a run interrupted under one value resumes under another."""
+    out = tmp_path / "run"
+    monkeypatch.setenv("SURECL_KILL_AT", "stage_end:1")
+    monkeypatch.setenv("SURECL_KILL_SIGNAL", "INT")
+    assert main(["run", *TINY, "--out", str(out), *SMALL, "train.checkpoint_every=1"]) == 130
+    monkeypatch.delenv("SURECL_KILL_AT", raising=False)
+    assert main(["run", *TINY, "--out", str(out), *SMALL, "train.checkpoint_every=0"]) == 0
+    assert "resumed from" in capsys.readouterr().err
+    got, want = final_outputs(out), final_outputs(finished)
+    for f in (got, want):  # the config records the value given; every number is the same
+        f["results"]["config"]["train"].pop("checkpoint_every")
+    assert got == want

@@ -161,6 +161,8 @@ def test_a_sweep_never_replaces_a_users_table(tmp_path, capsys):
     (["data.order=2"], "data.order is set for each run by the sweep; give it with --orders"),
     (["--grid", "seed=0,1"], "seed is set for each run by the sweep"),
     (["--orders", "a,b", "data.tasks=[colors]"], "data.tasks gives one task list to every order"),
+    # the same, set in a form the override check does not read: caught on the built configs
+    (["--orders", "1,2", "data={tasks: [colors, animals], n_train: 4, n_test: 2}"], "orders 1 and 2 of row seq_lora train the same task list"),
 ])
 def test_keys_the_sweep_sets_itself_are_refused_as_overrides(tmp_path, capsys, argv, words):
     """A sweep sets seed, data.order and preset for each run, last: as an override or a grid axis
@@ -178,3 +180,31 @@ def test_a_method_given_as_a_yaml_path_runs_inside_out(tmp_path):
     runs = expand(Plan(methods=[str(tmp_path / "mine.yaml"), "../theirs.yaml"], orders={"default": []}, seeds=[0]))
     assert [r.path for r in runs] == ["mine/orderdefault/seed0", "theirs/orderdefault/seed0"]
     assert runs[0].row == str(tmp_path / "mine.yaml")  # the row keeps its name
+
+
+def test_a_packaged_plans_name_is_the_plan_beside_a_folder_of_that_name(tmp_path, monkeypatch):
+    """`surecl sweep --plan ablation-beta --out ablation-beta` run again from the same folder: the
+    study's own folder does not hide the packaged plan; a folder with another name is still refused."""
+    from surecl.sweep import load_plan
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ablation-beta").mkdir()
+    assert load_plan("ablation-beta").grid or load_plan("ablation-beta").groups
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(SureclError, match="--plan: mine is not a file"):
+        load_plan("mine")
+
+
+def test_an_edited_plan_stops_before_it_trains_anything(tmp_path, capsys, tiny_cache, monkeypatch):
+    """A finished run whose config the edited plan changes is refused before any other run
+    trains (before, the new plan's runs ran first and the study ended up with both configs)."""
+    monkeypatch.setenv("SURECL_CACHE", str(tiny_cache))
+    out = tmp_path / "sw"
+    base = ["sweep", "--config", "tiny", "--methods", "seq_lora", "--out", str(out), "--quiet"]
+    data = ["data.tasks=[colors,animals]", "data.n_train=4", "train.epochs=1"]
+    assert main([*base, "--seeds", "1", *data, "data.n_test=4"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--seeds", "0,1", *data, "data.n_test=3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "already holds a finished run with a different config" in err[-1], err
+    assert not list(out.rglob("seed0"))  # nothing of the new plan was trained

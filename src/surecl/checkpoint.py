@@ -524,14 +524,16 @@ ComponentState = tuple[dict, dict[str, torch.Tensor]]
 """A component's ``state_dict()``: JSON-able meta and a flat ``{name: tensor}`` dict."""
 
 
-def save(root: Path, name: str, components: dict[str, ComponentState], meta: dict[str, Any], keep: int = 2) -> Path:
+def save(root: Path, name: str, components: dict[str, ComponentState], meta: dict[str, Any], keep: int = 2,
+         owned: Callable[[str], bool] | None = None) -> Path:
     """Write checkpoint ``root/name`` from the components' state dicts (each under its key:
     meta in ``meta.json`` under ``components``, tensors in ``tensors.safetensors`` as
     ``<key>/<name>``) plus the run-level ``meta`` (config, task names); keep the newest ``keep``
     complete checkpoints (by default this one and the previous as fallback). Atomic: the folder
     is built under a temporary name, ``meta.json`` (holding the tensor file's SHA-256) is
     written last, then the folder is renamed into place and older ones are removed, so while
-    it is written ``keep`` + 1 checkpoints lie on disk."""
+    it is written ``keep`` + 1 checkpoints lie on disk. ``owned(name)``: whether a checkpoint
+    folder is this run folder's (its manifest lists it); only those are ever removed (None: all)."""
     root.mkdir(parents=True, exist_ok=True)
     tensors = {f"{key}/{k}": v.detach().cpu().contiguous() for key, (_, part) in components.items() for k, v in part.items()}
     tmp = temp_dir(f".{name}.", root)
@@ -555,9 +557,10 @@ def save(root: Path, name: str, components: dict[str, ComponentState], meta: dic
     # a run writes its checkpoints in name order, so one named after this is another trajectory's
     # (a damaged one a resume passed over, or an earlier run's that this one started over from):
     # left there, it would be read on the next resume and the keep rule would prune this run's own
-    for later in [p for p in _checkpoint_folders(root) if p.name > name]:
+    ours = [p for p in _checkpoint_folders(root) if owned is None or p.name == name or owned(p.name)]
+    for later in [p for p in ours if p.name > name]:
         shutil.rmtree(later, ignore_errors=True)
-    for old in _checkpoint_folders(root)[:-keep]:
+    for old in [p for p in ours if p.name <= name][:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return root / name
 
@@ -609,12 +612,14 @@ def _checkpoint_folders(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if CHECKPOINT_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
 
 
-def load_latest(root: Path, log: Callable[[str], None] = lambda message: None) -> Checkpoint | None:
-    """The newest valid checkpoint under ``root`` (None if there is none); ``log`` is told
-    about each newer one that is incomplete or corrupt."""
+def load_latest(root: Path, log: Callable[[str], None] = lambda message: None,
+                owned: Callable[[str], bool] | None = None) -> Checkpoint | None:
+    """The newest valid checkpoint under ``root`` (None if there is none) among those
+    ``owned(name)`` says the run folder wrote (None: all); ``log`` is told about each newer one
+    that is incomplete or corrupt."""
     if not root.is_dir():
         return None
-    folders = _checkpoint_folders(root)[::-1]  # newest first
+    folders = [p for p in _checkpoint_folders(root) if owned is None or owned(p.name)][::-1]  # newest first
     for folder in folders:
         meta = _valid(folder)
         found = None

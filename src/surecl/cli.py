@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -25,7 +26,11 @@ def _out_dir(arg: str | None, cfg) -> Path:
         return Path(arg)
     order = cfg.data.order if not cfg.data.tasks else "custom"
     bench = Path(cfg.data.benchmark).name or "bench"
-    return Path("runs") / f"{cfg.preset or cfg.method}-{bench}-o{order}-s{cfg.seed}"
+    preset = str(cfg.preset or cfg.method)
+    if preset.endswith((".yaml", ".yml")):  # a preset given as a YAML file: its name
+        preset = Path(preset).stem
+    name = f"{preset}-{bench}-o{order}-s{cfg.seed}"
+    return Path("runs") / re.sub(r"[^A-Za-z0-9._+=-]", "_", name).lstrip(".")
 
 
 def check_out_dir(out: Path) -> None:
@@ -34,6 +39,8 @@ def check_out_dir(out: Path) -> None:
         raise SureclError(f"--out: {out} is a file, not a directory")
     probe = out
     while not probe.exists():
+        if probe.is_symlink():  # a link whose target is missing: mkdir would fail on it after the model loads
+            raise SureclError(f"--out: {probe} is a symbolic link to {os.readlink(probe)}, which does not exist; create its target or choose another --out")
         probe = probe.parent
     if not probe.is_dir():
         raise SureclError(f"--out: {probe} is a file, not a directory")
@@ -205,10 +212,16 @@ def cmd_sweep(args) -> int:
     check_sweep_keys(plan)
     planned, todo = [], []
     streams: dict[str, set[str]] = {}
+    lists: dict[tuple, str] = {}  # (row, seed, task list) -> the order that trains it
     for r in expand(plan):
         cfg = build_config(f"{plan.config},{r.method}" if plan.config else r.method, r.overrides)
         if cfg.data.benchmark in ("tiny", "none") and not cfg.data.tasks:
             streams.setdefault(cfg.data.benchmark, set()).add(r.order)
+        if cfg.data.tasks:  # however it was set (an override, a mapping, a config file): one list is one order
+            seen = lists.setdefault((r.row, r.seed, tuple(cfg.data.tasks)), r.order)
+            if seen != r.order:
+                raise SureclError(f"sweep: orders {seen} and {r.order} of row {r.row} train the same task list "
+                                  f"({', '.join(cfg.data.tasks)}), so they would be one stream under two names; {ORDER_LISTS}")
         todo.append((cfg, root / r.path))
         planned.append({"row": r.row, "method": r.method, "grid": dict(p.split("=", 1) for p in r.point), "order": r.order,
                         "seed": r.seed, "dual": bool(cfg.dual.enabled and cfg.eval.fast), "path": r.path})
@@ -226,10 +239,12 @@ def cmd_sweep(args) -> int:
         if taken:
             raise SureclError(f"sweep: {root / taken[0]} exists and no surecl sweep wrote {root}; the sweep's table would "
                               "replace it: move it away or choose another --out")
+    # every finished run against its planned config first: an edited plan stops before it trains anything
+    finished = {k for k, (cfg, out) in enumerate(todo, 1) if _finished(out, cfg)}
     write_sweep_plan(root, planned, meta)
     failed: list[str] = []
     for k, (cfg, out) in enumerate(todo, 1):
-        if _finished(out, cfg):
+        if k in finished or _finished(out, cfg):
             print(f"[{k}/{len(todo)}] {out}: finished, skipped", file=sys.stderr)
             continue
         holder = lock_holder(out)  # before building the run: a model load is not free
@@ -279,7 +294,8 @@ def cmd_report(args) -> int:
         from surecl.report import paper_report
 
         rep = paper_report([Path(d) for d in args.dirs], args.metric, fast=not args.no_fast, claims=args.claims,
-                           custom_claims=args.claim, order_benchmark=_order_benchmarks(args.order_benchmark), unit=args.unit)
+                           custom_claims=args.claim, order_benchmark=_order_benchmarks(args.order_benchmark),
+                           unit=getattr(args, "unit", "auto"))
         if args.out_dir:
             check_out_dir(Path(args.out_dir))
         print(rep.markdown(images=bool(args.out_dir)))
@@ -475,10 +491,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"surecl: error: {_memory_line(exc)}", file=sys.stderr)
         return 2
-    except OSError as exc:
-        if args.debug or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+    except (OSError, _safetensors_error()) as exc:
+        # safetensors reports a full disk as its own error, naming the OS error in its text
+        full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or (
+            not isinstance(exc, OSError) and re.search(r"os error (28|122)\b|No space left on device|Disk quota exceeded", str(exc)))
+        if args.debug or not full:
             raise
-        where = f" writing {_bounded(str(exc.filename))}" if exc.filename else ""
+        where = f" writing {_bounded(str(exc.filename))}" if getattr(exc, "filename", None) else ""
         print(f"surecl: error: no space left on the device{where}; what was written before stays intact (writes are atomic): "
               "free some space and rerun the same command to resume", file=sys.stderr)
         return 2
@@ -526,10 +545,17 @@ class _NeverRaised(Exception):
     pass
 
 
+def _safetensors_error() -> type[BaseException]:
+    """safetensors' own error class (what its writers raise for a full disk), if it is loaded."""
+    module = sys.modules.get("safetensors")
+    return getattr(module, "SafetensorError", _NeverRaised) if module is not None else _NeverRaised
+
+
 def _memory_line(exc: BaseException) -> str:
     first = str(exc).splitlines()[0] if str(exc) else "out of memory"
-    return (f"out of accelerator memory ({first[:160]}); the last checkpoint is intact: lower eval.batch_size or "
-            "train.micro_batch_tokens, or run fewer processes on the device, and rerun the same command to resume")
+    return (f"out of accelerator memory ({first[:160]}); the last checkpoint is intact: free the device (fewer processes on "
+            "it) and rerun the same command to resume, or start afresh (--fresh, or another --out) with a lower eval.batch_size "
+            "or train.micro_batch_tokens: a resume keeps the run's config")
 
 
 if __name__ == "__main__":

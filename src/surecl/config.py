@@ -677,9 +677,10 @@ def read_view(trees: list[dict[str, Any]]) -> dict[str, Any]:
     return _read_only(tree)
 
 
-RESULT_NEUTRAL = (("train", "keep_checkpoints"), ("log_every",))
-"""Options that change no result (how many checkpoints stay on disk, how often log.jsonl gets a
-line): a resumed or finished run may differ in them."""
+RESULT_NEUTRAL = (("train", "keep_checkpoints"), ("train", "checkpoint_every"), ("log_every",))
+"""Options that change no result (how many checkpoints stay on disk, how often one is taken
+inside a task, how often log.jsonl gets a line): a resumed or finished run may differ in them
+(``tests/test_run_folder.py`` checks that ``checkpoint_every`` changes no number)."""
 
 
 def _read_only(tree: dict[str, Any]) -> dict[str, Any]:

@@ -92,7 +92,7 @@ def save(run) -> None:
     checkpoint.save(
         run.out_dir / "checkpoints", name, components,
         {"config": run.cfg.to_dict(), "tasks": [t.name for t in run.tasks], "data": fingerprints(run)},
-        keep=run.cfg.train.keep_checkpoints,
+        keep=run.cfg.train.keep_checkpoints, owned=lambda n: run.outputs.owns(f"checkpoints/{n}"),
     )
     run.outputs.forget_missing("checkpoints")
 
@@ -113,7 +113,9 @@ def _check_declared_state(run, state) -> None:
 def restore(run) -> Path | None:
     """Restore the newest valid checkpoint into the run and its components; say so when a
     newer one was damaged."""
-    found = checkpoint.load_latest(run.out_dir / "checkpoints", run.log)
+    outputs = getattr(run, "outputs", None)
+    owned = (lambda n: outputs.owns(f"checkpoints/{n}")) if outputs is not None else None
+    found = checkpoint.load_latest(run.out_dir / "checkpoints", run.log, owned)
     if found is None:
         return None
     from surecl.config import same_config

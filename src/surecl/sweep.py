@@ -69,7 +69,8 @@ def plan_names() -> list[str]:
 
 def _text(name_or_path: str) -> tuple[str, str]:
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    # a packaged plan's name stays its name when a folder of that name (its sweep's --out, say) is here
+    if path.suffix in (".yaml", ".yml") or path.is_file() or (path.exists() and name_or_path not in plan_names()):
         if not path.is_file():
             raise SureclError(f"--plan: {path} is not a file")
         try:
