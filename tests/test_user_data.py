@@ -247,3 +247,18 @@ def test_a_held_out_test_split_never_shares_a_text_with_train(tmp_path):
     unique = [(f"t{i}", "pos" if i % 2 else "neg") for i in range(50)]  # no copies: the plain draw, as before
     plain = load_hf_task(HFTaskConfig(path=str(write_csv(tmp_path / "u.csv", unique)), test_fraction=0.2), "data.hf[0]")
     assert len(plain.test) == 10
+
+
+def test_a_bad_jsonl_row_is_named_by_its_line(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"task": "t"}\n\n{"sentence": "a", "label": "x"}\n{"sentence": "b", "label": "y", "split": "test"}\n{"label": "x"}\n')
+    with pytest.raises(SureclError, match=r"t\.jsonl line 5: missing 'sentence'"):
+        load_jsonl_task(path)
+
+
+def test_an_empty_generation_prompt_from_a_dataset_is_one_line(tmp_path):
+    rows = [{"text": t, "label": a} for t, a in [("  ", "an answer"), ("q", "another"), ("r", "third"), ("s", "fourth")]]
+    (tmp_path / "g.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SureclError, match="row 0: empty prompt") as err:
+        load_hf_task(HFTaskConfig(path=str(tmp_path / "g.jsonl"), test_fraction=0.25), "data.hf[0]", kind="generate")
+    assert "\n" not in str(err.value)

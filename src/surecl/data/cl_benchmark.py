@@ -43,21 +43,25 @@ def read_json(path: Path) -> Any:
         raise SureclError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except RecursionError:  # nesting deeper than Python's parser follows
         raise SureclError(f"{path}: malformed JSON (nested too deeply)") from None
+    except ValueError as exc:  # what json's own checks refuse, e.g. an integer of more than 4300 digits
+        raise SureclError(f"{path}: malformed JSON ({str(exc).splitlines()[0]})") from None
 
 
-def parse_rows(rows: Any, source: str) -> list[Example]:
-    """Rows of ``{"label": str, "sentence": str}``; anything else is named by row number."""
+def parse_rows(rows: Any, source: str, lines: list[int] | None = None) -> list[Example]:
+    """Rows of ``{"label": str, "sentence": str}``; anything else is named by row number (or,
+    with ``lines``, by each row's line in its file)."""
     if not isinstance(rows, list):
         raise SureclError(f"{source}: expected a JSON list of rows")
     out = []
     for i, row in enumerate(rows):
+        at = f"line {lines[i]}" if lines is not None else f"row {i}"
         if not isinstance(row, dict):
-            raise SureclError(f"{source} row {i}: expected an object with 'sentence' and 'label'")
+            raise SureclError(f"{source} {at}: expected an object with 'sentence' and 'label'")
         for key in ("sentence", "label"):
             if key not in row:
-                raise SureclError(f"{source} row {i}: missing '{key}'")
+                raise SureclError(f"{source} {at}: missing '{key}'")
             if not isinstance(row[key], str):
-                raise SureclError(f"{source} row {i}: '{key}' must be a string")
+                raise SureclError(f"{source} {at}: '{key}' must be a string")
         out.append(Example(sentence=row["sentence"], label=clean_label(row["label"])))
     return out
 

@@ -185,7 +185,7 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
         return task
     splits = {}
     for split, items in rows.items():
-        examples = parse_rows([o for _, o in items], f"{path} {split}")
+        examples = parse_rows([o for _, o in items], str(path), [n for n, _ in items])
         splits[split] = examples
     labels = header.get("labels")
     if labels is None:

@@ -99,6 +99,8 @@ class Task:
                 for i, ex in enumerate(getattr(self, split)):
                     if not ex.label.strip():
                         raise SureclError(f"{where}task {self.name} {split} row {i}: empty target")
+                    if not ex.messages and not ex.sentence.strip():
+                        raise SureclError(f"{where}task {self.name} {split} row {i}: empty prompt")
                     if ex.messages and (ex.messages[-1][0] != "assistant" or ex.messages[-1][1] != ex.label):
                         raise SureclError(f"{where}task {self.name} {split} row {i}: a conversation must end with the assistant turn that is its target")
             return
