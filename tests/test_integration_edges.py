@@ -365,3 +365,26 @@ def test_sft_completion_only_loss_is_decided_per_dataset(tiny_loaded, tmp_path):
     assert trainer.evaluate(pc)["eval_loss"] == pytest.approx(slow, rel=1e-4)
     assert trainer.evaluate({"pc": pc})["eval_pc_loss"] == pytest.approx(slow, rel=1e-4)
     assert trainer.evaluate()["eval_pc_loss"] == pytest.approx(slow, rel=1e-4)
+
+
+def test_the_data_digest_reads_each_kind_of_dataset():
+    """A datasets.Dataset and a list of dicts are digested row by row (order and content count);
+    a torch Dataset, which may build rows on the fly, is compared by length only (None)."""
+    import datasets
+
+    from surecl.integrations.transformers import _data_digest
+
+    rows = [{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}, {"input_ids": [4, 5], "labels": [4, 5]}]
+    ds = datasets.Dataset.from_list(rows)
+    assert _data_digest(ds) == _data_digest(ds.select([0, 1])) != _data_digest(ds.select([1, 0]))
+    assert _data_digest(rows) != _data_digest(rows[::-1]) and _data_digest(rows) == _data_digest([dict(r) for r in rows])
+    assert _data_digest([{**rows[0], "labels": [1, 2, 3]}, rows[1]]) != _data_digest(rows)
+
+    class Lazy(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return rows[i]
+
+    assert _data_digest(Lazy()) is None

@@ -512,9 +512,11 @@ class SureTrainer(Trainer):
         saved = json.loads((Path(path) / STATE_JSON).read_text(encoding="utf-8")).get("data")
         if not isinstance(saved, list) or t >= len(saved) or not isinstance(saved[t], dict):
             return  # a state from before the data was recorded
-        now = self.data_ids[t]
-        if saved[t] != now:
-            how = (f"{now['rows']} rows, saved with {saved[t].get('rows')}" if saved[t].get("rows") != now["rows"]
+        now, was = self.data_ids[t], saved[t]
+        if was.get("sha256") is None or now["sha256"] is None:  # a dataset without a digest: its length only
+            was, now = {"rows": was.get("rows")}, {"rows": now["rows"]}
+        if was != now:
+            how = (f"{now['rows']} rows, saved with {was.get('rows')}" if was.get("rows") != now["rows"]
                    else f"the same {now['rows']} rows in another order or with other content")
             raise SureclError(
                 f"SureTrainer.next_task: task {t}'s training data is not the data {path} was saved with ({how}); resume with the same "
@@ -901,9 +903,22 @@ class SureTrainer(Trainer):
         return None
 
 
-def _data_digest(data) -> str:
+def _data_digest(data) -> str | None:
     """SHA-256 of a task's prepared rows as the model reads them (``input_ids`` and, where the
-    dataset has them, ``labels``, in order), through Arrow: a second per few million tokens."""
+    dataset has them, ``labels``, in order): through Arrow for a ``datasets.Dataset`` (a second
+    per few million tokens), row by row for a list of dicts; None for another dataset (a torch
+    ``Dataset`` may build its rows on the fly: only its length is compared)."""
+    if isinstance(data, list):
+        h = hashlib.sha256()
+        for row in data:
+            for name in ("input_ids", "labels"):
+                value = row.get(name) if isinstance(row, dict) else None
+                if value is not None:
+                    h.update(json.dumps(value.tolist() if hasattr(value, "tolist") else value, default=str).encode())
+            h.update(b"|")
+        return h.hexdigest()
+    if not _is_hf_dataset(data):
+        return None
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
