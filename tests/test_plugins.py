@@ -500,3 +500,15 @@ def test_virtual_tokens_stay_on_the_encoder_side_of_a_full_sequence():
 
     assert as_full_sequence(Encoded([-1, -2, 7, 8], [9, 1], "x")) == Encoded([-1, -2, 1], [7, 8, 9, 1], "x")
     assert as_full_sequence(Encoded([7, 8], [9, 1], "x")) == Encoded([1], [7, 8, 9, 1], "x")
+
+
+def test_a_full_sequence_has_one_end_when_the_input_ends_with_eos():
+    """model.encoder_eos (the paper-t5 preset) ends every encoder input with </s>: the decoder's
+    whole-sequence target is prompt + answer with that inner </s> dropped (one sequence, one
+    end), and a target cut to max_length (no </s> at its end) still gets </s> as the encoder input."""
+    from surecl.data.encode import Encoded
+    from surecl.replay.surprise import as_full_sequence
+
+    assert as_full_sequence(Encoded([7, 8, 1], [9, 1], "x")) == Encoded([1], [7, 8, 9, 1], "x")
+    assert as_full_sequence(Encoded([-1, 7, 8, 1], [9, 1], "x"), eos_id=1) == Encoded([-1, 1], [7, 8, 9, 1], "x")
+    assert as_full_sequence(Encoded([7, 8, 1], [9, 10], "x"), eos_id=1) == Encoded([1], [7, 8, 9, 10], "x")

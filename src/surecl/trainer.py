@@ -132,7 +132,7 @@ class ContinualRun:
             return self.sharded(lambda part: score_examples(
                 model, part, pad_id=self.tokenizer.pad_token_id, is_seq2seq=self.is_seq2seq, scope=scope or self.cfg.replay.scope,
                 reduction=reduction or self.cfg.replay.reduction, batch_size=self.cfg.eval.batch_size, device=self.device,
-                share_prefix=self.share_prefix), items)
+                share_prefix=self.share_prefix, eos_id=self.tokenizer.eos_token_id), items)
         finally:
             model.train(was_training)
 

@@ -34,10 +34,12 @@ def score_examples(
     batch_size: int = 32,
     device: torch.device | None = None,
     share_prefix: bool = True,
+    eos_id: int | None = None,
 ) -> list[float]:
-    """Surprise of every item, in the items' order."""
+    """Surprise of every item, in the items' order (``eos_id``: the tokenizer's end-of-sequence
+    token, which an encoder-decoder's ``sequence`` scope puts alone on the encoder side)."""
     if is_seq2seq and scope == "sequence":
-        items = [as_full_sequence(e) for e in items]
+        items = [as_full_sequence(e, eos_id) for e in items]
     elif is_seq2seq and scope == "input":
         items = [as_input_reconstruction(e) for e in items]
     if scope == "input":
@@ -56,15 +58,22 @@ def score_examples(
     return scores
 
 
-def as_full_sequence(e: Encoded) -> Encoded:
+def as_full_sequence(e: Encoded, eos_id: int | None = None) -> Encoded:
     """An encoder-decoder example rewritten so its decoder target is the whole sequence:
-    encoder input = the end-of-sequence token alone (every answer ends with it), target =
-    prompt + answer. Virtual tokens leading the prompt (a method's soft prompt, negative ids)
-    stay on the encoder side, before that token: the decoder only ever predicts real ones."""
+    encoder input = the end-of-sequence token alone (``eos_id``; without it the answer's last
+    token, which ends every answer not cut to ``max_length``), target = prompt + answer, the
+    prompt without the end-of-sequence token an encoder input ends with (``model.encoder_eos``):
+    one sequence has one end. Virtual tokens leading the prompt (a method's soft prompt,
+    negative ids) stay on the encoder side, before that token: the decoder only ever predicts
+    real ones."""
+    eos = e.answer[-1] if eos_id is None else eos_id
     n = 0
     while n < len(e.prompt) and e.prompt[n] < 0:
         n += 1
-    return Encoded(e.prompt[:n] + [e.answer[-1]], e.prompt[n:] + e.answer, e.label)
+    body = e.prompt[n:]
+    if body and body[-1] == eos:
+        body = body[:-1]
+    return Encoded(e.prompt[:n] + [eos], body + e.answer, e.label)
 
 
 def as_input_reconstruction(e: Encoded) -> Encoded:
