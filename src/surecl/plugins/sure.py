@@ -58,9 +58,12 @@ class _Sure(ReplayPolicy):
     def rescore(self, ctx, record: StepRecord) -> list[float]:
         """Fresh surprise of the step's replayed entries on the scale the buffer ranks by.
 
-        The step's forward already holds their answer-token NLL; that is the score when the
-        policy scores labels with a mean (one process). Otherwise (whole sequence, or sum)
-        they are re-scored with the scorer itself, so aged and fresh entries stay comparable.
+        The step's forward already holds their answer-token NLL: with labels scored by a mean
+        on one process that is taken as the new score (the surprise met on replay, before the
+        step's update and with the training dropout on, so an aged entry's score is not quite
+        on its fresh neighbours' eval-mode scale). Otherwise (whole sequence, sum, or several
+        processes) they are re-scored with the scorer itself, after the update, in eval mode:
+        so one and several processes age the buffer slightly differently (no preset ages).
         """
         replayed = record.replayed
         if ctx.world == 1 and self.config.scope == "label" and self.config.reduction == "mean":
