@@ -79,6 +79,10 @@ def _finished(out: Path, cfg) -> bool:
     return True
 
 
+_FINGERPRINTS: dict[str, dict[str, str]] = {}
+"""Each stream's task fingerprints, by its data config and seed, within one command."""
+
+
 def _check_same_data(out: Path, results: dict, cfg) -> None:
     """A finished run's tasks are the data this config loads now: each task's fingerprint of its
     sampled rows (results.json ``provenance``; runs written before it, and tasks passed from
@@ -90,7 +94,10 @@ def _check_same_data(out: Path, results: dict, cfg) -> None:
         return
     from surecl.data.loading import load_stream
 
-    now = {t.name: t.fingerprint() for t in load_stream(cfg)}
+    key = json.dumps([cfg.to_dict().get("data"), cfg.seed], sort_keys=True, default=str)
+    if key not in _FINGERPRINTS:  # a sweep asks once per finished run: many share one stream
+        _FINGERPRINTS[key] = {t.name: t.fingerprint() for t in load_stream(cfg)}
+    now = _FINGERPRINTS[key]
     changed = [name for name in now if name in saved and saved[name] != now[name]]
     if changed:
         raise SureclError(f"{out}: its finished run was trained and tested on other rows of task {changed[0]} (the data changed "
@@ -459,6 +466,7 @@ def _imports(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _FINGERPRINTS.clear()  # data may have changed since an earlier command in this process
     modules = _imports(argv)
     if modules:  # before the parser: its help lists what they register
         from surecl.registry import import_modules
