@@ -637,3 +637,47 @@ def test_qwen3s_own_template_marks_its_turns_and_r1s_is_refused(chat_tok):
     r1.chat_template = _trl_template("deepseek_r1_distill")
     with pytest.raises(SureclError, match=r"generation prompt"):
         TaskEncoder(r1, max_length=64).chat_segments(turns[1:], "row")
+
+
+def test_a_space_before_the_end_of_turn_never_becomes_a_stop_token():
+    """A template that writes ' ' + eos after the assistant's content (Llama-2's): the stop ids
+    are EOS and the end-of-turn token, never the space token, which would cut every answer at
+    its first space."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<eos>", "<unk>", "[INST]", "[/INST]", " ", "hi", "it", "is", "42"]
+    core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"\s"), behavior="isolated")
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
+                                  additional_special_tokens=["[INST]", "[/INST]"])
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+                         "{% else %} {{ m['content'] }} {{ eos_token }}{% endif %}{% endfor %}")
+    assert tok.convert_ids_to_tokens(tok(" ", add_special_tokens=False)["input_ids"]) == [" "]
+    stops = TaskEncoder(tok, max_length=64).stop_ids()
+    assert stops == [tok.eos_token_id], tok.convert_ids_to_tokens(stops)
+
+
+def test_predictions_of_a_cut_target_are_scored_as_the_matrix_scores_them(tmp_path, tiny_cache):
+    """predictions.jsonl: a generation test row whose target max_length cut has the kept part as
+    its gold (what the matrix scored) and the whole target as gold_full; its row scores average
+    to the matrix cell."""
+    from statistics import fmean
+
+    from surecl.cli import main
+
+    long = " ".join(["blue", "cat"] * 30)
+    rows = [{"prompt": "cat", "response": "blue"}, {"prompt": "blue", "response": "cat"},
+            {"prompt": "cat", "response": long, "split": "test"}, {"prompt": "blue", "response": "cat", "split": "test"}]
+    (tmp_path / "g.jsonl").write_text(json.dumps({"task": "g", "kind": "generate", "metric": "rouge_l"}) + "\n"
+                                      + "".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SURECL_CACHE", str(tiny_cache))
+        assert main(["run", "--config", "tiny,seq_lora", "--quiet", "--out", str(out), "data.benchmark=none",
+                     f"data.jsonl=[{tmp_path / 'g.jsonl'}]", "model.max_length=24", "train.epochs=1"]) == 0
+    preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    cut = next(p for p in preds if "gold_full" in p)
+    assert cut["gold_full"] == long and long.startswith(cut["gold"]) and cut["gold"] != long
+    matrix = json.loads((out / "results.json").read_text())["accuracy_matrix"]
+    assert fmean(p["score"] for p in preds) == pytest.approx(matrix[-1][0], abs=1e-3)

@@ -178,9 +178,10 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
 def normalise_answer(text: str) -> str:
-    """SQuAD's answer normalisation (as Super-NaturalInstructions' exact match): lower case,
-    punctuation deleted ("U.S." is "us", "e-mail" "email"), the articles a / an / the removed,
-    whitespace collapsed."""
+    """SQuAD v1.1's answer normalisation: lower case, punctuation deleted ("U.S." is "us",
+    "e-mail" "email"), the articles a / an / the removed, whitespace collapsed. (Super-
+    NaturalInstructions' exact match is the same without removing the articles, so "a cat"
+    and "the cat" match here and not there.)"""
     text = _PUNCT.sub("", text.lower())
     return " ".join(_ARTICLES.sub(" ", text).split())
 

@@ -123,8 +123,9 @@ def buffer_labels(run) -> dict[str, dict[str, int]]:
 def final_predictions(run) -> list[dict] | None:
     """``predictions.jsonl``'s rows: per task the last stage evaluated, each test row's task,
     input, prediction (the evaluation adapter's answer as decoded, or the ranked label),
-    gold label and whether they match under the exact-match normalisation; None for text
-    streams. A run resumed from a checkpoint written before predictions were kept evaluates
+    gold label and whether they match under the exact-match normalisation (a generation target
+    cut to ``max_length`` is scored, as in the matrix, against its kept part: ``gold``, with the
+    whole target as ``gold_full``); None for text streams. A run resumed from a checkpoint written before predictions were kept evaluates
     those tasks again (every process: evaluation is sharded)."""
     if run.cfg.eval.mode == "perplexity":
         return None
@@ -137,10 +138,12 @@ def final_predictions(run) -> list[dict] | None:
     rows = []
     for j in wanted:
         task = run.tasks[j]
-        for ex, pred in zip(task.test, kept[task.name]):
-            row = {"task": task.name, "input": ex.sentence, "prediction": pred, "gold": ex.label}
+        for ex, enc, pred in zip(task.test, run.test_sets.encoded[j], kept[task.name]):
+            row = {"task": task.name, "input": ex.sentence, "prediction": pred, "gold": enc.label}
+            if enc.label != ex.label:  # a target cut to max_length: scored against what was kept
+                row["gold_full"] = ex.label
             if task.kind == "generate":  # the row's score in the task's metric (ROUGE-L, exact match)
-                row.update(metric=task.score_metric, score=task_score(task.score_metric, [pred], [ex.label]))
+                row.update(metric=task.score_metric, score=task_score(task.score_metric, [pred], [enc.label]))
             else:
                 row["correct"] = is_label(pred, ex.label, task.labels)
             rows.append(row)

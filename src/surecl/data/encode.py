@@ -352,7 +352,9 @@ class TaskEncoder:
 
     def stop_ids(self) -> list[int]:
         """The tokens that end a generated answer: EOS and, with a chat template, the first token
-        of what the template puts after an assistant turn's content (its end-of-turn token)."""
+        of what the template puts after an assistant turn's content (its end-of-turn token),
+        leading whitespace skipped: a template that writes ``' ' + eos`` there (Llama-2's) must
+        not make the space token a stop, which would cut every answer at its first space."""
         ids = [self.tok.eos_token_id]
         if self.has_chat_template:
             marker = self._MARKER
@@ -360,7 +362,9 @@ class TaskEncoder:
                 pieces = self.chat_segments((("user", "hi"), ("assistant", marker)), "")
                 turn = next(text for text, a in pieces if a)
                 after = turn[turn.index(marker) + len(marker) :]
-                end = self._ids(after)[:1] if after.strip() else []
+                end = self._ids(after.lstrip())[:1] if after.strip() else []
+                if end and not self.tok.decode(end).strip():
+                    end = []  # a token of whitespace alone never ends an answer
             except (SureclError, ValueError, StopIteration):
                 end = []
             ids += [t for t in end if t not in ids]
