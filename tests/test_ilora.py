@@ -78,3 +78,48 @@ def test_the_term_holds_the_plastic_adapter_near_the_stable_one(tmp_path, tiny_c
         losses = [json.loads(line)["loss"] for line in (tmp_path / f"w{weight}" / "log.jsonl").read_text().splitlines()]
         assert losses[-1] < 0.5 * losses[0]  # the plastic adapter trained
     assert gaps[50.0] < 0.5 * gaps[0.0]
+
+
+# --------------------------------------------------------------------------- the authors' reading (LLMCL)
+
+
+def test_the_authors_preset_carries_their_code_settings():
+    cfg = build_config("tiny,ilora_llmcl")
+    assert (cfg.dual.beta, cfg.dual.unit, cfg.ilora.rows, cfg.ilora.target, cfg.ilora.indices()) == (0.25, "step", "replayed", "max", None)
+    assert (cfg.replay.policy, cfg.replay.buffer_size, cfg.replay.ratio, cfg.replay.loss) == ("reservoir", 500, "1:1", "pair")
+    with pytest.raises(SureclError, match=r"^ilora.rows"):
+        build_config("tiny,ilora", ["ilora.rows=new"])
+    with pytest.raises(SureclError, match=r"^ilora.target"):
+        build_config("tiny,ilora", ["ilora.target=min"])
+
+
+def test_the_max_target_pulls_only_features_below_the_stable_ones_on_replayed_rows(tmp_path, tiny_cache):
+    """target=max: the term is the mean over every hidden state of min(plastic - stable, 0)^2 (the
+    authors' MSE toward torch.where(plastic > stable, plastic, stable)); rows=replayed: only the
+    step's replayed rows count, so a step without replay adds nothing."""
+    run = ContinualRun(build_config("tiny,ilora_llmcl", [*SMALL, "lora.dropout=0"]), tmp_path / "r", progress=False, cache_dir=tiny_cache)
+    with torch.no_grad():
+        for p in run.adapters.fast_params:
+            p.add_(torch.randn_like(p) * 0.05)
+    run.step_items, run.step_new = [(1, 0), (1, 1), (0, 2), (0, 5)], 2
+    term = run.method.loss(run, torch.zeros(()))
+    replayed = run.step_items[2:]
+    with torch.no_grad():
+        fast, slow = hidden(run, FAST, replayed), hidden(run, SLOW, replayed)
+        target = [torch.where(f > s, f, s) for f, s in zip(fast, slow)]
+        expect = torch.stack([((f - t) ** 2).mean() for f, t in zip(fast, target)]).mean()
+        everything = torch.stack([((f - s) ** 2).mean() for f, s in zip(fast, slow)]).mean()
+    assert float(term) == pytest.approx(float(expect), rel=1e-4) and 0 < float(term) < float(everything)
+    run.step_new = 4  # no replayed row on this step
+    assert float(run.method.loss(run, torch.zeros(()))) == 0.0
+
+
+def test_a_run_under_the_authors_settings_learns_and_keeps_its_stable_adapter_close(tmp_path, tiny_cache):
+    run = ContinualRun(build_config("tiny,ilora_llmcl", SMALL), tmp_path / "r", progress=False, cache_dir=tiny_cache)
+    res = run.run()
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "r" / "log.jsonl").read_text().splitlines()]
+    assert losses[-1] < 0.5 * losses[0]  # it learned
+    assert len(res["accuracy_matrix"]) == 2 and run.method.last > 0.0  # the last step replayed and compared
+    easy = ContinualRun(build_config("tiny,ilora", [*SMALL, "dual.beta=0.95"]), tmp_path / "e", progress=False, cache_dir=tiny_cache)
+    easy.run()
+    assert gap(run) < gap(easy)  # a stable adapter 75 % plastic each step stays nearer it than one 5 % plastic

@@ -157,6 +157,7 @@ def build_run(
     run.cpu = None  # this process's CPU clock at the last ContinualRun.clock
     run.stage = None
     run.step_items = []
+    run.step_new = 0
     run.eval_view = None
     run.predictions = {}
     run.eval_fast = cfg.dual.enabled and cfg.eval.fast and run.method.fast_eval

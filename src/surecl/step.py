@@ -120,6 +120,7 @@ class TrainStep(Plugin):
         accelerator, world, rank = ctx.accelerator, ctx.world, ctx.rank
         items = [ctx.train_sets[t][i] for t, i in current] + [ctx.train_sets[e.task][e.index] for e in replayed]
         ctx.step_items = list(current) + [(e.task, e.index) for e in replayed]  # what the loss hooks may read
+        ctx.step_new = len(current)
         n_tokens = sum(e.scored for e in items)
         local = items[rank::world] if world > 1 else items
         weight = float(world) if local else 0.0

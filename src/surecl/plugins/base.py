@@ -179,6 +179,8 @@ class RunContext(Protocol):
     """(task, index) of every example of the step being taken, the current batch then the
     replayed entries (as :attr:`StepRecord.items`), set before its ``loss`` hooks run: a method
     may build its own forward on them (``ctx.batch([ctx.train_sets[t][i] for t, i in ...])``)."""
+    step_new: int
+    """How many of :attr:`step_items` are the current batch's (the rest were replayed)."""
     eval_view: str | None
     """While evaluating: the adapter asked to answer (None: the run's own answer, slow if dual;
     ``"fast"``: the fast adapter's row of a dual run)."""

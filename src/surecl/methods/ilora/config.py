@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from surecl.options import Options
 
@@ -18,21 +19,37 @@ class ILoRAConfig(Options):
     replayed."""
 
     consistency_weight: float = 1.0
-    """Weight of the consistency term added to the loss (EasyCL ``consistency_weight`` 1.0)."""
+    """Weight of the consistency term added to the loss (EasyCL ``consistency_weight`` 1.0;
+    the authors' ``reg_weight`` 1.0)."""
     layers: str = "-1,-2,-3"
     """Which hidden states the term compares, comma-separated indices into the model's
-    ``hidden_states`` (embeddings first; -1 the last layer's output), each compared by the mean
-    squared error over every position and feature and the layers averaged (EasyCL
-    ``hidden_state_layers`` [-1, -2, -3], ``nn.MSELoss(reduction='mean')``)."""
+    ``hidden_states`` (embeddings first; -1 the last layer's output), or ``all``; each compared
+    by the mean squared error over every position and feature and the layers averaged (EasyCL
+    ``hidden_state_layers`` [-1, -2, -3], ``nn.MSELoss(reduction='mean')``; the authors' code,
+    ``which47/LLMCL`` ``method/ILORA.py``: every hidden state)."""
+    rows: str = "all"
+    """Which rows of a step the term runs on: ``all`` (new and replayed, EasyCL) or
+    ``replayed`` (the buffer's rows only, the authors' code)."""
+    target: str = "stable"
+    """What the plastic side is pulled toward: ``stable`` (the EMA adapter's hidden states,
+    EasyCL) or ``max`` (their element-wise maximum with the plastic's own, the authors' code:
+    ``torch.where(plastic > stable, plastic, stable)``, so only features below the stable
+    model's are pulled up)."""
 
-    def indices(self) -> list[int]:
+    def indices(self) -> list[int] | None:
+        """The hidden states compared (None: all of them)."""
+        if str(self.layers).strip() == "all":
+            return None
         return [int(part) for part in str(self.layers).split(",") if part.strip()]
+
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {"rows": ("all", "replayed"), "target": ("stable", "max")}
 
     def check(self, section: str) -> None:
         super().check(section)
         self.require(self.consistency_weight >= 0, f"{section}.consistency_weight", self.consistency_weight, "must be >= 0")
         try:
-            ok = len(self.indices()) > 0
+            picks = self.indices()
+            ok = picks is None or len(picks) > 0
         except ValueError:
             ok = False
-        self.require(ok, f"{section}.layers", self.layers, "must be comma-separated whole numbers, e.g. -1,-2,-3")
+        self.require(ok, f"{section}.layers", self.layers, "must be comma-separated whole numbers, e.g. -1,-2,-3, or all")

@@ -1,5 +1,9 @@
 """I-LoRA on surecl's dual learner: the fast adapter is I-LoRA's plastic LoRA, the slow (EMA)
 adapter its stable LoRA, the replay policy its memory; this method adds the consistency loss.
+Two readings: EasyCL's (the ``ilora`` preset, described here) and the authors' own code
+(``which47/LLMCL`` ``method/ILORA.py``; the ``ilora_llmcl`` preset: the replayed rows only,
+every hidden state, pulled toward the element-wise maximum of both sides, ``ilora.rows``,
+``ilora.layers``, ``ilora.target``).
 
 At each optimizer step (in the ``loss`` hook, once per step) the step's rows, new and replayed
 (``ctx.step_items``), are run twice more: with the fast adapter (with gradients) and with the
@@ -61,15 +65,19 @@ class ILoRA(Method):
         finally:
             ctx.adapters.activate(FAST)
         n = len(plastic)
-        picks = [k if k >= 0 else n + k for k in self.config.indices()]
+        chosen = self.config.indices()
+        picks = list(range(n)) if chosen is None else [k if k >= 0 else n + k for k in chosen]
         bad = [k for k in picks if not 0 <= k < n]
         if bad:
             raise SureclError(f"ilora.layers: {self.config.layers} names a hidden state this model does not have (it has {n}, embeddings first)")
+        if self.config.target == "max":  # pulled toward max(plastic, stable): only where the plastic side is below
+            return torch.stack([(plastic[k].float() - stable[k].float()).clamp(max=0).pow(2).mean() for k in picks]).mean()
         return torch.stack([F.mse_loss(plastic[k].float(), stable[k].float()) for k in picks]).mean()
 
     def loss(self, ctx, loss: torch.Tensor) -> torch.Tensor:
         weight = self.config.consistency_weight
-        items = ctx.step_items[ctx.rank :: ctx.world] if ctx.world > 1 else ctx.step_items
+        items = ctx.step_items[ctx.step_new:] if self.config.rows == "replayed" else ctx.step_items
+        items = items[ctx.rank :: ctx.world] if ctx.world > 1 else items
         if not weight or not items:
             return loss
         term = self.consistency(ctx, items)
