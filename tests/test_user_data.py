@@ -253,3 +253,12 @@ def test_an_empty_generation_prompt_from_a_dataset_is_one_line(tmp_path):
     with pytest.raises(SureclError, match="row 0: empty prompt") as err:
         load_hf_task(HFTaskConfig(path=str(tmp_path / "g.jsonl"), test_fraction=0.25), "data.hf[0]", kind="generate")
     assert "\n" not in str(err.value)
+
+
+def test_an_empty_field_in_an_integer_label_column_names_its_row(tmp_path):
+    """A CSV column of integer labels with one empty field reads as floats: the error names the
+    row without a label, not the column's type."""
+    path = write_csv(tmp_path / "ints.csv", [("a", 1), ("b", 2), ("c", ""), ("d", 1), ("e", 2)])
+    with pytest.raises(SureclError, match=r"train row 2: no label \(an empty field\)") as err:
+        load_hf_task(HFTaskConfig(path=str(path), test_fraction=0.4), "data.hf[0]")
+    assert "\n" not in str(err.value)

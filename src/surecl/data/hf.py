@@ -229,6 +229,10 @@ def _labels(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str) -> tupl
     names = list(feature.names) if type(feature).__name__ == "ClassLabel" else None
     dtype = getattr(feature, "dtype", None)
     if names is None and dtype not in _STRINGS + _INTS:
+        if isinstance(dtype, str) and dtype.startswith("float"):  # a CSV column of integers with an empty field reads as floats
+            missing = next((i for i, v in enumerate(values) if v is None or v != v), None)
+            if missing is not None:
+                raise SureclError(f"{key}.label_column: {src} {split} row {missing}: no label (an empty field)")
         raise SureclError(f"{key}.label_column: column {col!r} of {src} holds {_describe(feature)}; labels must be strings or integers")
     given = _given_labels(spec)
     numbers = [bool(_INT_TEXT.fullmatch(x)) for x in given]
