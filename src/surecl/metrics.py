@@ -34,78 +34,70 @@ def _mean(values: list[float | None]) -> float | None:
     return fmean(vals) if vals else None
 
 
-def final_performance(a: Matrix) -> float | None:
-    return _mean(a[-1]) if a else None
+def _columns(a: Matrix, keep: list[int] | None) -> list[int]:
+    """The tasks (columns) a metric runs over: every one, or ``keep`` (the learned ones a claim keeps)."""
+    if not a:
+        return []
+    return list(range(len(a[-1]))) if keep is None else sorted(set(keep))
 
 
-def average_performance(a: Matrix) -> float | None:
-    return _mean([a[j][j] for j in range(len(a))])
+def final_performance(a: Matrix, keep: list[int] | None = None) -> float | None:
+    return _mean([a[-1][j] for j in _columns(a, keep)]) if a else None
 
 
-def forgetting(a: Matrix, higher_is_better: bool = True) -> float | None:
-    ap, fp = average_performance(a), final_performance(a)
+def average_performance(a: Matrix, keep: list[int] | None = None) -> float | None:
+    return _mean([a[j][j] for j in _columns(a, keep) if j < len(a)])
+
+
+def forgetting(a: Matrix, higher_is_better: bool = True, keep: list[int] | None = None) -> float | None:
+    ap, fp = average_performance(a, keep), final_performance(a, keep)
     if ap is None or fp is None:
         return None
     return ap - fp if higher_is_better else fp - ap
 
 
-def backward_transfer(a: Matrix, higher_is_better: bool = True) -> float | None:
+def backward_transfer(a: Matrix, higher_is_better: bool = True, keep: list[int] | None = None) -> float | None:
     n = len(a)
     sign = 1.0 if higher_is_better else -1.0
-    diffs = [sign * (a[n - 1][j] - a[j][j]) for j in range(n - 1) if a[n - 1][j] is not None and a[j][j] is not None]
+    diffs = [sign * (a[n - 1][j] - a[j][j]) for j in _columns(a, keep)
+             if j < n - 1 and a[n - 1][j] is not None and a[j][j] is not None]
     return fmean(diffs) if diffs else None
 
 
-def average_incremental_accuracy(a: Matrix) -> float | None:
+def average_incremental_accuracy(a: Matrix, keep: list[int] | None = None) -> float | None:
     """None unless every cell on and below the diagonal was evaluated (``eval.matrix=fp_ap``
     leaves the inner cells empty, and a mean over the rest would mean something else)."""
-    if any(v is None for i in range(len(a)) for v in a[i][: i + 1]):
+    cols = _columns(a, keep)
+    rows = [[a[i][j] for j in cols if j <= i] for i in range(len(a))]
+    if any(v is None for row in rows for v in row):
         return None
-    rows = [_mean(a[i][: i + 1]) for i in range(len(a))]
-    return _mean(rows)
+    return _mean([_mean(row) for row in rows if row])
 
 
-def forward_transfer(a: Matrix, initial: list[float | None] | None, higher_is_better: bool = True) -> float | None:
+def forward_transfer(a: Matrix, initial: list[float | None] | None, higher_is_better: bool = True,
+                     keep: list[int] | None = None) -> float | None:
     """Mean over the tasks j > 0 with both cells of (a[j-1][j] - initial[j]) (sign flipped for a
     lower-is-better metric, so positive = earlier tasks helped); None when no task has both."""
     if not initial:
         return None
     sign = 1.0 if higher_is_better else -1.0
-    diffs = [sign * (a[j - 1][j] - initial[j]) for j in range(1, min(len(a), len(initial)))
-             if a[j - 1][j] is not None and initial[j] is not None]
+    diffs = [sign * (a[j - 1][j] - initial[j]) for j in _columns(a, keep) if 1 <= j < min(len(a), len(initial))
+             and a[j - 1][j] is not None and initial[j] is not None]
     return fmean(diffs) if diffs else None
 
 
-def summarise(a: Matrix, higher_is_better: bool = True, initial: list[float | None] | None = None) -> dict[str, float | None]:
+def summarise(a: Matrix, higher_is_better: bool = True, initial: list[float | None] | None = None,
+              keep: list[int] | None = None) -> dict[str, float | None]:
+    """Every summary metric of the score matrix ``a``; with ``keep``, over those tasks (columns)
+    only, on the stream's own stages (a claim leaving out tasks no row learned: FP from the last
+    row, AP from each kept task's cell right after it was learned, and so on)."""
     return {
-        "fp": final_performance(a),
-        "ap": average_performance(a),
-        "forgetting": forgetting(a, higher_is_better),
-        "bwt": backward_transfer(a, higher_is_better),
-        "avg_incremental": average_incremental_accuracy(a),
-        "fwt": forward_transfer(a, initial, higher_is_better),
-    }
-
-
-def summarise_tasks(a: Matrix, keep: list[int], higher_is_better: bool = True) -> dict[str, float | None]:
-    """:func:`summarise`'s FP, AP, forgetting, BWT and average incremental accuracy over the tasks
-    (columns) ``keep`` only, on the stream's own stages: FP from the last row, AP from each kept
-    task's cell right after it was learned, forgetting = AP - FP (sign by direction), BWT over the
-    kept tasks before the last stage, the incremental mean over each stage's kept tasks seen so
-    far (None while a needed cell is empty, as :func:`average_incremental_accuracy`)."""
-    n, sign = len(a), 1.0 if higher_is_better else -1.0
-    kept = sorted(set(keep))
-    fp = _mean([a[-1][j] for j in kept]) if a else None
-    ap = _mean([a[j][j] for j in kept if j < n])
-    diffs = [sign * (a[n - 1][j] - a[j][j]) for j in kept if j < n - 1 and a[n - 1][j] is not None and a[j][j] is not None]
-    rows = [[a[i][j] for j in kept if j <= i] for i in range(n)]
-    complete = all(v is not None for row in rows for v in row)
-    return {
-        "fp": fp,
-        "ap": ap,
-        "forgetting": None if ap is None or fp is None else sign * (ap - fp),
-        "bwt": fmean(diffs) if diffs else None,
-        "avg_incremental": _mean([_mean(row) for row in rows if row]) if complete else None,
+        "fp": final_performance(a, keep),
+        "ap": average_performance(a, keep),
+        "forgetting": forgetting(a, higher_is_better, keep),
+        "bwt": backward_transfer(a, higher_is_better, keep),
+        "avg_incremental": average_incremental_accuracy(a, keep),
+        "fwt": forward_transfer(a, initial, higher_is_better, keep),
     }
 
 

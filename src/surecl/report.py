@@ -19,7 +19,7 @@ from statistics import fmean, median, stdev
 from surecl.checkpoint import write_text
 from surecl.config import read_view
 from surecl.errors import SureclError
-from surecl.metrics import METRIC_NAMES, metric_words, summarise_tasks
+from surecl.metrics import METRIC_NAMES, metric_words, summarise
 
 
 def _fmt(v: float | None, digits: int = 1) -> str:
@@ -766,6 +766,7 @@ def write_sweep_plan(root: Path, runs: list[dict], meta: dict | None = None) -> 
 
 
 LEARNED_MARGIN = 1.0
+"""Points above the majority-class rate a task's best accuracy must reach to count as learned."""
 
 
 @dataclass
@@ -783,7 +784,6 @@ class TaskRate:
     @property
     def learned(self) -> bool:
         return self.margin is not None and self.margin > LEARNED_MARGIN
-"""Points above the majority-class rate a task's best accuracy must reach to count as learned."""
 
 
 class Study:
@@ -904,7 +904,7 @@ class Study:
         (order, seed) pairs, or for seed units the seeds with both rows at every such order."""
         both = {(o, s) for (row, o, s) in self.expected if row == a and (b, o, s) in self.expected
                 and (group == "all" or self.bench_of.get(o, "other") == group)}
-        if kind in ("order", "run"):
+        if kind in ORDER_UNITS:
             return len(both)
         orders = {o for o, _ in both}
         seeds = {s for _, s in both}
@@ -925,7 +925,7 @@ class Study:
     def claim_value(self, key: Key, metric: str) -> float | None:
         """The value a claim compares: ``metric``, except for an order with tasks no row learns
         above their majority class (:meth:`unlearned`), where it is the metric over the learned
-        tasks only (:func:`surecl.metrics.summarise_tasks`; None when none is learned)."""
+        tasks only (:func:`surecl.metrics.summarise` with ``keep``; None when none is learned)."""
         rec = self.records.get(key)
         if rec is None:
             return None
@@ -933,7 +933,7 @@ class Study:
         if not skip or not rec.matrix or not rec.tasks:
             return rec.values.get(metric)
         keep = [j for j, t in enumerate(rec.tasks) if t not in skip]
-        return summarise_tasks(rec.matrix, keep, self.kind != "perplexity").get(metric) if keep else None
+        return summarise(rec.matrix, self.kind != "perplexity", keep=keep).get(metric) if keep else None
 
     def missing(self, metric: str, rows: list[str] | None = None) -> list[Missing]:
         rows_set = set(self.rows if rows is None else rows)
@@ -1328,6 +1328,9 @@ def parse_claim(text: str, rows: list[str]) -> tuple[str, str]:
 MIN_SAME_HOST = 3
 """Fewest same-host units for a claim to be computed on same-host units only."""
 
+ORDER_UNITS = ("order", "run")
+"""The claim unit kinds whose unit is each (order, seed) pair (the runs' ``data.draw``)."""
+
 _UNIT_WORDS = {"run": "(order, seed) (independent runs, data.draw=run: each draws its own data, LoRA init, batch order and "
                       "replay draws)",
                "order": "(order, seed) (independent data draws, data.draw=order; the runs of one seed share its LoRA init, "
@@ -1357,7 +1360,7 @@ def claim_units(pairs: list[_Pair]) -> tuple[str, list[tuple[str, float, str]]]:
     if not pairs:
         return "none", []
     draws = {p.draw for p in pairs}
-    if draws <= {"order", "run"}:
+    if draws <= set(ORDER_UNITS):
         return ("run" if draws == {"run"} else "order"), [(f"{p.order}/{p.seed}", p.diff, p.where) for p in pairs]
     by_seed: dict[int | str, list[_Pair]] = defaultdict(list)
     for p in pairs:
@@ -1376,7 +1379,7 @@ def claim_units_complete(pairs: list[_Pair]) -> tuple[str, list[tuple[str, float
     order the claim's pairs have (a seed with one order of three would be another quantity);
     the third value is the number of seeds left out for lacking one."""
     kind, units = claim_units(pairs)
-    if kind in ("order", "run", "none"):
+    if kind in (*ORDER_UNITS, "none"):
         return kind, units, 0
     orders = {p.order for p in pairs}
     by_seed: dict[int | str, set[str]] = defaultdict(set)
@@ -1545,7 +1548,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         unrec = f", unrecorded: {e['unrec']}" if e["unrec"] else ""
         hosts = (f"same-host units only: {res.n} of {e['n_all']}" if e["same_only"]
                  else f"cross-host units: {e['cross']}{unrec}")
-        n_cell = str(res.n) + (f" ({'(order, seed)' if e['kind'] in ('order', 'run') else 'seeds'})" if show_kind else "")
+        n_cell = str(res.n) + (f" ({'(order, seed)' if e['kind'] in ORDER_UNITS else 'seeds'})" if show_kind else "")
         if e["planned"] > e["n_all"]:  # a study still running, or runs that failed: the claim is over those present
             n_cell += f" of {e['planned']} planned †"
             incomplete = True
@@ -1554,7 +1557,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         label = f"other (orders {other_orders})" if g == "other" else g
         body.append([f"{e['a']} > {e['b']}", label, n_cell, f(res.mean), ci, _fmt_p(res.p), _fmt_p(e["holm"]), sign_cell, shown, hosts])
         num = lambda v: "" if v is None else round(v, 6)  # noqa: E731
-        csv_rows.append([f"{e['a']} > {e['b']}", e["a"], e["b"], g, "order_seed" if e["kind"] in ("order", "run") else "seed", res.n, e["n_all"],
+        csv_rows.append([f"{e['a']} > {e['b']}", e["a"], e["b"], g, "order_seed" if e["kind"] in ORDER_UNITS else "seed", res.n, e["n_all"],
                          *(num(v) for v in (res.mean, res.sd, res.lo, res.hi, res.t, res.t_stat, res.p, e["holm"])), e["family"],
                          sign.wins, sign.losses, sign.ties, num(sign.p), word, why, "same_host_only" if e["same_only"] else "all",
                          e["same"], e["cross"], e["unrec"], e["planned"], e["left_out"], ";".join(e["confounds"])])

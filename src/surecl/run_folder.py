@@ -92,7 +92,7 @@ def save(run) -> None:
     checkpoint.save(
         run.out_dir / "checkpoints", name, components,
         {"config": run.cfg.to_dict(), "tasks": [t.name for t in run.tasks], "data": fingerprints(run)},
-        keep=run.cfg.train.keep_checkpoints, owned=lambda n: run.outputs.owns(f"checkpoints/{n}"),
+        keep=run.cfg.train.keep_checkpoints, owned=_owned_checkpoints(run),
     )
     run.outputs.forget_missing("checkpoints")
 
@@ -110,12 +110,17 @@ def _check_declared_state(run, state) -> None:
                 "class, e.g. state = (\"the anchor weights\",)")
 
 
+def _owned_checkpoints(run):
+    """Whether a checkpoint folder's name is one the run folder's manifest lists (None where this
+    process keeps no manifest: a rank other than the main one reads every checkpoint)."""
+    outputs = getattr(run, "outputs", None)
+    return (lambda name: outputs.owns(f"checkpoints/{name}")) if outputs is not None else None
+
+
 def restore(run) -> Path | None:
     """Restore the newest valid checkpoint into the run and its components; say so when a
     newer one was damaged."""
-    outputs = getattr(run, "outputs", None)
-    owned = (lambda n: outputs.owns(f"checkpoints/{n}")) if outputs is not None else None
-    found = checkpoint.load_latest(run.out_dir / "checkpoints", run.log, owned)
+    found = checkpoint.load_latest(run.out_dir / "checkpoints", run.log, _owned_checkpoints(run))
     if found is None:
         return None
     from surecl.config import same_config

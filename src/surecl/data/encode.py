@@ -88,7 +88,6 @@ class TaskEncoder:
         instruction, options and answer are kept; a conversation loses its first turns)."""
         self._sentence_cuts = 0
         self._dropped = 0
-        self._row_cut = False  # the row being encoded had its target cut (set by _fit_answer)
 
     def _ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
@@ -164,9 +163,9 @@ class TaskEncoder:
         if task.kind == "generate":
             out = []
             for i, ex in enumerate(rows):
-                self._row_cut = False
+                before = self._cuts  # a row whose target is cut adds one (a retried encoding counts its last try)
                 enc = self.generation(task, ex, split, i)
-                if self._row_cut and split == "test":
+                if self._cuts > before and split == "test":
                     enc = replace(enc, label=self.tok.decode(enc.answer, skip_special_tokens=True).strip())
                 out.append(enc)
         elif task.kind == "text":
@@ -211,7 +210,7 @@ class TaskEncoder:
                     break
                 keep = max(keep - self._dropped - 1, 0)
                 text = self.tok.decode(body[:keep], skip_special_tokens=True)
-                self._cuts, self._row_cut = cuts, False
+                self._cuts = cuts
                 enc = self._chat((("user", task.instruction + text), ("assistant", ex.label)), ex.label, test, where)
             self._sentence_cuts += keep < len(body) or self._dropped > 0
             return enc
@@ -231,7 +230,6 @@ class TaskEncoder:
             return answer
         keep = max(self.max_length - prompt_len, self.max_length // 2)
         self._cuts += keep < len(answer)
-        self._row_cut = self._row_cut or keep < len(answer)
         return answer[:keep]
 
     def render(self, turns, generation_prompt: bool, where: str) -> str:

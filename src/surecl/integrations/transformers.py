@@ -354,11 +354,11 @@ class SureTrainer(Trainer):
         self._check_processes()
         self.root = Path(args.output_dir)
         self.task = 0
+        """The index of the task the next :meth:`next_task` call trains."""
         self.data_ids: list[dict] = []
         """Each task's training rows as trained (count and digest, :func:`_data_digest`): saved with
         SuRe's state, so a resume on other data stops in one line."""
         self._root_checked = False
-        """The index of the task the next :meth:`next_task` call trains."""
         self.sets: list = []
         self.scores: dict[int, list[float]] = {}
         """Each task's surprise (the buffer's priorities), the same on every process."""
