@@ -29,6 +29,10 @@ def test_packaged_plans_reproduce_the_papers_tables():
     assert cfg.replay.ratio == "1:2" and cfg.dual.unit == "example" and not cfg.dual.bias_correction
     for name in ("paper-standard", "paper-lnt", "ablation-buffer", "ablation-beta"):
         assert "data.draw=run" in expand(load_plan(name))[0].overrides
+    # the buffer-size table's caption says 1:4 (its 300 row is the ratio table's 1:4 row); the beta table's 1:2
+    buffer = expand(load_plan("ablation-buffer"))
+    cfg = build_config("paper-t5,lnt,slow_surprise_sa", buffer[0].overrides)
+    assert cfg.replay.ratio == "1:4" and cfg.replay.buffer_size == 150
 
 
 def test_plan_with_named_orders_and_groups(tmp_path):
