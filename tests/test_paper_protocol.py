@@ -17,8 +17,10 @@ from surecl import trainer as trainer_mod
 from surecl.cli import main
 from surecl.config import build_config, load_yaml
 from surecl.data.encode import TaskEncoder, bucketed_batches, uniform_batches
+from surecl.data.loading import load_stream
 from surecl.data.task import Example, Task, prepare_stream
 from surecl.errors import SureclError
+from surecl.plan import describe
 from surecl.registry import policy_class
 from surecl.replay.policies import quota_warning
 from surecl.replay.surprise import score_examples
@@ -243,6 +245,23 @@ def test_quota_warning_is_printed_by_a_run(tmp_path, caplog, tiny_cache):
     warned = [r.getMessage() for r in caplog.records if r.name == "surecl" and r.levelname == "WARNING"]
     assert any("per-task quota floor(S/d) is 0 from task 3 on" in m for m in warned), caplog.text
     assert res["buffer"]["size"] == 0  # what the warning announced
+
+
+def test_per_label_quota_warning_for_online_surprise(tmp_path, caplog, tiny_cache):
+    """online_surprise keeps floor(S/k) per answer label: with S below the stream's labels the
+    buffer empties, and the run (and its dry run) say so."""
+    assert quota_warning(policy_class("online_surprise"), 3, 1, n_labels=4) is not None
+    assert quota_warning(policy_class("online_surprise"), 4, 1, n_labels=4) is None
+    assert quota_warning(policy_class("surprise"), 3, 1, n_labels=4) is None  # a per-task quota: labels do not count
+    cfg = build_config("tiny,online_surprise", ["train.epochs=1", "data.n_train=8", "data.n_test=2", "replay.buffer_size=3",
+                                                "data.tasks=[colors,animals]"])
+    labels = {ex.label for t in load_stream(cfg, cache_dir=tiny_cache) for ex in t.train}
+    assert len(labels) > 3
+    res = run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    warned = [r.getMessage() for r in caplog.records if r.name == "surecl" and r.levelname == "WARNING"]
+    assert any(f"S=3 entries for the stream's {len(labels)} answer labels" in m for m in warned), caplog.text
+    assert res["buffer"]["size"] == 0  # what the warning announced
+    assert "answer labels" in describe(cfg, cache_dir=tiny_cache)
 
 
 def test_non_finite_surprise_is_a_clear_error(tmp_path, monkeypatch, tiny_cache):

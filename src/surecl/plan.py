@@ -150,7 +150,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         else:
             replay_steps = math.ceil(steps / cfg.replay.every)
         d = k + 1
-        q = f"floor({capacity}/{d}) = {capacity // d}" if quota else ("-" if policy == "none" else "online")
+        q = f"floor({capacity}/{d}) = {capacity // d}" if quota else ("-" if policy == "none" else "online" + (", floor(S/k) per answer label" if policy_cls.per_label_quota else ""))
         names = "+".join(tasks[t].name for t in stage.tasks)
         lines.append(f"| {k + 1} | {names} | {n} | {sum(len(tasks[t].test) for t in stage.tasks)} | {steps} | {replay_steps} | {q} |")
     lines.append(f"\ntotal optimizer steps: {sum(steps_all)}")
@@ -160,7 +160,8 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         probe = load_general_probe(cfg.eval.general, cfg.eval.general_n, cache_dir)
         parts = ", ".join(f"{t.name} ({'perplexity' if t.kind == 'text' else t.score_metric}) {len(t.test)} rows" for t in probe.tasks)
         lines.append(f"general-ability probe ({cfg.eval.general}): {parts}; before the first task and after each of the {len(stages)} stages")
-    warning = quota_warning(policy_class(policy), capacity, len(tasks))
+    labels = {ex.label for t in tasks for ex in t.train} if policy_cls.per_label_quota else ()
+    warning = quota_warning(policy_cls, capacity, len(tasks), len(labels))
     if warning:
         lines.append(f"warning: {warning}")
     if cfg.dual.enabled:

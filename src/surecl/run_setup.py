@@ -171,7 +171,8 @@ def build_run(
     first = run.stages[0].tasks
     run.adapters.beta = resolve_beta(cfg.dual, ema_units(sum(len(run.train_sets[t]) for t in first), cfg, [run.tasks[t].name for t in first]))
     warn_slow_window(run)
-    warning = quota_warning(type(run.policy), run.policy.capacity, len(run.tasks))
+    labels = {ex.label for t in run.tasks for ex in t.train} if type(run.policy).per_label_quota else ()
+    warning = quota_warning(type(run.policy), run.policy.capacity, len(run.tasks), len(labels))
     if warning:
         run.log(f"warning: {warning}")
 

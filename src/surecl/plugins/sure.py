@@ -92,6 +92,7 @@ class OnlineSurprisePolicy(_Sure):
     name = "online_surprise"
     needs_step_scores = True
     online = True
+    per_label_quota = True
 
     def __init__(self, cfg, capacity: int, seed: int):
         super().__init__(cfg, capacity, seed)

@@ -81,6 +81,8 @@ class ReplayPolicy(Plugin):
     """True if ``observe`` wants each example's loss and label from the step."""
     per_task_quota = False
     """Whether the buffer keeps an equal quota floor(S/d) per task seen (``quota_warning``)."""
+    per_label_quota = False
+    """Whether the buffer keeps an equal quota floor(S/k) per answer label seen (``quota_warning``)."""
     online = False
     """Whether the buffer fills while a task trains (so the first task already replays)."""
     options = None
@@ -257,11 +259,19 @@ def buffer_capacity(cfg: ReplayConfig, total_train: int) -> int:
     return int(cfg.buffer_size)
 
 
-def quota_warning(policy: type, capacity: int, n_tasks: int) -> str | None:
+def quota_warning(policy: type, capacity: int, n_tasks: int, n_labels: int = 0) -> str | None:
     """Why a buffer will hold less than a user expects, or None.
 
     The equal per-task quota is floor(S/d) after d tasks: once d > S it is 0 and every task's
-    share is dropped, so the buffer empties and replay stops without an error."""
+    share is dropped, so the buffer empties and replay stops without an error. A per-label
+    quota (``online_surprise``) is floor(S/k) over the k answer labels seen (``n_labels`` in the
+    stream): once k > S the same happens."""
+    if policy.per_label_quota and capacity > 0 and capacity < n_labels:
+        return (
+            f"replay.buffer_size gives S={capacity} entries for the stream's {n_labels} answer labels: {policy.name}'s quota per "
+            f"label floor(S/k) is 0 once more than {capacity} labels are seen, and the buffer then empties "
+            f"(raise replay.buffer_size to at least {n_labels})"
+        )
     if not policy.per_task_quota:
         if policy is not NoReplay and capacity == 0:
             return "replay.buffer_size gives a buffer of 0 entries: nothing will be replayed"
