@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from surecl.adapters import FAST, DualLoRA
+from surecl.adapters import FAST, DualLoRA, task_seed
 from surecl.config import DualConfig, LoraConfig, build_config
 from surecl.errors import SureclError
 from surecl.methods.base import Stage
@@ -107,7 +107,8 @@ def stand_in(model, n_tasks: int = 3, method: str = "olora", overrides=()) -> Si
     adapters = DualLoRA(model, LORA, cfg.dual, is_seq2seq=False)
     resets = []
     return SimpleNamespace(
-        cfg=cfg, tasks=[None] * n_tasks, adapters=adapters, model=adapters.model, resets=resets, reset_optimizer=lambda: resets.append(True)
+        cfg=cfg, tasks=[None] * n_tasks, adapters=adapters, model=adapters.model, resets=resets, reset_optimizer=lambda: resets.append(True),
+        streams_seed=0,
     )
 
 
@@ -156,8 +157,15 @@ def test_each_task_start_moves_the_trained_lora_into_its_block_and_redraws_fast(
         for p in ctx.adapters.fast_params:  # "train" the fast LoRA
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(10 * row + p.numel() % 7)))
         trained.append({id(layer): (layer.fast_a.clone(), layer.fast_b.clone()) for layer in method.layers})
+        rng = torch.get_rng_state()
         method.before_task(ctx, Stage((row,), row, tuple(range(row + 1))))
         assert method.filled == row and len(ctx.resets) == row
+        # the fresh A comes from the run's seed and the task alone: the run's own stream (each
+        # process's dropout masks) is left as it was, and the same draw comes again
+        assert torch.equal(torch.get_rng_state(), rng)
+        drawn = [layer.fast_a.clone() for layer in method.layers]
+        ctx.adapters.reset_fast(task_seed(ctx.streams_seed, row, 2))
+        assert all(torch.equal(layer.fast_a, a) for layer, a in zip(method.layers, drawn))
         for layer in method.layers:
             assert not layer.fast_b.any()  # fresh: B zero, A redrawn
             assert not torch.equal(layer.fast_a, trained[-1][id(layer)][0])

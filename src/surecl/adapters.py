@@ -58,6 +58,12 @@ def keep_mask(shape: torch.Size, dropped: int) -> torch.Tensor:
     return words.view(torch.int16)[:n].view(shape) >= dropped - 32768
 
 
+def task_seed(streams_seed: int, row: int, salt: int) -> int:
+    """The seed of a draw a method makes at the start of task ``row`` (a fresh adapter, a new
+    prompt): the run's streams seed and the task alone, so every process draws the same."""
+    return 1_000_003 * streams_seed + 7919 * row + salt
+
+
 class DualLoRA(Plugin):
     """Owns the PEFT model, its fast (and optionally slow) adapter and the EMA between them.
 
@@ -314,13 +320,19 @@ class DualLoRA(Plugin):
 
     # ------------------------------------------------------------------ adapters
 
-    def reset_fast(self) -> None:
-        """Fresh fast adapter (random A, zero B) for per-task fine-tuning."""
+    def reset_fast(self, seed: int) -> None:
+        """Fresh fast adapter (random A, zero B) for per-task fine-tuning, drawn from ``seed``
+        alone (a forked generator, :func:`task_seed`): every process draws the same adapter
+        (their own streams part as each draws dropout masks for its own rows), a resumed run
+        draws it again, and the run's own random stream is left as it was."""
         from peft.tuners.lora import LoraLayer
 
-        for module in self.model.modules():
-            if isinstance(module, LoraLayer) and FAST in module.lora_A:
-                module.reset_lora_parameters(FAST, True)
+        device = next(self.model.parameters()).device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            for module in self.model.modules():
+                if isinstance(module, LoraLayer) and FAST in module.lora_A:
+                    module.reset_lora_parameters(FAST, True)
         self._lora_dtype_fp32()
 
     def adapter_state(self, name: str) -> dict[str, torch.Tensor]:

@@ -29,19 +29,7 @@ def open_folder(run, resume: bool, fresh: bool) -> None:
     it writes, remove a killed run's temporaries, clear it with ``fresh``, restore the newest
     valid checkpoint with ``resume``, write ``config.yaml``, add this machine to ``state.hosts``."""
     main = run.accelerator.is_main_process
-    if main and not run.outputs.exists:
-        # at once, before any check can refuse the run: a folder with this run's lock file but no
-        # manifest would read as an earlier version's on the rerun, and the user's files in it as surecl's
-        run.outputs.save()
-    if main:
-        for rel in planned_outputs(run):  # a link or a user's file where the run writes: refused before anything changes
-            if not (fresh and run.outputs.owns(rel)):
-                run.outputs.check(rel)
-    if main and not fresh:
-        left = run.outputs.remove_temporaries()  # what a killed write left (checkpoints/.stage-*, .results.json.*)
-        if left:
-            run.log(f"removed {len(left)} temporary file(s) a killed run left: {', '.join(str(p.relative_to(run.out_dir)) for p in left[:4])}"
-                    + (" ..." if len(left) > 4 else ""))
+    agreed(run, lambda: _refusals(run, fresh))
     if fresh:
         if main:
             removed = run.outputs.clear()
@@ -54,10 +42,8 @@ def open_folder(run, resume: bool, fresh: bool) -> None:
         restored = restore(run)
         if restored:
             run.log(f"resumed from {restored} at stage {run.state.next_stage}/{len(run.stages)}")
-        elif main and (run.out_dir / "results.json").is_file():
-            missing = ", ".join(run.outputs.missing_final() or []) or "an output"
-            raise SureclError(f"{run.out_dir}: a finished run whose {missing} is missing and no checkpoint remains to "
-                              "write it again; rerun with --fresh to train it again, or choose another --out")
+        else:
+            agreed(run, lambda: _finished_without_checkpoint(run))
     if main:  # after the checkpoint check: another run's config stays
         run.outputs.claim("config.yaml")
         checkpoint.write_config(run.out_dir, run.cfg, header=config_header(run))
@@ -69,6 +55,51 @@ def open_folder(run, resume: bool, fresh: bool) -> None:
     here = host_info(run.device)
     if not run.state.hosts or run.state.hosts[-1] != here:
         run.state.hosts.append(here)
+
+
+def _refusals(run, fresh: bool) -> None:
+    """The main process's part of opening the folder: refuse what the run must not overwrite,
+    remove what a killed run's writes left."""
+    if not run.outputs.exists:
+        # at once, before any check can refuse the run: a folder with this run's lock file but no
+        # manifest would read as an earlier version's on the rerun, and the user's files in it as surecl's
+        run.outputs.save()
+    for rel in planned_outputs(run):  # a link or a user's file where the run writes: refused before anything changes
+        if not (fresh and run.outputs.owns(rel)):
+            run.outputs.check(rel)
+    if not fresh:
+        left = run.outputs.remove_temporaries()  # what a killed write left (checkpoints/.stage-*, .results.json.*)
+        if left:
+            run.log(f"removed {len(left)} temporary file(s) a killed run left: {', '.join(str(p.relative_to(run.out_dir)) for p in left[:4])}"
+                    + (" ..." if len(left) > 4 else ""))
+
+
+def _finished_without_checkpoint(run) -> None:
+    if (run.out_dir / "results.json").is_file():
+        missing = ", ".join(run.outputs.missing_final() or []) or "an output"
+        raise SureclError(f"{run.out_dir}: a finished run whose {missing} is missing and no checkpoint remains to "
+                          "write it again; rerun with --fresh to train it again, or choose another --out")
+
+
+def agreed(run, action) -> None:
+    """Run ``action`` on the main process only; with several processes, every process then
+    stops with the main process's error at the same point (the others would otherwise go on
+    into the next collective and hang, or fail there with a traceback)."""
+    world = getattr(run, "world", 1)
+    error = None
+    if run.accelerator.is_main_process:
+        try:
+            action()
+        except Exception as e:
+            if world == 1:
+                raise
+            error = str(e) if isinstance(e, SureclError) else f"the main process stopped: {type(e).__name__}: {e}"
+            if from_main(error) is not None:  # the others learn of it, then the main process raises its own
+                raise
+    if world > 1:
+        error = from_main(error)
+        if error is not None:
+            raise SureclError(error)
 
 
 def from_main(value):
@@ -120,7 +151,18 @@ def _owned_checkpoints(run):
 def restore(run) -> Path | None:
     """Restore the newest valid checkpoint into the run and its components; say so when a
     newer one was damaged."""
-    found = checkpoint.load_latest(run.out_dir / "checkpoints", run.log, _owned_checkpoints(run))
+    root = run.out_dir / "checkpoints"
+    if getattr(run, "world", 1) > 1:
+        # the main process chooses (only its manifest knows which folders the run wrote); the
+        # others load that one: ranks that resumed from different stages would pair up their collectives wrongly
+        found = checkpoint.load_latest(root, run.log, _owned_checkpoints(run)) if run.accelerator.is_main_process else None
+        chosen = from_main(found.folder.name if found is not None else None)
+        if not run.accelerator.is_main_process:
+            found = checkpoint.load_latest(root, owned=lambda name: name == chosen) if chosen is not None else None
+            if found is None and chosen is not None:
+                raise SureclError(f"{root / chosen}: the main process resumes from it but this process cannot read it")
+    else:
+        found = checkpoint.load_latest(root, run.log, _owned_checkpoints(run))
     if found is None:
         return None
     from surecl.config import same_config

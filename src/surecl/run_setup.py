@@ -19,7 +19,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
-from surecl.adapters import DualLoRA, beta_per_step, resolve_beta
+from surecl.adapters import DualLoRA, beta_per_step, resolve_beta, task_seed
 from surecl.config import RunConfig
 from surecl.data.encode import TaskEncoder
 from surecl.data.general import load_general_probe
@@ -129,6 +129,10 @@ def build_run(
     # the base model first) gives the same LoRA init as a warm one.
     torch.manual_seed(run.streams_seed)
     run.adapters = DualLoRA(loaded.model, cfg.lora, cfg.dual, run.is_seq2seq)
+    if run.rank > 0:
+        # every process drew the same adapters; from here each draws dropout masks for its own
+        # rows, from a stream of its own (the main process goes on as one process would)
+        torch.manual_seed(task_seed(run.streams_seed, run.rank, 3))
     run.model = run.adapters.model
     run.method = method_class(cfg.method)(method_config(cfg))
     check_declarations(type(run.method))

@@ -165,7 +165,8 @@ class ContinualRun:
         process there stops with :class:`~surecl.errors.RunBusy` before it touches anything."""
         agree = run_folder.from_main if self.world > 1 else None
         # read before the lock file is made: a folder an earlier version wrote is known by its lock file
-        self.outputs = checkpoint.Manifest(self.out_dir) if self.accelerator.is_main_process else None
+        self.outputs = None
+        run_folder.agreed(self, lambda: setattr(self, "outputs", checkpoint.Manifest(self.out_dir)))
         with checkpoint.run_lock(self.out_dir, self.accelerator.is_main_process, agree):
             run_folder.open_folder(self, resume, fresh)
             self.wall = time.perf_counter()
@@ -260,9 +261,7 @@ class ContinualRun:
         # every process's own generator states (dropout masks are drawn per process, and their
         # streams part as each process draws for its own rows), gathered for the main process to save
         self.rank_rng = run_folder.gather_rng(self) if self.world > 1 else None
-        if self.accelerator.is_main_process:
-            run_folder.save(self)
-        self.accelerator.wait_for_everyone()
+        run_folder.agreed(self, lambda: run_folder.save(self))  # also the processes' barrier after a save
 
     def restore(self) -> Path | None:
         return run_folder.restore(self)  # the newest valid checkpoint, into the run and its components

@@ -76,10 +76,14 @@ class ILoRA(Method):
 
     def loss(self, ctx, loss: torch.Tensor) -> torch.Tensor:
         weight = self.config.consistency_weight
-        items = ctx.step_items[ctx.step_new:] if self.config.rows == "replayed" else ctx.step_items
-        items = items[ctx.rank :: ctx.world] if ctx.world > 1 else items
+        rows = ctx.step_items[ctx.step_new:] if self.config.rows == "replayed" else ctx.step_items
+        items = rows[ctx.rank :: ctx.world] if ctx.world > 1 else rows
         if not weight or not items:
             return loss
         term = self.consistency(ctx, items)
         self.last = float(term.detach())
+        if ctx.world > 1:
+            # the processes' gradients are averaged: each one's mean over its own rows counts by
+            # its share of the step's rows, so every row weighs as it does in one process
+            term = term * (ctx.world * len(items) / len(rows))
         return loss + weight * term

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from surecl.adapters import task_seed
 from surecl.errors import SureclError
 from surecl.methods.base import Method, Stage
 from surecl.methods.olora.config import NLoRAConfig, OLoRAConfig
@@ -152,7 +153,7 @@ class TaskLoRAs(Method):
             layer.past_a[lo:hi].copy_(layer.fast_a)
             layer.past_b[:, lo:hi].copy_(layer.fast_b)
         self.filled = stage.row
-        ctx.adapters.reset_fast()
+        ctx.adapters.reset_fast(task_seed(ctx.streams_seed, stage.row, 2))
         ctx.reset_optimizer()
 
     def penalty(self, ctx) -> torch.Tensor | None:

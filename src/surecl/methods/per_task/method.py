@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import torch
 
+from surecl.adapters import task_seed
 from surecl.methods.base import Method, Stage
 
 
@@ -23,7 +24,7 @@ class PerTask(Method):
 
     def before_task(self, ctx, stage: Stage) -> None:
         if stage.row > 0:
-            ctx.adapters.reset_fast()
+            ctx.adapters.reset_fast(task_seed(ctx.streams_seed, stage.row, 2))
             ctx.reset_optimizer()
             if ctx.adapters.dual.enabled:
                 ctx.adapters.sync_slow_to_fast()

@@ -39,6 +39,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from surecl.adapters import task_seed
 from surecl.errors import SureclError
 from surecl.methods.base import Method, Stage
 from surecl.methods.progressive_prompts.config import PromptsConfig
@@ -189,7 +190,7 @@ class ProgressivePrompts(Method):
         module = self.module
         device = module.current.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(1_000_003 * ctx.streams_seed + 7919 * stage.row + 1)
+            torch.manual_seed(task_seed(ctx.streams_seed, stage.row, 1))
             ids = torch.randint(self.embedding.num_embeddings, (self.config.length,))
             module.current.copy_(self.embedding.weight[ids.to(self.embedding.weight.device)].float())
             if module.mlp is not None:
