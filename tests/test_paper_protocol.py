@@ -316,3 +316,10 @@ def test_fp_ap_matrix_evaluates_the_diagonal_and_last_row_only(tmp_path, tiny_ca
     for key in ("fp", "ap", "forgetting", "bwt"):
         assert sparse[key] == full[key]
     assert full["avg_incremental"] is not None and sparse["avg_incremental"] is None
+
+
+def test_per_task_values_of_tasks_absent_from_the_stream_are_named(tiny_cache):
+    """A preset's per-task table for a longer stream applies by name to the tasks present; the
+    others are named in a warning (dry run and run), not left unused without a word."""
+    cfg = build_config("tiny,seq_lora", ["data.tasks=[colors,animals]", "train.epochs_per_task=[colors:3,birds:2]"])
+    assert "warning: train.epochs_per_task: birds not in this stream: its value is unused" in describe(cfg, cache_dir=tiny_cache)

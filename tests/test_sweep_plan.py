@@ -68,6 +68,8 @@ def test_plan_with_named_orders_and_groups(tmp_path):
         ("groups: [{methods: [x], seeds: []}]\n", r"seeds: empty, so the group would plan no run"),
         ("orders: [1]\ngroups: [{methods: [x], orders: []}]\n", r"orders: empty"),
         (": : :\n", "invalid YAML"),
+        ("orders: {../../elsewhere: [colors]}\nmethods: [x]\n", "order name '../../elsewhere' may hold only"),
+        ("orders: [.hidden]\nmethods: [x]\n", "order name '.hidden'"),
     ],
 )
 def test_bad_plans_are_one_line_errors(tmp_path, text, match):
@@ -75,6 +77,24 @@ def test_bad_plans_are_one_line_errors(tmp_path, text, match):
     f.write_text(text)
     with pytest.raises(SureclError, match=match):
         load_plan(str(f))
+
+
+def test_an_order_named_as_a_number_yaml_would_rewrite_stays_itself(tmp_path):
+    """``01`` and ``1`` are two orders: each run's data.order is the name as written."""
+    f = tmp_path / "p.yaml"
+    f.write_text("orders: {'01': [colors], '1': [animals]}\nmethods: [seq_lora]\n")
+    runs = expand(load_plan(str(f)))
+    assert sorted(build_config("tiny,seq_lora", r.overrides).data.order for r in runs) == ["01", "1"]
+    assert len({r.path for r in runs}) == 2
+
+
+def test_an_unknown_metric_stops_the_sweep_before_any_run_trains(tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert main(["sweep", "--metric", "bogus", "--config", "tiny", "--methods", "seq_lora", "--out", str(out), "--quiet",
+                 "data.tasks=[colors]", "data.n_train=8", "data.n_test=4", "train.epochs=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--metric: unknown metric 'bogus'" in err[0]
+    assert not list(out.rglob("results.json"))
 
 
 def test_unknown_plan_name_exits_2(tmp_path, capsys):

@@ -182,6 +182,7 @@ def cmd_sweep(args) -> int:
 
     root = Path(args.out)
     check_out_dir(root)
+    _check_metric(args)  # before any run trains: the closing report reads it
     plan = load_plan(args.plan) if args.plan else Plan(methods=["seq_lora", "reservoir", "surprise", "slow_surprise"])
     # options given on the command line replace the plan's
     if args.config is not None:
@@ -290,12 +291,18 @@ def _order_benchmarks(specs: list[str]) -> dict[str, str]:
     return out
 
 
+def _check_metric(args) -> None:
+    from surecl.report import METRICS
+
+    if getattr(args, "metric", None) is not None and args.metric not in METRICS:
+        raise SureclError(f"--metric: unknown metric {args.metric!r} (choose from {', '.join(METRICS)})")
+
+
 def cmd_report(args) -> int:
     from surecl.checkpoint import write_text
-    from surecl.report import METRICS, aggregate, one_metric, pooled_differences, read_results, table_csv, table_markdown
+    from surecl.report import aggregate, one_metric, pooled_differences, read_results, table_csv, table_markdown
 
-    if args.metric not in METRICS:
-        raise SureclError(f"--metric: unknown metric {args.metric!r} (choose from {', '.join(METRICS)})")
+    _check_metric(args)
     _check_results([Path(d) for d in args.dirs])
     if getattr(args, "layout", "orders") == "paper":
         from surecl.report import paper_report

@@ -260,6 +260,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("train.batch_size", cfg.train.batch_size >= 1, "must be >= 1"),
         ("train.lr", cfg.train.lr > 0 and math.isfinite(cfg.train.lr), "must be > 0"),
         ("train.grad_clip", cfg.train.grad_clip >= 0, "must be >= 0"),
+        ("train.weight_decay", cfg.train.weight_decay >= 0, "must be >= 0"),
         ("train.micro_batch_tokens", cfg.train.micro_batch_tokens >= 0, "must be >= 0 (0 = no slicing)"),
         ("train.max_steps_per_task", cfg.train.max_steps_per_task >= 0, "must be >= 0"),
         ("train.warmup_steps", cfg.train.warmup_steps >= 0, "must be >= 0"),

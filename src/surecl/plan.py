@@ -16,6 +16,38 @@ from pathlib import Path
 import yaml
 
 from surecl.config import RunConfig, per_task_values, replay_ratio
+from surecl.errors import SureclError
+
+
+def check_task_names(cfg: RunConfig, names: list[str]) -> list[str]:
+    """Per-task values (``train.epochs_per_task``, the method's ``<section>.per_task``) against
+    the stream's task names: a name that matches a task only up to case is refused (it would be
+    left unused without a word); the warnings name tasks the stream does not have (a preset's
+    table for a longer stream, e.g. ``olora_long``, applies by name to the tasks present)."""
+    from surecl.registry import method_config, method_spec
+
+    entries = [("train.epochs_per_task", cfg.train.epochs_per_task)]
+    own = method_config(cfg)
+    if isinstance(getattr(own, "per_task", None), list):
+        entries.append((f"{method_spec(cfg.method).key}.per_task", own.per_task))
+    folded = {n.casefold(): n for n in names}
+    warnings = []
+    for key, values in entries:
+        absent = []
+        for entry in values:
+            task = str(entry).partition(":")[0].strip()
+            if task in names:
+                continue
+            if task.casefold() in folded:
+                raise SureclError(f"{key}: task {task!r} is not in the stream; did you mean {folded[task.casefold()]!r}? (names are case-sensitive)")
+            absent.append(task)
+        if absent and len(absent) == len(values):
+            raise SureclError(f"{key}: names no task of the stream ({', '.join(absent[:4])}{' ...' if len(absent) > 4 else ''}; "
+                              f"its tasks: {', '.join(names)})")
+        if absent:
+            warnings.append(f"{key}: {', '.join(absent[:4])}{' ...' if len(absent) > 4 else ''} not in this stream: "
+                            f"{'its value is' if len(absent) == 1 else 'their values are'} unused")
+    return warnings
 
 
 def stage_epochs(cfg: RunConfig, names: list[str] | None = None) -> int:
@@ -105,6 +137,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     from surecl.replay.policies import buffer_capacity, quota_warning
 
     tasks = load_stream(cfg, cache_dir=cache_dir)
+    name_warnings = check_task_names(cfg, [t.name for t in tasks])
     n_train = [len(t.train) for t in tasks]
     method = method_class(cfg.method)(method_config(cfg))
     stages = method.stages(len(tasks))
@@ -164,6 +197,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     warning = quota_warning(policy_cls, capacity, len(tasks), len(labels))
     if warning:
         lines.append(f"warning: {warning}")
+    lines += [f"warning: {w}" for w in name_warnings]
     if cfg.dual.enabled:
         from surecl.adapters import beta_per_step, resolve_beta
 

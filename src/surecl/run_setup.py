@@ -28,7 +28,7 @@ from surecl.data.task import Task
 from surecl.errors import SureclError
 from surecl.methods.base import check_declarations
 from surecl.model import default_cache_dir, load_model, prepare_model
-from surecl.plan import ema_units
+from surecl.plan import check_task_names, ema_units
 from surecl.plugins.base import Plugin, Plugins
 from surecl.plugins.faults import FaultInjection
 from surecl.plugins.steplog import StepLog
@@ -75,6 +75,8 @@ def build_run(
     # built would hold the tokenizer alone
     with run.accelerator.local_main_process_first():
         run.tasks = load_stream(cfg, cache_dir=cache_dir) if tasks is None else caller_stream(tasks, cfg)
+    for warning in check_task_names(cfg, [t.name for t in run.tasks]):
+        run.log(f"warning: {warning}")
     run.streams_seed = streams_seed(cfg, [t.name for t in run.tasks])
     run.rng = random.Random(f"batches:{run.streams_seed}")
     for t in run.tasks:

@@ -23,6 +23,7 @@ your own. Options given on the command line (``--methods``, ``--orders``, ``--se
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -100,10 +101,31 @@ def _seeds(value: Any, where: str) -> list[int]:
     return out
 
 
+_ORDER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+
+
+def _order_name(name: str, where: str) -> str:
+    """An order's name, which names its runs' folders: letters, digits, ``_ . + -``, not
+    starting with a dot (a ``/`` or ``..`` would put runs outside ``--out``)."""
+    if not _ORDER_NAME.match(name):
+        raise SureclError(f"{where}: order name {name!r} may hold only letters, digits and _ . + - (it names the runs' folders)")
+    return name
+
+
+def _order_override(order: str) -> str:
+    """``data.order=<order>``, quoted where YAML would read the name as another value (``01``, ``1e3``)."""
+    try:
+        same = str(yaml.safe_load(order)) == order
+    except yaml.YAMLError:
+        same = False
+    return f"data.order={order}" if same else f"data.order='{order}'"
+
+
 def _orders(value: Any, where: str) -> dict[str, list[str] | None]:
     if isinstance(value, dict):
         out = {}
         for name, tasks in value.items():
+            _order_name(str(name), where)
             if tasks is None:
                 out[str(name)] = None
             else:
@@ -111,7 +133,7 @@ def _orders(value: Any, where: str) -> dict[str, list[str] | None]:
                 if not out[str(name)]:
                     raise SureclError(f"{where}.{name}: an order needs at least one task")
         return out
-    return {o: None for o in _strings(value, where)}
+    return {_order_name(o, where): None for o in _strings(value, where)}
 
 
 def _grid(value: Any, where: str) -> dict[str, list[str]]:
@@ -203,7 +225,7 @@ def expand(plan: Plan) -> list[PlannedRun]:
                 for order in orders:
                     tasks = plan.orders[order]
                     for seed in g.get("seeds", plan.seeds):
-                        data = [f"data.order={order}"] + ([f"data.tasks=[{','.join(tasks)}]"] if tasks else [])
+                        data = [_order_override(order)] + ([f"data.tasks=[{','.join(tasks)}]"] if tasks else [])
                         overrides = plan.overrides + g.get("overrides", []) + point + data + [f"seed={seed}", f"preset={row}"]
                         folder = f"order{order}" if order.isdigit() or order == "default" else f"order-{order}"
                         # a method given as a YAML file is its stem there: a path would put the run outside --out

@@ -115,12 +115,16 @@ class TaskLoRAs(Method):
         self.filled = 0
         """Tasks whose LoRA is in the past store (blocks ``0 .. filled - 1``)."""
 
-    def setup(self, ctx) -> None:
-        if ctx.cfg.dual.enabled:
+    @classmethod
+    def validate_config(cls, cfg) -> None:
+        if cfg.dual.enabled:
             raise SureclError(
-                f"dual.enabled: method {self.name} freezes each task's LoRA as trained and sums them; "
+                f"dual.enabled: method {cls.name} freezes each task's LoRA as trained and sums them; "
                 "it does not combine with the slow (EMA) adapter: set dual.enabled=false"
             )
+
+    def setup(self, ctx) -> None:
+        self.validate_config(ctx.cfg)
         from peft.tuners.lora import LoraLayer
 
         from surecl.adapters import FAST
