@@ -656,6 +656,37 @@ def test_mean_matrix_and_heatmap_panels(runs, tmp_path):
     assert "![heatmap_2](heatmap_2.png)" in (out / "report.md").read_text()
 
 
+def test_out_dir_replaces_only_what_an_earlier_report_wrote(tmp_path, capsys):
+    """A user's file where the report writes is refused before anything is written; the
+    report's own files are replaced on the next run (they are listed in the folder's mark),
+    as in a folder a version before the mark wrote."""
+    from surecl.report import REPORT_MARK
+
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        put(runs, "seq_lora", "1", seed, 60.0 + seed, 50.0)
+        put(runs, "surprise", "1", seed, 70.0 + seed, 65.0)
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "report.md").write_text("my notes")
+    (out / "main.csv").write_text("my,data")
+    assert main(["report", str(runs), "--layout", "paper", "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was not written by surecl report" in err[-1]
+    assert (out / "report.md").read_text() == "my notes" and (out / "main.csv").read_text() == "my,data"
+    assert sorted(p.name for p in out.iterdir()) == ["main.csv", "report.md"]  # nothing else written either
+    fresh = tmp_path / "fresh"
+    assert main(["report", str(runs), "--layout", "paper", "--out-dir", str(fresh)]) == 0
+    assert (fresh / "report.md").read_text().startswith("# surecl report")
+    listed = set(json.loads((fresh / REPORT_MARK).read_text())["files"])
+    assert {"report.md", "main.md", "main.csv"} <= listed
+    (fresh / "main.csv").write_text("stale")
+    assert main(["report", str(runs), "--layout", "paper", "--out-dir", str(fresh)]) == 0  # its own files: replaced
+    assert (fresh / "main.csv").read_text() != "stale"
+    (fresh / REPORT_MARK).unlink()  # a folder written before the mark: its report.md is a surecl report
+    assert main(["report", str(runs), "--layout", "paper", "--out-dir", str(fresh)]) == 0
+
+
 def test_footer_names_at_most_limit_empty_cells():
     from surecl.report import _footer
 

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import math
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1128,25 +1129,62 @@ class PaperReport:
         return "\n\n".join(parts) + "\n"
 
     def write(self, out_dir: Path) -> list[Path]:
-        from surecl.checkpoint import _atomic_write_bytes
+        """Write every table (.md, .csv, .png), the heatmaps and ``report.md`` into ``out_dir``;
+        a file there that an earlier report did not write (``REPORT_MARK`` lists what they did)
+        is refused before anything is written."""
+        from surecl.checkpoint import _atomic_write_bytes, write_json
 
         out_dir = Path(out_dir)
         if out_dir.exists() and not out_dir.is_dir():
             raise SureclError(f"--out-dir: {out_dir} is a file, not a directory")
-        written = []
+        files: dict[str, bytes] = {}
         for t in self.tables:
             md = f"## {t.title}\n\n{t.markdown}\n" + (f"\n![{t.title}]({t.name}.png)\n" if t.png is not None else "")
-            for path, data in ((out_dir / f"{t.name}.md", md.encode()), (out_dir / f"{t.name}.csv", t.csv.encode()),
-                               (out_dir / f"{t.name}.png", t.png)):
+            for name, data in ((f"{t.name}.md", md.encode()), (f"{t.name}.csv", t.csv.encode()), (f"{t.name}.png", t.png)):
                 if data is not None:
-                    _atomic_write_bytes(path, data)
-                    written.append(path)
+                    files[name] = data
         for stem, _, png in self.heatmaps:
-            _atomic_write_bytes(out_dir / f"{stem}.png", png)
-            written.append(out_dir / f"{stem}.png")
-        path = out_dir / "report.md"
-        write_text(path, self.markdown(images=True))
-        return [*written, path]
+            files[f"{stem}.png"] = png
+        files["report.md"] = self.markdown(images=True).encode()
+        ours = _report_files(out_dir)
+        for name in files:
+            path = out_dir / name
+            if (os.path.lexists(path) and name not in ours) or path.is_symlink() or path.is_dir():
+                raise SureclError(f"--out-dir: {path} was not written by surecl report and this report would replace it; "
+                                  "move it away or choose another --out-dir")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(out_dir / REPORT_MARK, {"files": sorted(set(ours) | set(files))})  # first: a killed write leaves its files known
+        written = []
+        for name, data in files.items():
+            _atomic_write_bytes(out_dir / name, data)
+            written.append(out_dir / name)
+        return written
+
+
+REPORT_MARK = ".surecl-report.json"
+"""Lists the files ``surecl report --out-dir`` wrote in a folder (a later report replaces only those)."""
+
+
+def _report_files(out_dir: Path) -> set[str]:
+    """The files earlier reports wrote in ``out_dir``: those ``REPORT_MARK`` lists; in a folder a
+    version before the mark wrote (its ``report.md`` a surecl report), the report's own names."""
+    mark = out_dir / REPORT_MARK
+    if mark.is_file() and not mark.is_symlink():
+        try:
+            listed = json.loads(mark.read_text(encoding="utf-8")).get("files")
+        except (ValueError, OSError, AttributeError, UnicodeDecodeError):
+            listed = None
+        if not isinstance(listed, list) or not all(isinstance(n, str) and "/" not in n for n in listed):
+            raise SureclError(f"--out-dir: {mark} is damaged; move it away or choose another --out-dir")
+        return set(listed)
+    first = out_dir / "report.md"
+    try:
+        earlier = first.is_file() and not first.is_symlink() and first.read_text(encoding="utf-8").startswith("# surecl report")
+    except (OSError, UnicodeDecodeError):
+        earlier = False
+    if not earlier:
+        return set()
+    return {p.name for p in out_dir.iterdir() if p.is_file() and not p.is_symlink() and p.suffix in (".md", ".csv", ".png")}
 
 
 def main_table(st: Study, metric: str, rows: list[str]) -> Table:
