@@ -71,6 +71,21 @@ def test_cli_log_with_writes_events_and_rejects_an_unknown_tracker(tmp_path, tin
     assert not (out / "tensorboard").exists()
 
 
+def test_log_with_all_names_the_installed_trackers_so_the_folder_records_their_files(tmp_path, tiny_cache, monkeypatch):
+    """``--log-with all`` is every installed tracker by name: TensorBoard's events are then the
+    run's own (a later run, --fresh included, replaced them; they were refused as a user's)."""
+    from surecl.plugins.tracking import check_trackers
+
+    assert check_trackers(["all"])[0] == "tensorboard" and check_trackers(["tensorboard", "all"]).count("tensorboard") == 1
+    monkeypatch.setenv("SURECL_CACHE", str(tiny_cache))
+    out = tmp_path / "all"
+    assert main(["run", "--quiet", "--config", "tiny,seq_lora", *ARGS, "--log-with", "all", "--out", str(out)]) == 0
+    assert "train/loss" in scalars(out / "tensorboard")
+    first = set((out / "tensorboard").rglob("events.*"))
+    assert main(["run", "--quiet", "--fresh", "--config", "tiny,seq_lora", *ARGS, "--log-with", "tensorboard", "--out", str(out)]) == 0
+    assert first and not first & set((out / "tensorboard").rglob("events.*"))  # the earlier run's events went with --fresh
+
+
 def test_generation_stream_logs_its_metric_and_the_general_probe(tmp_path, tiny_cache):
     """A generation stream's cells go under the tasks' own metric (``rouge_l/<task>``, not
     ``accuracy/``), and the general-ability probe is logged per part: before training at step 0

@@ -45,18 +45,27 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvc
 
 def check_trackers(names: list[str]) -> list[str]:
     """The tracker names, checked: known to accelerate and installed here (one-line error
-    otherwise, before any work)."""
+    otherwise, before any work). ``all`` is every installed one, by name (the run folder records
+    what each writes, e.g. ``tensorboard/surecl``)."""
     from accelerate.utils import imports
+
+    def installed(name: str) -> bool:
+        available = getattr(imports, f"is_{name}_available", None)
+        return available is not None and bool(available())
 
     out = []
     for name in names:
         if name == "all":
-            out.append(name)
+            found = [n for n in TRACKERS if installed(n) and n not in out]
+            if not found and not out:
+                raise SureclError(f"--log-with all: none of the trackers is installed ({', '.join(TRACKERS)})")
+            out += found
+            continue
+        if name in out:
             continue
         if name not in TRACKERS:
             raise SureclError(f"--log-with: unknown tracker {name!r} (choose from {', '.join(TRACKERS)}, all)")
-        available = getattr(imports, f"is_{name}_available", None)
-        if available is None or not available():
+        if not installed(name):
             extra = "surecl[tensorboard] (tensorboardX)" if name == "tensorboard" else name
             raise SureclError(f"--log-with {name}: the {name} package is not installed (pip install {extra})")
         out.append(name)
