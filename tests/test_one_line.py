@@ -9,6 +9,7 @@ import json
 import pytest
 
 from surecl.cli import main
+from surecl.errors import SureclError
 
 
 @pytest.mark.parametrize("layout", ["orders", "paper"])
@@ -53,3 +54,61 @@ def test_a_disk_filling_during_a_save_is_one_line_and_leaves_no_temporary(tmp_pa
     monkeypatch.setattr(surecl.checkpoint, "save_file", real)
     assert main(argv) == 0
     assert "resumed from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["run", "--config"], ["--config", "expected one argument"]),
+        (["run", "--config", "tiny", "--config", "seq_lora", "--dry-run"], ["--config given twice"]),
+        (["sweep", "--layout", "bogus"], ["--layout", "invalid choice"]),
+        (["report"], ["dirs"]),
+        (["report", "RUNS", "--out-dir", "OUT"], ["--out-dir: only with --layout paper"]),
+        (["report", "RUNS", "--unit", "seed", "--claim", "a>b"], ["--claim", "--unit", "only with --layout paper"]),
+        (["report", "RUNS", "--csv", "TMP"], ["--csv:", "is a folder"]),
+        (["run", "--dry-run", "--config", "TMP/config.yaml"], ["config.yaml", "not a regular file"]),
+    ],
+)
+def test_command_line_mistakes_are_one_line(tmp_path, capsys, argv, words):
+    """argparse's own errors too (they printed the usage first), and options the default report
+    layout has no use for (they were ignored without a word)."""
+    run = tmp_path / "runs" / "a"
+    run.mkdir(parents=True)
+    (tmp_path / "config.yaml").mkdir()
+    argv = [a.replace("RUNS", str(tmp_path / "runs")).replace("OUT", str(tmp_path / "out")).replace("TMP", str(tmp_path)) for a in argv]
+    assert code_of(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("surecl: error: ") and all(w in err[0] for w in words), err
+    assert not (tmp_path / "out").exists()
+
+
+def code_of(argv: list[str]) -> int:
+    """The exit code of ``surecl <argv>``: what main returns, or what argparse exits with."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def test_overrides_on_both_sides_of_an_option_and_debug_after_the_command(tmp_path, capsys, tiny_cache, monkeypatch):
+    monkeypatch.setenv("SURECL_CACHE", str(tiny_cache))
+    assert main(["run", "--config", "tiny,seq_lora", "data.tasks=[colors]", "--dry-run", "seed=3", "train.lr=0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "\nseed: 3\n" in out and "lr: 0.5" in out and "- colors" in out
+    with pytest.raises(SureclError):  # --debug after the command shows the error as raised
+        main(["run", "--dry-run", "--config", "tiny,seq_lora", "dual.beta=2", "--debug"])
+    with pytest.raises(SystemExit):
+        main(["run", "--dry-run", "--bogus"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_is_not_an_error(monkeypatch, capsys):
+    """``surecl list | head -1``: the pipe closes under the command, which stops quietly."""
+    import os
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    monkeypatch.setattr(sys, "stdout", os.fdopen(write, "w", buffering=1))
+    assert main(["list"]) == 0
+    assert "Traceback" not in capsys.readouterr().err

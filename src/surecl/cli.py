@@ -303,6 +303,15 @@ def cmd_report(args) -> int:
     from surecl.report import aggregate, one_metric, pooled_differences, read_results, table_csv, table_markdown
 
     _check_metric(args)
+    if getattr(args, "layout", "orders") != "paper":  # the orders table has none of these: they were ignored without a word
+        given = [flag for key, flag in _PAPER_ONLY.items() if getattr(args, key, None)]
+        given += ["--unit"] if getattr(args, "unit", "auto") != "auto" else []
+        given += ["--claims"] if getattr(args, "claims", "default") != "default" else []
+        if given:
+            raise SureclError(f"{', '.join(given)}: only with --layout paper")
+    for flag, value in (("--md", getattr(args, "md", None)), ("--csv", getattr(args, "csv", None))):
+        if value and (Path(value).is_dir() or not Path(value).parent.is_dir()):
+            raise SureclError(f"{flag}: {value} is a folder" if Path(value).is_dir() else f"{flag}: the folder of {value} does not exist")
     _check_results([Path(d) for d in args.dirs])
     if getattr(args, "layout", "orders") == "paper":
         from surecl.report import paper_report
@@ -384,9 +393,27 @@ def _registered() -> str:
             f"replay policies (replay.policy=NAME): {', '.join(policy_names())}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (``surecl: error: ...``, exit 2), as every other error."""
+
+    def error(self, message: str):
+        print(f"surecl: error: {_bounded(message)} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+class _Once(argparse.Action):
+    """An option that may be given once (a second ``--config`` silently replaced the first)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, f"_{self.dest}_seen", False):
+            parser.error(f"{option_string} given twice: give one comma-separated list, e.g. {option_string} tiny,seq_lora")
+        setattr(namespace, f"_{self.dest}_seen", True)
+        setattr(namespace, self.dest, values)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="surecl", description="Continual learning of language models with surprise-prioritised replay.",
-                                epilog=_registered())
+    p = _Parser(prog="surecl", description="Continual learning of language models with surprise-prioritised replay.",
+                epilog=_registered())
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (repeatable): code that registers methods or replay policies with "
@@ -394,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="one continual run", epilog=_registered())
-    r.add_argument("--config", help="preset names or YAML files, comma-separated, applied in order (default: slow_surprise); "
+    r.add_argument("--config", action=_Once, help="preset names or YAML files, comma-separated, applied in order (default: slow_surprise); "
                                     "an earlier run's config.yaml runs that config again")
     r.add_argument("--out", help="output directory (default: runs/<preset>-<benchmark>-o<order>-s<seed>)")
     r.add_argument("--fresh", action="store_true",
@@ -417,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--methods", help="comma-separated method presets (default: seq_lora,reservoir,surprise,slow_surprise)")
     s.add_argument("--orders", help="comma-separated orders (default: the --config protocol preset's, e.g. lnt -> 4,5,6; else default)")
     s.add_argument("--seeds", help="comma-separated seeds (default 0)")
-    s.add_argument("--config", help="presets/YAML applied to every run before the method preset (e.g. tiny)")
+    s.add_argument("--config", action=_Once, help="presets/YAML applied to every run before the method preset (e.g. tiny)")
     s.add_argument("--out", default="runs/sweep")
     s.add_argument("--grid", action="append", default=[], metavar="key.sub=v1,v2",
                    help="ablation axis (repeatable), e.g. replay.buffer_size=150,300,500 or dual.beta=0.99,0.995")
@@ -455,7 +482,23 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (r, s, rep, ls):  # also accepted after the command (read by main before parsing)
         command.add_argument("--import", dest="imports", action="append", default=argparse.SUPPRESS, metavar="MODULE",
                              help="import MODULE first (repeatable), e.g. one that calls surecl.register_method")
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     return p
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The arguments, with ``key.sub=value`` overrides accepted on both sides of options
+    (``run --config tiny lr=1 --dry-run seed=2``; argparse alone took the first group only)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides = [*args.overrides, *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+_PAPER_ONLY = {"out_dir": "--out-dir", "no_fast": "--no-fast", "claim": "--claim", "order_benchmark": "--order-benchmark"}
 
 
 def _imports(argv: list[str]) -> list[str]:
@@ -484,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"surecl: error: {_bounded(str(exc))}", file=sys.stderr)
             return 2
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     from surecl.logs import console
 
     try:
@@ -506,11 +549,21 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"surecl: error: {_memory_line(exc)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`surecl list | head`): nothing more to say
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (OSError, _safetensors_error()) as exc:
         # safetensors reports a full disk as its own error, naming the OS error in its text
         full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or (
             not isinstance(exc, OSError) and re.search(r"os error (28|122)\b|No space left on device|Disk quota exceeded", str(exc)))
-        if args.debug or not full:
+        if args.debug:
+            raise
+        if not full:
+            if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+                # a path given that cannot be read or written (a folder where a file is wanted, no permission, an I/O error)
+                print(f"surecl: error: {_bounded(str(exc.filename))}: {exc.strerror}", file=sys.stderr)
+                return 2
             raise
         where = f" writing {_bounded(str(exc.filename))}" if getattr(exc, "filename", None) else ""
         print(f"surecl: error: no space left on the device{where}; what was written before stays intact (writes are atomic): "

@@ -580,6 +580,8 @@ def load_yaml(path_or_preset: str) -> tuple[dict[str, Any], str]:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise SureclError(f"{path}: not UTF-8 text") from None
+        except OSError as e:
+            raise SureclError(f"config file {path} cannot be read: {e.strerror or e}") from None
     else:
         if path_or_preset not in preset_names() and path_or_preset in registry.method_names():
             # a registered method without a preset of its own (an outside one): run it as is

@@ -78,6 +78,8 @@ def _text(name_or_path: str) -> tuple[str, str]:
             return path.read_text(encoding="utf-8-sig"), str(path)
         except UnicodeDecodeError:
             raise SureclError(f"--plan: {path} is not UTF-8 text") from None
+        except OSError as e:
+            raise SureclError(f"--plan: {path} cannot be read: {e.strerror or e}") from None
     if name_or_path not in plan_names():
         raise SureclError(f"--plan: unknown plan {name_or_path!r} (choose from {', '.join(plan_names())}, or give a .yaml path)")
     return (resources.files("surecl") / "plans" / f"{name_or_path}.yaml").read_text(encoding="utf-8"), f"plan {name_or_path}"
