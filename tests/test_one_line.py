@@ -112,3 +112,13 @@ def test_a_reader_that_goes_away_is_not_an_error(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdout", os.fdopen(write, "w", buffering=1))
     assert main(["list"]) == 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["{", '{"model_type": "nosuchmodel"}'])
+def test_a_dry_run_on_a_broken_model_folder_is_one_line(tmp_path, capsys, text):
+    """As the run itself says it (model.name: cannot load ...), not transformers' traceback."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(text)
+    assert main(["run", "--dry-run", "--config", "tiny,seq_lora", f"model.name={tmp_path / 'm'}", "data.tasks=[colors]"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.name: cannot load" in err[0], err

@@ -392,3 +392,34 @@ def test_checkpoint_every_changes_no_number_and_a_resume_may_change_it(finished,
     for f in (got, want):  # the config records the value given; every number is the same
         f["results"]["config"]["train"].pop("checkpoint_every")
     assert got == want
+
+
+def test_starting_over_without_fresh_beside_an_earlier_run_is_refused(finished, tmp_path, cache):
+    """``run(..., resume=False)`` into a finished run's folder: it used to truncate the log and
+    replace checkpoints while the old results.json still marked the folder finished. Refused
+    before anything changes; ``fresh=True`` starts over."""
+    from surecl.config import build_config
+    from surecl.errors import SureclError
+    from surecl.trainer import run
+
+    out = tmp_path / "copy"
+    shutil.copytree(finished, out)
+    before = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".surecl-lock"}
+    cfg = build_config(TINY[1], SMALL)
+    with pytest.raises(SureclError, match="holds an earlier run's outputs .*fresh=True"):
+        run(cfg, out, resume=False, progress=False, cache_dir=cache)
+    after = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".surecl-lock"}
+    assert after == before
+    res = run(cfg, out, resume=False, fresh=True, progress=False, cache_dir=cache)
+    assert res["accuracy_matrix"] == json.loads((finished / "results.json").read_text())["accuracy_matrix"]
+
+
+@pytest.mark.parametrize("provenance", [[1], {"data": [1]}, "x"])
+def test_a_finished_run_whose_provenance_is_not_surecls_shape_is_still_finished(finished, tmp_path, capsys, provenance):
+    out = tmp_path / "copy"
+    shutil.copytree(finished, out)
+    res = json.loads((out / "results.json").read_text())
+    res["provenance"] = provenance
+    (out / "results.json").write_text(json.dumps(res))
+    assert main(["run", *TINY, "--out", str(out), *SMALL]) == 0
+    assert "already finished" in capsys.readouterr().err

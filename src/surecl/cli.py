@@ -88,7 +88,10 @@ def _check_same_data(out: Path, results: dict, cfg) -> None:
     sampled rows (results.json ``provenance``; runs written before it, and tasks passed from
     Python, have none to compare) against the stream loaded again. Edited data is one line,
     not "nothing to do" over results of the old rows."""
-    data = (results.get("provenance") or {}).get("data") or {}
+    provenance = results.get("provenance")
+    data = provenance.get("data") if isinstance(provenance, dict) else None
+    if not isinstance(data, dict):
+        return  # written before provenance, or not surecl's shape: nothing to compare
     saved = data.get("fingerprints")
     if not isinstance(saved, dict) or not saved or data.get("source") != "config":
         return

@@ -112,11 +112,15 @@ def _model_line(cfg: RunConfig) -> str:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=cfg.model.trust_remote_code)
-    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
-    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
-    with torch.device("meta"):
-        model = auto.from_config(config, trust_remote_code=cfg.model.trust_remote_code)
+    try:  # what the run's loader says of a folder it cannot load (surecl.model.load_model)
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=cfg.model.trust_remote_code)
+        seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+        auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+        with torch.device("meta"):
+            model = auto.from_config(config, trust_remote_code=cfg.model.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SureclError(f"model.name: cannot load {name!r}: {first}") from None
     leaves = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     found = {t: sum(1 for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] == t) for t in cfg.lora.target_modules}
     missing = [t for t, k in found.items() if k == 0]

@@ -6,6 +6,7 @@ with the run's own progress (:class:`~surecl.run_state.RunState`) and random str
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import torch
@@ -29,7 +30,7 @@ def open_folder(run, resume: bool, fresh: bool) -> None:
     it writes, remove a killed run's temporaries, clear it with ``fresh``, restore the newest
     valid checkpoint with ``resume``, write ``config.yaml``, add this machine to ``state.hosts``."""
     main = run.accelerator.is_main_process
-    agreed(run, lambda: _refusals(run, fresh))
+    agreed(run, lambda: _refusals(run, resume, fresh))
     if fresh:
         if main:
             removed = run.outputs.clear()
@@ -57,13 +58,20 @@ def open_folder(run, resume: bool, fresh: bool) -> None:
         run.state.hosts.append(here)
 
 
-def _refusals(run, fresh: bool) -> None:
+def _refusals(run, resume: bool, fresh: bool) -> None:
     """The main process's part of opening the folder: refuse what the run must not overwrite,
     remove what a killed run's writes left."""
     if not run.outputs.exists:
         # at once, before any check can refuse the run: a folder with this run's lock file but no
         # manifest would read as an earlier version's on the rerun, and the user's files in it as surecl's
         run.outputs.save()
+    if not resume and not fresh:
+        # starting over beside an earlier run's outputs would mix them: its results.json stays
+        # "finished" over this run's log and checkpoints, which replace its own as they come
+        earlier = [p for p in run.outputs.paths if os.path.lexists(run.out_dir / p) and p not in (MARK,)]
+        if earlier:
+            raise SureclError(f"{run.out_dir}: holds an earlier run's outputs ({', '.join(earlier[:3])}{' ...' if len(earlier) > 3 else ''}); "
+                              "resume=False would start over beside them: pass fresh=True to remove them first, or resume=True to continue")
     for rel in planned_outputs(run):  # a link or a user's file where the run writes: refused before anything changes
         if not (fresh and run.outputs.owns(rel)):
             run.outputs.check(rel)
