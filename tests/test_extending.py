@@ -41,6 +41,9 @@ def test_outside_options_work_like_built_in_ones(my_cl):
     with pytest.raises(SureclError, match=r"^extreme.keep: 'middle' is not one of low, high$"):
         build_config("tiny", ["replay.policy=extreme", "extreme.keep=middle"])
     assert "l2_prev" in registry.method_names() and "extreme" in registry.policy_names()
+    # it ranks by scores but re-scores nothing on replay: aging would be accepted and do nothing
+    with pytest.raises(SureclError, match=r"^replay.aging: policy extreme ranks by scores but does not re-score"):
+        build_config("tiny", ["replay.policy=extreme", "replay.aging=true"])
 
 
 def test_the_cli_finds_them_with_import(tmp_path, capsys, monkeypatch):

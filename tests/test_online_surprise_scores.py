@@ -107,3 +107,23 @@ def test_online_scores_are_the_pre_update_answer_nll(aging, tmp_path, tiny_cache
     if aging:  # some kept entry carries a score from a replay step, not from its offer
         offered_last = {(t, i): s for _, _, t, i, s, _ in offers}
         assert any(e["score"] != offered_last[(e["task"], e["index"])] for e in saved["entries"])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_online_aging_takes_the_replay_loss_whatever_the_reduction(reduction, tmp_path, tiny_cache, monkeypatch):
+    """online_surprise's fresh entries are step losses; its aged ones come from the replay
+    step's loss too, by a mean or a sum: no scoring pass (with a sum there was one, in eval mode
+    after the update: another scale than the entries it is ranked against)."""
+    import surecl.trainer as trainer_mod
+
+    calls = []
+    score = trainer_mod.score_examples
+    monkeypatch.setattr(trainer_mod, "score_examples", lambda *a, **k: calls.append(1) or score(*a, **k))
+    cfg = build_config("tiny,online_surprise", ["data.tasks=[colors,animals]", "data.n_train=8", "data.n_test=2", "train.epochs=1",
+                                                "replay.aging=true", f"replay.reduction={reduction}"])
+    run = ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    aged = []
+    age = run.policy.age
+    run.policy.age = lambda entries, scores: aged.extend(scores) or age(entries, scores)
+    run.run()
+    assert aged and not calls

@@ -380,7 +380,8 @@ def cmd_list(args) -> int:
     print("sweep plans (surecl sweep --plan NAME):")
     for name in plan_names():
         print(f"  {name:16s} {load_plan(name).description}")
-    print("benchmarks: embedded (offline default, 4 tasks), tiny (fixture), or a CL_Benchmark folder path")
+    print("benchmarks: embedded (offline default, 4 tasks), instruct (4 instruction tasks, built from the bigbench package), "
+          "tiny (fixture), none (only data.jsonl / data.hf tasks), or a CL_Benchmark folder path")
     print("orders:")
     for k, tasks in ORDERS.items():
         print(f"  {k} ({BENCHMARK_OF_ORDER[k]}): {', '.join(tasks)}")

@@ -318,8 +318,19 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise SureclError(f"replay.balance: 'label' needs labelled tasks; a {cfg.data.kind} stream (data.kind={cfg.data.kind}) has none")
     if cfg.replay.aging and cfg.replay.policy != "none" and not policy.uses_scores:
         raise SureclError(f"replay.aging: policy {cfg.replay.policy} keeps no scores to age; use policy=surprise")
+    if cfg.replay.aging and cfg.replay.policy != "none" and not _ages(policy):
+        raise SureclError(f"replay.aging: policy {cfg.replay.policy} ranks by scores but does not re-score replayed entries "
+                          "(it overrides no age() and after_step(); surecl's surprise policies do)")
     registry.method_class(cfg.method).validate_config(cfg)  # combinations the method cannot run
     return cfg
+
+
+def _ages(policy: type) -> bool:
+    """Whether a replay policy re-scores replayed entries: it overrides ``ReplayPolicy.age`` and
+    its ``after_step`` (which calls it), as the built-in surprise policies do."""
+    from surecl.replay.policies import ReplayPolicy
+
+    return all(getattr(policy, name, None) is not getattr(ReplayPolicy, name) for name in ("age", "after_step"))
 
 
 # ----------------------------------------------------------------------------------------

@@ -59,16 +59,19 @@ class _Sure(ReplayPolicy):
         """Fresh surprise of the step's replayed entries on the scale the buffer ranks by.
 
         The step's forward already holds their answer-token NLL: with labels scored by a mean
-        on one process that is taken as the new score (the surprise met on replay, before the
+        on one process (for ``online_surprise``, whose fresh entries are step losses, by a mean
+        or a sum) that is taken as the new score (the surprise met on replay, before the
         step's update and with the training dropout on, so an aged entry's score is not quite
         on its fresh neighbours' eval-mode scale). Otherwise (whole sequence, sum, or several
         processes) they are re-scored with the scorer itself, after the update, in eval mode:
-        so one and several processes age the buffer slightly differently (no preset ages).
-        """
+        so one and several processes age the buffer slightly differently (the ``surprise_aging``
+        preset scores whole sequences: the scoring pass)."""
         replayed = record.replayed
-        if ctx.world == 1 and self.config.scope == "label" and self.config.reduction == "mean":
+        # online_surprise's fresh entries are step losses (mean or sum), so its aged ones are too
+        if ctx.world == 1 and self.config.scope == "label" and (self.config.reduction == "mean" or self.online):
             offset = len(record.current)
-            scores = (record.nll / record.tokens.clamp(min=1))[offset:].tolist()
+            values = record.nll / record.tokens.clamp(min=1) if self.config.reduction == "mean" else record.nll
+            scores = values[offset:].tolist()
         else:
             scores = ctx.score([ctx.train_sets[e.task][e.index] for e in replayed], scope=self.config.scope, reduction=self.config.reduction)
         for e, s in zip(replayed, scores):

@@ -76,7 +76,9 @@ class ReplayPolicy(Plugin):
     name = "none"
     Config = BufferConfig
     uses_scores = False
-    """Whether the buffer ranks by surprise (only then can ``replay.aging`` re-score)."""
+    """Whether the buffer ranks by surprise. ``replay.aging`` needs it, and a policy that
+    re-scores replayed entries: its own ``age`` and an ``after_step`` that calls it (surecl's
+    surprise policies, ``surecl.plugins.sure``)."""
     needs_step_scores = False
     """True if ``observe`` wants each example's loss and label from the step."""
     per_task_quota = False
