@@ -211,3 +211,21 @@ def test_dry_run_names_the_buffer_fraction_it_uses(capsys):
     assert main(["run", "--dry-run", "--config", "tiny,surprise", "replay.buffer_fraction=0.5"]) == 0
     out = capsys.readouterr().out
     assert "buffer: S = 192 (0.5 of 384)" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("kind: banana\n", "kind: 'banana' is not one of method, setting"),
+        ("essential: 3\n", "essential: expected a list"),
+        ("essential: [nosuch.key]\n", "essential: 'nosuch.key' is not a config key"),
+        ("orders: 3\n", "orders: expected a list"),
+    ],
+)
+def test_a_presets_own_keys_are_checked(tmp_path, text, words):
+    """A user's YAML preset: its kind, essential keys and orders (a traceback, or a kind taken
+    for a setting without a word)."""
+    f = tmp_path / "mine.yaml"
+    f.write_text(text)
+    with pytest.raises(SureclError, match=words):
+        build_config(f"tiny,{f}")

@@ -274,3 +274,22 @@ def test_every_kind_of_method_is_probed(method, probe, tmp_path, tiny_cache):
     rows = [r for r in g["after"] if r is not None]
     assert g["before"] is not None and len(rows) == (1 if method == "mtl" else 2) and g["final"] == rows[-1]
     assert g["change"] == {k: pytest.approx(g["final"][k] - g["before"][k]) for k in g["before"]}
+
+
+@pytest.mark.slow
+def test_a_resume_on_changed_probe_rows_is_refused(uninterrupted, tmp_path):
+    """Killed mid-run, its probe file edited: the rerun would compare 'after' scores on the new
+    rows with 'before' scores taken on the old ones. One line instead; restored, it resumes."""
+    root, want = uninterrupted
+    probe = write_probe(tmp_path / "probe")
+    out = tmp_path / "run"
+    assert surecl(out, root / "cache", probe, kill_at="step:1:2").returncode == -9
+    original = (probe / "text.jsonl").read_text()
+    (probe / "text.jsonl").write_text(original.replace("one", "two"))
+    refused = surecl(out, root / "cache", probe)
+    assert refused.returncode == 2 and "general-ability probe's part text changed" in refused.stderr, refused.stderr[-500:]
+    (probe / "text.jsonl").write_text(original)
+    again = surecl(out, root / "cache", probe)
+    assert again.returncode == 0, again.stderr[-500:]
+    got = json.loads((out / "results.json").read_text())["general"]
+    assert {k: v for k, v in got.items() if k != "source"} == {k: v for k, v in want["general"].items() if k != "source"}

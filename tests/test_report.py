@@ -1219,3 +1219,32 @@ def test_unit_seed_averages_each_seeds_pairs_over_its_orders(runs_order, tmp_pat
     capsys.readouterr()
     with pytest.raises(SureclError, match="--unit"):
         paper_report([runs_order], unit="order")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("tasks", 3, "tasks is not a list of task names"),
+        ("tasks", [{"a": 1}], "tasks is not a list of task names"),
+        ("metric", ["a"], "metric is not a name"),
+        ("metric", None, "metric is not a name"),
+        ("config.dual", None, "config.dual is not a mapping"),
+        ("config.replay", [1], "config.replay is not a mapping"),
+        ("general", {"metrics": 3}, "general.metrics is not a mapping"),
+    ],
+)
+@pytest.mark.parametrize("layout", ["orders", "paper"])
+def test_a_results_file_of_other_types_is_one_line(tmp_path, capsys, field, value, words, layout):
+    """Valid JSON with the keys a run writes but types it never writes: one line naming the
+    file and the field (each was a traceback in one layout or both)."""
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        put(runs, "seq_lora", "1", seed, 60.0 + seed, 50.0)
+    d = put(runs, "surprise", "1", 0, 70.0, 65.0)
+    res = json.loads((d / "results.json").read_text())
+    where, _, key = field.rpartition(".")
+    (res[where] if where else res)[key] = value
+    (d / "results.json").write_text(json.dumps(res))
+    assert main(["report", str(runs), "--layout", layout]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "results.json" in err[0] and words in err[0], err

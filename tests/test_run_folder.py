@@ -423,3 +423,29 @@ def test_a_finished_run_whose_provenance_is_not_surecls_shape_is_still_finished(
     (out / "results.json").write_text(json.dumps(res))
     assert main(["run", *TINY, "--out", str(out), *SMALL]) == 0
     assert "already finished" in capsys.readouterr().err
+
+
+def test_a_resume_on_another_base_model_is_refused(finished, tmp_path, cache, capsys):
+    """The same config over a model folder whose weights changed (same shapes): resuming would
+    put adapters trained on one base onto another without a word. One line; restored, it
+    resumes and ends as the run did."""
+    from safetensors.torch import load_file, save_file
+
+    from surecl.model import tiny_folder
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_folder(cache), model)
+    args = [*TINY, *SMALL, f"model.name={model}"]
+    out = tmp_path / "run"
+    assert main(["run", *args, "--out", str(out)]) == 0
+    done = json.loads((out / "results.json").read_text())
+    (out / "results.json").unlink()  # a finished run that must write it again from its last checkpoint
+    weights = next(model.glob("*.safetensors"))
+    original = weights.read_bytes()
+    save_file({k: v + 0.01 if v.is_floating_point() else v for k, v in load_file(str(weights)).items()}, str(weights))
+    capsys.readouterr()
+    assert main(["run", *args, "--out", str(out)]) == 2
+    assert "the base model" in one_error_line(capsys) and not (out / "results.json").exists()
+    weights.write_bytes(original)
+    assert main(["run", *args, "--out", str(out)]) == 0
+    assert json.loads((out / "results.json").read_text())["accuracy_matrix"] == done["accuracy_matrix"]

@@ -25,6 +25,7 @@ import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import TaskType, get_peft_model
 
+from surecl.errors import SureclError
 from surecl.plugins.base import Plugin
 from surecl.sections import DualConfig, LoraConfig
 
@@ -88,9 +89,19 @@ class DualLoRA(Plugin):
         try:
             self.model = get_peft_model(base, self.peft_config, adapter_name=FAST)
         except ValueError as exc:
-            from surecl.errors import SureclError
+            if "is not supported" in str(exc):  # peft prints the whole module (a block of layers) before these words
+                raise SureclError(f"lora.target_modules: {list(lora.target_modules)} names a module that is not a linear layer; "
+                                  "surecl adapts linear layers only (e.g. q_proj, v_proj, or a T5's q, v)") from None
+            raise SureclError(f"lora.target_modules: {' '.join(str(exc).split())[:300]}") from None
+        from peft.tuners.lora import Linear as LoraLinear
+        from peft.tuners.lora import LoraLayer
 
-            raise SureclError(f"lora.target_modules: {str(exc).splitlines()[0]}") from None
+        adapted = [(n, m) for n, m in self.model.named_modules() if isinstance(m, LoraLayer)]
+        other = [n.rsplit(".", 1)[-1] for n, m in adapted if not isinstance(m, LoraLinear)]
+        if not adapted or other:
+            what = f"names {other[0]}, not a linear layer" if other else "names no linear layer of this model"
+            raise SureclError(f"lora.target_modules: {list(lora.target_modules)} {what}; surecl adapts linear layers only "
+                              "(e.g. q_proj, v_proj, or a T5's q, v)")
         self._lora_dtype_fp32()
         self.steps = 0
         self.updates = 0
@@ -348,8 +359,12 @@ class DualLoRA(Plugin):
         for n, t in state.items():
             if n.startswith("ema_raw."):
                 self._raw[int(n.split(".")[1])].copy_(t)
-            else:
-                named[n].copy_(t)
+                continue
+            if n not in named or named[n].shape != t.shape:
+                now = "no such tensor" if n not in named else f"shape {tuple(named[n].shape)}"
+                raise SureclError(f"checkpoint tensor {n} (shape {tuple(t.shape)}) does not fit this model ({now}): the base "
+                                  "model or model.* / lora.* settings differ from the run's; restore them, or rerun with --fresh")
+            named[n].copy_(t)
 
     def save_pretrained(self, folder, name: str) -> None:
         """Write one adapter in PEFT format, loadable with ``PeftModel.from_pretrained``: the

@@ -165,12 +165,13 @@ def check_sweep_keys(plan) -> None:
 def _preset_orders(config: str) -> list[str] | None:
     """The ``orders`` a protocol preset (standard-cl, lnt) names, if any of ``config`` has one."""
     from surecl.config import load_yaml
+    from surecl.sweep import _strings
 
     found = None
     for name in (c.strip() for c in (config or "").split(",") if c.strip()):
-        orders = load_yaml(name)[0].get("orders")
-        if orders:
-            found = [str(o) for o in orders]
+        data, source = load_yaml(name)
+        if data.get("orders"):
+            found = _strings(data["orders"], f"{source}: orders")
     return found
 
 
@@ -362,6 +363,30 @@ def _check_results(paths: list[Path]) -> None:
             if missing or not isinstance(res.get("config"), dict):
                 raise SureclError(f"{path}: not a surecl results file (no {', '.join(missing) or 'config mapping'}); "
                                   "move it away or name the run folders to report")
+            wrong = _wrong_types(res)
+            if wrong:
+                raise SureclError(f"{path}: not a surecl results file ({wrong}); move it away or name the run folders to report")
+
+
+def _wrong_types(res: dict) -> str | None:
+    """What in a results.json has a type surecl never writes (the report would fail on it with a
+    traceback), or None."""
+    tasks = res.get("tasks")
+    if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
+        return "tasks is not a list of task names"
+    if "metric" in res and not isinstance(res["metric"], str):
+        return "metric is not a name"
+    cfg = res["config"]
+    for section in ("data", "dual", "replay", "train", "model", "lora", "eval"):
+        if section in cfg and not isinstance(cfg[section], dict):
+            return f"config.{section} is not a mapping"
+    general = res.get("general")
+    if general is not None and (not isinstance(general, dict) or not all(isinstance(v, (dict, list, str, int, float)) or v is None
+                                                                          for v in general.values())):
+        return "general is not a mapping"
+    if isinstance(general, dict) and "metrics" in general and not isinstance(general["metrics"], dict):
+        return "general.metrics is not a mapping"
+    return None
 
 
 def cmd_list(args) -> int:

@@ -619,6 +619,27 @@ META_KEYS = ("description", "kind", "orders", "essential")
 DEFAULT_PRESET = "slow_surprise"
 
 
+def _check_meta(data: dict, source: str) -> None:
+    """A preset's own keys (``kind``, ``essential``, ``orders``, ``description``), checked."""
+    kind = data.get("kind", "method")
+    if kind not in ("method", "setting"):
+        raise SureclError(f"{source}: kind: {kind!r} is not one of method, setting")
+    essential = data.get("essential", []) or []
+    if not isinstance(essential, list) or not all(isinstance(k, str) for k in essential):
+        raise SureclError(f"{source}: essential: expected a list of key.sub names")
+    probe = RunConfig()
+    for key in essential:
+        try:
+            get_key(probe, key)
+        except (AttributeError, KeyError, SureclError):
+            raise SureclError(f"{source}: essential: {key!r} is not a config key") from None
+    orders = data.get("orders")
+    if orders is not None and (not isinstance(orders, list) or not all(isinstance(o, (str, int)) and not isinstance(o, bool) for o in orders)):
+        raise SureclError(f"{source}: orders: expected a list of order names, e.g. [4, 5, 6]")
+    if not isinstance(data.get("description", ""), str):
+        raise SureclError(f"{source}: description: expected text")
+
+
 def build_config(config: str | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Default tree <- presets/YAML files (comma-separated, applied in order) <- overrides.
 
@@ -628,6 +649,8 @@ def build_config(config: str | None = None, overrides: list[str] | None = None) 
     cfg = RunConfig()
     names = [c.strip() for c in (config or "").split(",") if c.strip()]
     loaded = [(name, *load_yaml(name)) for name in names]
+    for _, data, source in loaded:
+        _check_meta(data, source)
     if not any(data.get("kind", "method") == "method" for _, data, _ in loaded):
         loaded.insert(0, (DEFAULT_PRESET, *load_yaml(DEFAULT_PRESET)))
     guarded: dict[str, tuple[str, Any]] = {}  # key -> (method preset, its value) that later presets may not change

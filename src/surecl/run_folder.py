@@ -15,7 +15,7 @@ import surecl.checkpoint as checkpoint
 from surecl.errors import SureclError
 from surecl.model import host_info
 from surecl.plugins.tracking import MARK
-from surecl.run_results import config_header, fingerprints
+from surecl.run_results import config_header, fingerprints, probe_fingerprints
 from surecl.run_state import RunState
 
 
@@ -130,7 +130,8 @@ def save(run) -> None:
     run.outputs.claim(f"checkpoints/{name}")
     checkpoint.save(
         run.out_dir / "checkpoints", name, components,
-        {"config": run.cfg.to_dict(), "tasks": [t.name for t in run.tasks], "data": fingerprints(run)},
+        {"config": run.cfg.to_dict(), "tasks": [t.name for t in run.tasks], "data": fingerprints(run),
+         "base": getattr(run, "base_fingerprint", None), "general": probe_fingerprints(run)},
         keep=run.cfg.train.keep_checkpoints, owned=_owned_checkpoints(run),
     )
     run.outputs.forget_missing("checkpoints")
@@ -182,6 +183,15 @@ def restore(run) -> Path | None:
         if name in saved and saved[name] != digest:
             raise SureclError(f"{run.out_dir}: the data of task {name} changed since {found.folder.name} was written (other "
                               "sampled rows at the same config); restore that data, or rerun with --fresh to start over on this data")
+    base, saved_base = getattr(run, "base_fingerprint", None), found.meta.get("base")
+    if base is not None and saved_base is not None and base != saved_base:
+        raise SureclError(f"{run.out_dir}: the base model ({run.cfg.model.name}) is not the one {found.folder.name} was trained on "
+                          "(its weights changed since); restore that model, or rerun with --fresh to start over on this one")
+    saved = found.meta.get("general") or {}
+    for name, digest in probe_fingerprints(run).items():
+        if name in saved and saved[name] != digest:
+            raise SureclError(f"{run.out_dir}: the general-ability probe's part {name} changed since {found.folder.name} was written "
+                              "(its before-training scores were taken on the old rows); restore it, or rerun with --fresh")
     run.plugins.load_state_dicts(found.components)
     load_rng_state(run, *found.components["rng"])
     saved = found.components["run"][0]

@@ -184,6 +184,32 @@ def fingerprints(run) -> dict[str, str]:
     return run.data_fingerprints
 
 
+def base_fingerprint(model) -> str:
+    """A digest of the base model as loaded: each parameter's name, shape and 64 values spread
+    over it, taken in bf16 (so an fp32 and a bf16 load of the same weights agree: a resume on a
+    machine that picks the other dtype is the same base). Read before any adapter is added.
+    Seconds for billions of weights; a changed model file (same shapes, new values) differs."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            flat = p.detach().reshape(-1)
+            step = max(1, flat.numel() // 64)
+            sample = flat[::step][:64].to(device="cpu", dtype=torch.bfloat16).view(torch.int16)
+            h.update(f"{name}:{tuple(p.shape)}:".encode())
+            h.update(sample.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def probe_fingerprints(run) -> dict[str, str]:
+    """Each general-ability probe part's :meth:`~surecl.data.task.Task.fingerprint` ({} without a probe)."""
+    general = getattr(run, "general", None)
+    return {t.name: t.fingerprint() for t in general.tasks} if general is not None else {}
+
+
 def provenance(run) -> dict:
     """Where the run's model and tasks came from (results.json ``provenance``): the model's
     class and ``name_or_path`` (the config's ``model.name`` unless the caller passed a

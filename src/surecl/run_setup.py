@@ -37,6 +37,7 @@ from surecl.processes import release_at_exit
 from surecl.registry import method_class, method_config, policy_class, policy_options
 from surecl.replay.buffer import OnlineQuotaBuffer
 from surecl.replay.policies import buffer_capacity, quota_warning
+from surecl.run_results import base_fingerprint
 from surecl.run_state import InputSets, RunState
 from surecl.step import TrainStep
 
@@ -95,6 +96,7 @@ def build_run(
         loaded = prepare_model(model, tokenizer, run.device)
     run.model_name_or_path = str(getattr(loaded.model.config, "_name_or_path", "") or "") if model is not None else cfg.model.name
     run.model_class = type(loaded.model).__name__
+    run.base_fingerprint = base_fingerprint(loaded.model)  # checkpoints record it: a resume on another base is refused
     run.tokenizer, run.is_seq2seq, run.model_path = loaded.tokenizer, loaded.is_seq2seq, loaded.path
     run.base_dtype = loaded.dtype
     run.share_prefix = cfg.model.share_prefix and not run.is_seq2seq
