@@ -101,7 +101,6 @@ CASES = {
     "LoRA on an embedding": (["lora.target_modules=[q_proj,embed_tokens]"], None, ["lora.target_modules", "embed_tokens, not a linear layer"]),
     "LoRA on a block of layers": (["lora.target_modules=[self_attn]"], None, ["lora.target_modules", "not a linear layer"]),
     "per-task epochs of a task up to case": (["train.epochs_per_task=[Topics:2]"], None, ["train.epochs_per_task", "'Topics'", "did you mean 'topics'"]),
-    "per-task epochs of no task of the stream": (["train.epochs_per_task=[weather:2]"], None, ["train.epochs_per_task", "names no task", "weather"]),
     "N-LoRA strengths of a task up to case": (["nlora.per_task=[MOODS:0.1]", "--config", "tiny,nlora"], None, ["nlora.per_task", "did you mean 'moods'"]),
     "O-LoRA with the dual learner": (["dual.enabled=true", "--config", "tiny,olora"], None, ["dual.enabled", "olora", "dual.enabled=false"]),
     "N-LoRA with the dual learner": (["dual.enabled=true", "--config", "tiny,nlora"], None, ["dual.enabled", "nlora"]),

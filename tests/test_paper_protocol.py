@@ -323,3 +323,6 @@ def test_per_task_values_of_tasks_absent_from_the_stream_are_named(tiny_cache):
     others are named in a warning (dry run and run), not left unused without a word."""
     cfg = build_config("tiny,seq_lora", ["data.tasks=[colors,animals]", "train.epochs_per_task=[colors:3,birds:2]"])
     assert "warning: train.epochs_per_task: birds not in this stream: its value is unused" in describe(cfg, cache_dir=tiny_cache)
+    cfg = build_config("tiny,seq_lora", ["data.tasks=[colors,animals]", "train.epochs_per_task=[colours:3]"])
+    assert "train.epochs_per_task: names no task of this stream (colours; its tasks: colors, animals): every value is unused" \
+        in describe(cfg, cache_dir=tiny_cache)

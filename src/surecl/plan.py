@@ -23,7 +23,7 @@ def check_task_names(cfg: RunConfig, names: list[str]) -> list[str]:
     """Per-task values (``train.epochs_per_task``, the method's ``<section>.per_task``) against
     the stream's task names: a name that matches a task only up to case is refused (it would be
     left unused without a word); the warnings name tasks the stream does not have (a preset's
-    table for a longer stream, e.g. ``olora_long``, applies by name to the tasks present)."""
+    table for another stream, e.g. ``olora_long``'s for LNT, applies by name to the tasks present)."""
     from surecl.registry import method_config, method_spec
 
     entries = [("train.epochs_per_task", cfg.train.epochs_per_task)]
@@ -42,9 +42,9 @@ def check_task_names(cfg: RunConfig, names: list[str]) -> list[str]:
                 raise SureclError(f"{key}: task {task!r} is not in the stream; did you mean {folded[task.casefold()]!r}? (names are case-sensitive)")
             absent.append(task)
         if absent and len(absent) == len(values):
-            raise SureclError(f"{key}: names no task of the stream ({', '.join(absent[:4])}{' ...' if len(absent) > 4 else ''}; "
-                              f"its tasks: {', '.join(names)})")
-        if absent:
+            warnings.append(f"{key}: names no task of this stream ({', '.join(absent[:4])}{' ...' if len(absent) > 4 else ''}; "
+                            f"its tasks: {', '.join(names)}): every value is unused")
+        elif absent:
             warnings.append(f"{key}: {', '.join(absent[:4])}{' ...' if len(absent) > 4 else ''} not in this stream: "
                             f"{'its value is' if len(absent) == 1 else 'their values are'} unused")
     return warnings
