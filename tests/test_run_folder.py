@@ -449,3 +449,16 @@ def test_a_resume_on_another_base_model_is_refused(finished, tmp_path, cache, ca
     weights.write_bytes(original)
     assert main(["run", *args, "--out", str(out)]) == 0
     assert json.loads((out / "results.json").read_text())["accuracy_matrix"] == done["accuracy_matrix"]
+
+
+@pytest.mark.parametrize("name", ["stage-0002", "stage-0001-step-000002"])
+def test_a_users_folder_named_as_a_checkpoint_the_run_will_write_stops_it_before_training(tmp_path, capsys, name):
+    """Refused at the start, before any training (it was refused only when that checkpoint came,
+    after the training before it, and again on every rerun); the folder is left as it was."""
+    out = tmp_path / "run"
+    (out / "checkpoints" / name).mkdir(parents=True)
+    (out / "checkpoints" / name / "notes.txt").write_text("mine")
+    assert main(["run", *TINY, "--out", str(out), *SMALL, "data.n_train=32", "train.checkpoint_every=2"]) == 2
+    assert f"checkpoints/{name} was not written by surecl" in one_error_line(capsys)
+    assert not (out / "log.jsonl").exists() and sorted(p.name for p in (out / "checkpoints").iterdir()) == [name]
+    assert (out / "checkpoints" / name / "notes.txt").read_text() == "mine"

@@ -58,6 +58,20 @@ def open_folder(run, resume: bool, fresh: bool) -> None:
         run.state.hosts.append(here)
 
 
+def planned_checkpoints(run) -> list[str]:
+    """The checkpoint folders the run will write (``save``'s names): ``stage-0000`` when it
+    measures anything before training, ``stage-NNNN`` after each stage, and with
+    ``train.checkpoint_every`` the ``stage-NNNN-step-NNNNNN`` ones inside each stage."""
+    names = ["stage-0000"] if run.cfg.eval.before or getattr(run, "general", None) is not None else []
+    every = run.cfg.train.checkpoint_every
+    for s, stage in enumerate(getattr(run, "stages", None) or []):
+        if every:
+            total = run.steps_in_stage(stage)
+            names += [f"stage-{s:04d}-step-{k:06d}" for k in range(every, total, every)]
+        names.append(f"stage-{s + 1:04d}")
+    return names
+
+
 def _refusals(run, resume: bool, fresh: bool) -> None:
     """The main process's part of opening the folder: refuse what the run must not overwrite,
     remove what a killed run's writes left."""
@@ -72,7 +86,9 @@ def _refusals(run, resume: bool, fresh: bool) -> None:
         if earlier:
             raise SureclError(f"{run.out_dir}: holds an earlier run's outputs ({', '.join(earlier[:3])}{' ...' if len(earlier) > 3 else ''}); "
                               "resume=False would start over beside them: pass fresh=True to remove them first, or resume=True to continue")
-    for rel in planned_outputs(run):  # a link or a user's file where the run writes: refused before anything changes
+    for rel in [*planned_outputs(run), *(f"checkpoints/{n}" for n in planned_checkpoints(run))]:
+        # a link or a user's file where the run writes: refused before anything changes (a
+        # checkpoint's name too, which was found only when that checkpoint came, after the training before it)
         if not (fresh and run.outputs.owns(rel)):
             run.outputs.check(rel)
     if not fresh:
