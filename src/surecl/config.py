@@ -619,18 +619,18 @@ META_KEYS = ("description", "kind", "orders", "essential")
 DEFAULT_PRESET = "slow_surprise"
 
 
-def _check_meta(data: dict, source: str) -> None:
-    """A preset's own keys (``kind``, ``essential``, ``orders``, ``description``), checked."""
+def _check_meta(data: dict, source: str, cfg: RunConfig) -> None:
+    """A preset's own keys (``kind``, ``essential``, ``orders``, ``description``), checked
+    (``essential`` names against ``cfg``'s keys)."""
     kind = data.get("kind", "method")
     if kind not in ("method", "setting"):
         raise SureclError(f"{source}: kind: {kind!r} is not one of method, setting")
     essential = data.get("essential", []) or []
     if not isinstance(essential, list) or not all(isinstance(k, str) for k in essential):
         raise SureclError(f"{source}: essential: expected a list of key.sub names")
-    probe = RunConfig()
     for key in essential:
         try:
-            get_key(probe, key)
+            get_key(cfg, key)
         except (AttributeError, KeyError, SureclError):
             raise SureclError(f"{source}: essential: {key!r} is not a config key") from None
     orders = data.get("orders")
@@ -650,7 +650,7 @@ def build_config(config: str | None = None, overrides: list[str] | None = None) 
     names = [c.strip() for c in (config or "").split(",") if c.strip()]
     loaded = [(name, *load_yaml(name)) for name in names]
     for _, data, source in loaded:
-        _check_meta(data, source)
+        _check_meta(data, source, cfg)
     if not any(data.get("kind", "method") == "method" for _, data, _ in loaded):
         loaded.insert(0, (DEFAULT_PRESET, *load_yaml(DEFAULT_PRESET)))
     guarded: dict[str, tuple[str, Any]] = {}  # key -> (method preset, its value) that later presets may not change

@@ -82,7 +82,7 @@ def _refusals(run, resume: bool, fresh: bool) -> None:
     if not resume and not fresh:
         # starting over beside an earlier run's outputs would mix them: its results.json stays
         # "finished" over this run's log and checkpoints, which replace its own as they come
-        earlier = [p for p in run.outputs.paths if os.path.lexists(run.out_dir / p) and p not in (MARK,)]
+        earlier = [p for p in run.outputs.paths if os.path.lexists(run.out_dir / p) and p != MARK]
         if earlier:
             raise SureclError(f"{run.out_dir}: holds an earlier run's outputs ({', '.join(earlier[:3])}{' ...' if len(earlier) > 3 else ''}); "
                               "resume=False would start over beside them: pass fresh=True to remove them first, or resume=True to continue")
@@ -110,18 +110,16 @@ def agreed(run, action) -> None:
     stops with the main process's error at the same point (the others would otherwise go on
     into the next collective and hang, or fail there with a traceback)."""
     world = getattr(run, "world", 1)
-    error = None
     if run.accelerator.is_main_process:
         try:
             action()
         except Exception as e:
             if world == 1:
                 raise
-            error = str(e) if isinstance(e, SureclError) else f"the main process stopped: {type(e).__name__}: {e}"
-            if from_main(error) is not None:  # the others learn of it, then the main process raises its own
-                raise
+            from_main(str(e) if isinstance(e, SureclError) else f"the main process stopped: {type(e).__name__}: {e}")
+            raise  # the others learned of it; the main process raises its own
     if world > 1:
-        error = from_main(error)
+        error = from_main(None)  # the main process's error message, or None when its action went through
         if error is not None:
             raise SureclError(error)
 

@@ -205,9 +205,12 @@ def base_fingerprint(model) -> str:
 
 
 def probe_fingerprints(run) -> dict[str, str]:
-    """Each general-ability probe part's :meth:`~surecl.data.task.Task.fingerprint` ({} without a probe)."""
-    general = getattr(run, "general", None)
-    return {t.name: t.fingerprint() for t in general.tasks} if general is not None else {}
+    """Each general-ability probe part's :meth:`~surecl.data.task.Task.fingerprint` ({} without a
+    probe; computed once, as :func:`fingerprints`: every checkpoint records them)."""
+    if getattr(run, "probe_digests", None) is None:
+        general = getattr(run, "general", None)
+        run.probe_digests = {t.name: t.fingerprint() for t in general.tasks} if general is not None else {}
+    return run.probe_digests
 
 
 def provenance(run) -> dict:
