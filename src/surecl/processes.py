@@ -5,7 +5,13 @@ A process that exits with its ``torch.distributed`` process group still up can a
 gloo's worker threads may still hold finished work objects whose tensors are released during
 interpreter finalisation, when the interpreter can no longer take the GIL. The group is therefore
 torn down while the interpreter is still whole: :func:`release_at_exit` registers, once per
-process, an ``atexit`` handler that destroys the default group if one is still up. A script that
+process, an ``atexit`` handler that destroys the default group if one is still up. It first
+collects unreachable reference cycles: a finished (or refused) run sits in one, with its
+``DistributedDataParallel`` model, whose reducer holds the group and its pending work; left to
+the collection during finalisation, the reducer and the group's last reference went down after
+the group was destroyed, when the interpreter was half gone (an abort seen on a refused
+two-process run). A model the script still holds at exit (a global) is not garbage and is not
+freed here. A script that
 destroys the group itself (``accelerator.end_training()``, ``dist.destroy_process_group()``) is
 unaffected: the handler then finds none. ``surecl run`` and the Trainer integrations call it when
 they run in several processes.
@@ -28,7 +34,10 @@ def release_at_exit() -> None:
 
 
 def _destroy_group() -> None:
+    import gc
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        gc.collect()  # a run left in a reference cycle (its DDP reducer holds the group) goes now, not in finalisation
         dist.destroy_process_group()
