@@ -308,6 +308,24 @@ def test_write_sweep_plan_merges(tmp_path):
     assert not (tmp_path / ".surecl-sweep-lock").exists()  # a refused sweep leaves the folder as it was
 
 
+@pytest.mark.parametrize("plan, words", [
+    ({"order_benchmark": ["Standard CL"]}, "'order_benchmark' must map"),
+    ({"order_benchmark": {"1": ["Standard CL"]}}, "'order_benchmark' must map"),
+    ({"runs": [{"row": "seq_lora", "order": "1", "seed": 0, "path": 7}]}, "path must be a name"),
+    ({"runs": [{"row": ["seq_lora"], "order": "1", "seed": 0, "path": "seq_lora/order-1/seed0"}]}, "row must be a name"),
+    ({"runs": [{"row": "seq_lora", "order": {}, "seed": None, "path": "x"}]}, "order and seed must be a name"),
+])
+def test_a_sweep_plan_of_types_surecl_never_writes_is_one_line(runs, capsys, plan, words):
+    """A sweep.json edited by hand (or damaged): the paper report and a sweep into the folder
+    stop with one line naming the field, not with a traceback."""
+    (runs / PLAN_FILE).write_text(json.dumps({"kind": "surecl-sweep-plan", "format": 1, "runs": [], **plan}))
+    assert main(["report", str(runs), "--layout", "paper"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0] and "sweep.json" in err[0], err
+    with pytest.raises(SureclError, match=words.replace("'", ".")):
+        write_sweep_plan(runs, [])
+
+
 def test_two_sweeps_planning_at_once_keep_each_others_runs(tmp_path, monkeypatch):
     """Two sweeps into one folder read, merge and replace sweep.json at the same moment: the
     plan lock serialises them, so the runs of both are planned (without it the later write

@@ -719,6 +719,17 @@ def read_plan(path: Path) -> dict | None:
     runs = plan.get("runs")
     if not isinstance(runs, list) or not all(isinstance(r, dict) and {"row", "order", "seed", "path"} <= set(r) for r in runs):
         raise SureclError(f"report: {path}: 'runs' must be a list of objects with row, order, seed and path")
+    name = (str, int)  # a row, order or seed as surecl writes it (YAML may have made an order a number)
+    for r in runs:
+        bad = [k for k in ("row", "order", "seed") if not isinstance(r[k], name) or isinstance(r[k], bool)]
+        bad += [] if isinstance(r["path"], str) and r["path"] else ["path"]
+        if bad:
+            raise SureclError(f"report: {path}: a run's {' and '.join(bad)} must be a name (the run {r!r}); "
+                              "sweep.json is written by surecl sweep: move it away or rerun the sweep")
+    benches = plan.get("order_benchmark")
+    if benches is not None and not (isinstance(benches, dict) and all(isinstance(b, str) for b in benches.values())):
+        raise SureclError(f"report: {path}: 'order_benchmark' must map order names to benchmark names; "
+                          "sweep.json is written by surecl sweep: move it away or rerun the sweep")
     return plan
 
 
