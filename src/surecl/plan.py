@@ -138,7 +138,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     from surecl.data.loading import load_stream
     from surecl.plugins.sure import SurprisePolicy
     from surecl.registry import method_class, method_config, policy_class
-    from surecl.replay.policies import buffer_capacity, quota_warning
+    from surecl.replay.policies import buffer_capacity, stream_quota_warning
 
     tasks = load_stream(cfg, cache_dir=cache_dir)
     name_warnings = check_task_names(cfg, [t.name for t in tasks])
@@ -197,8 +197,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         probe = load_general_probe(cfg.eval.general, cfg.eval.general_n, cache_dir)
         parts = ", ".join(f"{t.name} ({'perplexity' if t.kind == 'text' else t.score_metric}) {len(t.test)} rows" for t in probe.tasks)
         lines.append(f"general-ability probe ({cfg.eval.general}): {parts}; before the first task and after each of the {len(stages)} stages")
-    labels = {ex.label for t in tasks for ex in t.train} if policy_cls.per_label_quota else ()
-    warning = quota_warning(policy_cls, capacity, len(tasks), len(labels))
+    warning = stream_quota_warning(policy_cls, capacity, tasks)
     if warning:
         lines.append(f"warning: {warning}")
     lines += [f"warning: {w}" for w in name_warnings]

@@ -36,7 +36,7 @@ from surecl.plugins.tracking import Tracking, check_trackers
 from surecl.processes import release_at_exit
 from surecl.registry import method_class, method_config, policy_class, policy_options
 from surecl.replay.buffer import OnlineQuotaBuffer
-from surecl.replay.policies import buffer_capacity, quota_warning
+from surecl.replay.policies import buffer_capacity, stream_quota_warning
 from surecl.run_results import base_fingerprint
 from surecl.run_state import InputSets, RunState
 from surecl.step import TrainStep
@@ -179,8 +179,7 @@ def build_run(
     first = run.stages[0].tasks
     run.adapters.beta = resolve_beta(cfg.dual, ema_units(sum(len(run.train_sets[t]) for t in first), cfg, [run.tasks[t].name for t in first]))
     warn_slow_window(run)
-    labels = {ex.label for t in run.tasks for ex in t.train} if type(run.policy).per_label_quota else ()
-    warning = quota_warning(type(run.policy), run.policy.capacity, len(run.tasks), len(labels))
+    warning = stream_quota_warning(type(run.policy), run.policy.capacity, run.tasks)
     if warning:
         run.log(f"warning: {warning}")
 

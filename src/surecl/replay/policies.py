@@ -286,3 +286,10 @@ def quota_warning(policy: type, capacity: int, n_tasks: int, n_labels: int = 0) 
             f"from task {capacity + 1} on, and the buffer then empties (raise replay.buffer_size to at least {n_tasks})"
         )
     return None
+
+
+def stream_quota_warning(policy: type, capacity: int, tasks) -> str | None:
+    """:func:`quota_warning` for a stream of tasks (the run's and the dry run's): its answer
+    labels are counted only for a policy with a per-label quota."""
+    labels = {ex.label for t in tasks for ex in t.train} if policy.per_label_quota else ()
+    return quota_warning(policy, capacity, len(tasks), len(labels))
