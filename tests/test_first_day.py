@@ -298,6 +298,22 @@ def test_task_from_hf_bad_input_is_one_line(dataset, kwargs, words):
     assert "\n" not in message and all(w in message for w in words), message
 
 
+def test_in_memory_datasets_of_a_generation_stream(tmp_path, tiny_cache):
+    """tasks=[DatasetDict] under data.kind=generate is read as a data.hf entry is: the label
+    column holds each row's target text (it was refused: from_hf took classify and text only)."""
+    datasets = pytest.importorskip("datasets")
+    from surecl.data.loading import caller_tasks
+
+    rows = {"text": ["the sky is", "grass is"] * 3, "label": ["blue and wide", "green"] * 3}
+    dd = datasets.DatasetDict(train=datasets.Dataset.from_dict(rows), test=datasets.Dataset.from_dict(rows))
+    [task] = caller_tasks([dd], surecl.build_config("tiny", ["data.kind=generate"]))
+    assert (task.kind, task.labels, task.score_metric) == ("generate", [], "rouge_l")
+    assert [e.label for e in task.test] == rows["label"] and [e.sentence for e in task.train] == rows["text"]
+    assert Task.from_hf(dd, "sky", kind="generate", metric="exact_match").score_metric == "exact_match"
+    with pytest.raises(SureclError, match="metric"):
+        Task.from_hf(dd, "sky", kind="generate", metric="bleu")
+
+
 def test_python_api_takes_in_memory_datasets(tmp_path, tiny_cache):
     datasets = pytest.importorskip("datasets")
     from surecl.data.tiny import tiny_stream

@@ -92,6 +92,18 @@ def test_bad_probe_is_one_line(case, tmp_path, tiny_cache, capsys):
     assert not (tmp_path / "out" / "results.json").exists()
 
 
+def test_a_probe_instruction_ending_in_a_word_gets_its_newline(tmp_path):
+    """As every reader of instruction files does (data.jsonl): the input does not run on from the
+    instruction's last word, so a file prompts the same as a probe as it does as a task."""
+    from surecl.data.jsonl import load_jsonl_task
+
+    f = tmp_path / "qa.jsonl"
+    f.write_text(json.dumps({"task": "qa", "kind": "generate", "instruction": "Answer in one word."}) + "\n"
+                 + "".join(json.dumps({"prompt": "Capital of France?", "response": "Paris", "split": split}) + "\n" for split in ("train", "test")))
+    [part] = load_general_probe(str(f), 0).tasks
+    assert part.instruction == "Answer in one word.\n" == load_jsonl_task(f).instruction
+
+
 def test_bad_probe_options_are_refused():
     with pytest.raises(SureclError, match="eval.general_n"):
         build_config("tiny", ["eval.general_n=-1"])

@@ -343,6 +343,18 @@ def test_fwt_on_a_hand_worked_matrix():
     assert forward_transfer([[80.0, None], [60.0, 90.0]], [10.0, 20.0]) is None
 
 
+def test_the_run_report_words_fwt_as_its_sign_is_taken():
+    """report.md says what FWT subtracts from what: for perplexity (sign flipped) the zero-shot
+    value minus the value before training, so the sentence and the number agree."""
+    from surecl.report import _fwt_lines
+
+    [acc, _] = _fwt_lines({"fwt": 10.0, "metric": "accuracy"}, 2)
+    assert acc == "FWT (score on each next task before training it, minus its score before any training): 10.00"
+    [ppl, _] = _fwt_lines({"fwt": forward_transfer(A, Z, higher_is_better=False), "metric": "perplexity"}, 2)
+    # z[j] - a[j-1][j] = mean(20 - 25, 30 - 45) = -10: the wording names that order
+    assert "perplexity before any training, minus its perplexity right before training it" in ppl and ppl.endswith(": -10.00")
+
+
 # ----------------------------------------------------------------------------- SuRe on generation targets
 
 

@@ -45,6 +45,22 @@ def test_text_stream_needs_a_causal_model(tmp_path):
         run(cfg, tmp_path / "run", progress=False, cache_dir=tmp_path / "cache")
 
 
+def test_a_probe_with_a_text_part_needs_a_causal_model(tmp_path, capsys):
+    """Perplexity of the probe's text part is a causal LM's: on an encoder-decoder the run stops
+    in one line before training (it failed in the first evaluation with a traceback)."""
+    from surecl.cli import main
+
+    path = tiny_t5(tmp_path / "t5", tmp_path / "cache")
+    capsys.readouterr()  # the model's own save output
+    probe = tmp_path / "probe.jsonl"
+    probe.write_text("".join('{"text": "some words of a document"}\n' for _ in range(4)))
+    code = main(["run", "--config", "tiny", "--out", str(tmp_path / "run"), "--quiet", f"model.name={path}", "lora.target_modules=[q,v]",
+                 "data.tasks=[colors]", "data.n_train=8", "data.n_test=4", f"eval.general={probe}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "its text part is scored by perplexity, which needs a causal LM" in err[0], err
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
 def test_tiny_t5_learns_a_generation_task(tmp_path):
     """Generation tasks (free-form targets, ROUGE-L) on an encoder-decoder: the target is the
     decoder's, surprise scores it, and the first task's score rises far above the untrained

@@ -143,8 +143,9 @@ def test_rows_longer_than_the_models_positions_are_refused():
 
     def run_of(prompt_len: int, seq2seq: bool = False):
         rows = [Encoded(list(range(prompt_len)), [7, 8, 1], "x")]
-        return SimpleNamespace(is_seq2seq=seq2seq, tasks=[SimpleNamespace(name="long")], cfg=build_config("tiny", ["model.max_length=1024"]),
-                               train_sets=InputSets([rows], lambda t: ()), test_sets=InputSets([rows], lambda t: ()))
+        return SimpleNamespace(is_seq2seq=seq2seq, tasks=[SimpleNamespace(name="long", kind="classify")], cfg=build_config("tiny", ["model.max_length=1024"]),
+                               train_sets=InputSets([rows], lambda t: ()), test_sets=InputSets([rows], lambda t: ()),
+                               label_answers=[{"x": [7, 8, 1]}], general=None, general_sets=[])
 
     with pytest.raises(SureclError, match=r"task long: rows of up to 1028 tokens .* the model's 1024 positions; lower "
                                           r"model.max_length \(now 1024\) by at least 4"):
@@ -152,6 +153,38 @@ def test_rows_longer_than_the_models_positions_are_refused():
     check_context(run_of(1020), SimpleNamespace(n_positions=1024))  # 1020 + 3 + 1 fits
     check_context(run_of(1024), SimpleNamespace(max_position_embeddings=4096))
     check_context(run_of(1024, seq2seq=True), SimpleNamespace(n_positions=512))  # T5's positions are relative
+
+
+def test_what_evaluation_generates_and_the_probes_rows_must_fit_the_models_positions():
+    """A row of a generation task with a long prompt and a short answer still gets the task's
+    whole generation budget (its longest answer + 1); a general probe's rows are read too. Both
+    are checked before training (a model with learned positions stopped mid-run with an index
+    error, a rotary one generated past its trained length)."""
+    from types import SimpleNamespace
+
+    from surecl.data.encode import Encoded
+    from surecl.run_setup import check_context
+    from surecl.run_state import InputSets
+
+    positions = SimpleNamespace(n_positions=64)
+    gen = SimpleNamespace(name="qa", kind="generate")
+    long_prompt, long_answer = Encoded(list(range(50)), [5, 1], "warm"), Encoded(list(range(4)), list(range(40)), "a long answer")
+
+    def run_of(rows, general=None, general_rows=(), overrides=()):
+        return SimpleNamespace(is_seq2seq=False, tasks=[gen], cfg=build_config("tiny", ["model.max_length=62", *overrides]),
+                               train_sets=InputSets([[long_answer]], lambda t: ()), test_sets=InputSets([rows], lambda t: ()),
+                               label_answers=[{}], general=general, general_sets=[list(general_rows)] if general else [])
+
+    check_context(run_of([long_answer]), positions)  # 4 + 40 + 1
+    with pytest.raises(SureclError, match=r"task qa: rows of up to 91 tokens .* the 41 tokens evaluation generates\) do not fit the model's "
+                                          r"64 positions; lower model.max_length \(now 62\) by at least 27 or eval.max_new_tokens"):
+        check_context(run_of([long_prompt, long_answer]), positions)  # 50 + 41
+    check_context(run_of([long_prompt, long_answer], overrides=["eval.max_new_tokens=8"]), positions)  # 50 + max(2 + 1, 8)
+    text = SimpleNamespace(name="text", kind="text", group="general")
+    probe = SimpleNamespace(tasks=[text])
+    check_context(run_of([long_answer], probe, [Encoded([], list(range(60)), "")]), positions)  # 60 + 1
+    with pytest.raises(SureclError, match=r"the general-ability probe's text part: rows of up to 71 tokens"):
+        check_context(run_of([long_answer], probe, [Encoded([], list(range(70)), "")]), positions)
 
 
 def test_a_text_task_passed_into_a_classification_stream_is_refused():

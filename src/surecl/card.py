@@ -301,7 +301,8 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
         "model_type": "seq2seq" if ctx.is_seq2seq else "causal",
         "predictions": {
             "file": "predictions.jsonl in the run folder: per task the last stage evaluated, each test row's task, input, "
-                    "prediction, gold and correct (under the normalisation below)",
+                    "prediction, gold and correct (under the normalisation below) for a labelled task, or metric and the row's "
+                    "score for a generation task; gold_full when gold is a target cut to max_length",
             "answered_by": evaluated or adapter,
             "this_adapter_answered": evaluated in (None, adapter),
             "method": {"name": cfg.method, **({"trains": method.trains, "answers": method.answers} if method is not None else {})},

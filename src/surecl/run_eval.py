@@ -40,6 +40,20 @@ def _under(run, adapter: str | None, left_out: tuple, task: int, measure):
         run.eval_view, run.left_out = None, ()
 
 
+def new_token_budget(cfg, task: Task, items: list[Encoded], label_answers: dict | None) -> int:
+    """The tokens evaluation generates for each of ``task``'s test rows ``items``: a generation
+    task's longest answer and one more (at most ``eval.max_new_cap``), a labelled task's longest
+    label answer and one more under ``eval.mode=generate``, ``eval.max_new_tokens`` when set;
+    0 where nothing is generated (perplexity, ranking)."""
+    if task.kind == "text":
+        return 0
+    if task.kind == "generate":
+        return cfg.eval.max_new_tokens or min(max((len(e.answer) for e in items), default=0) + 1, cfg.eval.max_new_cap)
+    if cfg.eval.mode == "rank" or not label_answers:
+        return 0
+    return cfg.eval.max_new_tokens or max(len(a) for a in label_answers.values()) + 1
+
+
 def score_task(run, task: Task, items: list[Encoded], j: int | None = None) -> float:
     """``task``'s score on its encoded test rows ``items``: perplexity for a text task, else
     its metric of the answers (``j``: the stream task's index, whose label answers ranking
@@ -55,9 +69,8 @@ def score_task(run, task: Task, items: list[Encoded], j: int | None = None) -> f
             items,
         )
         return perplexity(nll, [len(e.answer) for e in items])
+    new_tokens = new_token_budget(cfg, task, items, run.label_answers[j] if j is not None else None)
     if task.kind == "generate":  # free text, whatever eval.mode says of the labelled tasks
-        longest = max((len(e.answer) for e in items), default=0) + 1
-        new_tokens = cfg.eval.max_new_tokens or min(longest, cfg.eval.max_new_cap)
         predict = lambda part: generate_answers(  # noqa: E731
             model, run.tokenizer, part, is_seq2seq=run.is_seq2seq, max_new_tokens=new_tokens, batch_size=bs, device=device,
             share_prefix=run.share_prefix, stop_ids=run.stop_ids,
@@ -68,7 +81,6 @@ def score_task(run, task: Task, items: list[Encoded], j: int | None = None) -> f
             model, part, answers, pad_id=pad, is_seq2seq=run.is_seq2seq, batch_size=bs, device=device, share_prefix=run.share_prefix,
         )
     else:
-        new_tokens = cfg.eval.max_new_tokens or max(len(a) for a in run.label_answers[j].values()) + 1
         predict = lambda part: generate_answers(  # noqa: E731
             model, run.tokenizer, part, is_seq2seq=run.is_seq2seq, max_new_tokens=new_tokens, batch_size=bs, device=device,
             share_prefix=run.share_prefix,

@@ -116,9 +116,13 @@ def build_run(
     run.train_sets = InputSets([encoder.encode(t, t.train) for t in run.tasks], run.input_prefix)
     run.test_sets = InputSets([encoder.encode(t, t.test, split="test") for t in run.tasks], run.input_prefix)
     run.label_answers = [{lab: encoder.answer_ids(lab) for lab in t.labels} for t in run.tasks]
-    check_context(run, loaded.model.config)
     run.general = load_general_probe(cfg.eval.general, cfg.eval.general_n, cache_dir)
+    if run.general and run.is_seq2seq and any(t.kind == "text" for t in run.general.tasks):
+        raise SureclError(f"eval.general={cfg.eval.general}: its text part is scored by perplexity, which needs a causal LM; "
+                          f"{cfg.model.name} is encoder-decoder: give eval.general a probe without text.jsonl (its instruct.jsonl alone) "
+                          "or none")
     run.general_sets = [encoder.encode(t, t.test, split="test") for t in run.general.tasks] if run.general else []
+    check_context(run, loaded.model.config)
     for (name, split), (n_cut, n) in encoder.cut.items():  # the stream's tasks and the probe's
         run.log(f"task {name}: {n_cut} of {n} {split} rows have a target or text longer than model.max_length={cfg.model.max_length} "
                 "tokens allow; their ends are cut (neither trained nor scored): raise model.max_length to keep them")
@@ -201,19 +205,28 @@ def warn_slow_window(run) -> None:
 
 
 def check_context(run, config) -> None:
-    """A causal model's rows (prompt + answer, and one generated token past the answer) fit the
-    positions it has (``n_positions`` / ``max_position_embeddings``): GPT-2's learned positions
-    stop with an index error past 1,024, a rotary model's answers past its trained length mean
-    little. ``model.max_length`` bounds the prompt, not the answer after it."""
+    """A causal model's rows fit the positions it has (``n_positions`` /
+    ``max_position_embeddings``): prompt + answer and one generated token past the answer, and
+    prompt + the tokens evaluation generates (:func:`~surecl.run_eval.new_token_budget`), for the
+    stream's train and test rows and the general probe's. GPT-2's learned positions stop with an
+    index error past 1,024, a rotary model's answers past its trained length mean little.
+    ``model.max_length`` bounds the prompt, not the answer after it."""
+    from surecl.run_eval import new_token_budget
+
     if run.is_seq2seq:
         return
     context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
     if isinstance(context, bool) or not isinstance(context, int) or context <= 0:
         return
-    for sets in (run.train_sets, run.test_sets):
-        for task, rows in zip(run.tasks, sets.encoded):
-            longest = max((len(e.prompt) + len(e.answer) for e in rows), default=0) + 1
-            if longest > context:
-                raise SureclError(f"task {task.name}: rows of up to {longest} tokens (prompt, answer and one generated token) do "
-                                  f"not fit the model's {context} positions; lower model.max_length (now {run.cfg.model.max_length}) "
-                                  f"by at least {longest - context}")
+    checked = [(f"task {t.name}", rows, 0) for t, rows in zip(run.tasks, run.train_sets.encoded)]
+    checked += [(f"task {t.name}", rows, new_token_budget(run.cfg, t, rows, answers))
+                for t, rows, answers in zip(run.tasks, run.test_sets.encoded, run.label_answers)]
+    checked += [(f"the general-ability probe's {t.name} part", rows, new_token_budget(run.cfg, t, rows, None))
+                for t, rows in zip(run.general.tasks, run.general_sets)] if run.general else []
+    for where, rows, budget in checked:
+        longest = max((len(e.prompt) + max(len(e.answer) + 1, budget) for e in rows), default=0)
+        if longest > context:
+            raise SureclError(f"{where}: rows of up to {longest} tokens (prompt, then the answer and one generated token, or the "
+                              f"{budget} tokens evaluation generates) do not fit the model's {context} positions; lower "
+                              f"model.max_length (now {run.cfg.model.max_length}) by at least {longest - context}"
+                              + (" or eval.max_new_tokens" if budget else ""))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from surecl.data.jsonl import _text_rows, generation_example, read_jsonl
-from surecl.data.task import METRICS, Task
+from surecl.data.task import METRICS, Task, user_instruction
 from surecl.errors import SureclError
 
 PARTS = ("text", "instruct")
@@ -86,7 +86,8 @@ def _read_part(part: str | None, path: Path) -> Task:
     if not isinstance(instruction, str):
         raise SureclError(f"eval.general: {path}: header 'instruction' must be a string")
     test = [generation_example(obj, f"{path} line {lineno}") for lineno, obj in rows]
-    return Task("instruct", instruction, [], [], test, group="general", kind="generate", metric=metric)
+    # as every reader does: an instruction ending in a word gets a newline before the input
+    return Task("instruct", user_instruction(instruction), [], [], test, group="general", kind="generate", metric=metric)
 
 
 def _sample(task: Task, n: int) -> Task:

@@ -349,16 +349,18 @@ def splits_task(datasets: Any, splits: dict[str, Any], spec: HFTaskConfig, name:
 
 def task_from_hf(cls, dataset, name: str, *, text_column: str = "text", label_column: str = "label", train_split: str = "train",
                  test_split: str = "test", test_fraction: float = 0.0, labels: list[str] | None = None, instruction: str = "",
-                 kind: str = "classify", invalid_labels: str = "error") -> Task:
+                 kind: str = "classify", invalid_labels: str = "error", metric: str = "") -> Task:
     """A task from a Hugging Face ``datasets.Dataset`` (its rows are the train split: give
     ``test_fraction``) or ``DatasetDict`` in memory, read as a ``data.hf`` entry is
     (:class:`~surecl.config.HFTaskConfig`: the text and label columns, split names or a
     held-out fraction, the label set given, else the column's ``ClassLabel`` names, else
-    sorted; the generic instruction unless one is given). Every problem is one
-    :class:`~surecl.errors.SureclError` line."""
+    sorted; the generic instruction unless one is given). ``kind``: ``classify``, ``text``
+    (continual pre-training: the text column alone) or ``generate`` (the label column holds each
+    row's target text; ``metric`` ``rouge_l``, the default, or ``exact_match``). Every problem is
+    one :class:`~surecl.errors.SureclError` line."""
     key = "Task.from_hf"
-    if kind not in ("classify", "text"):
-        raise SureclError(f"{key}: kind must be 'classify' or 'text', not {kind!r}")
+    if kind not in ("classify", "text", "generate"):
+        raise SureclError(f"{key}: kind must be 'classify', 'text' or 'generate', not {kind!r}")
     if invalid_labels not in ("error", "drop"):
         raise SureclError(f"{key}: invalid_labels must be 'error' or 'drop', not {invalid_labels!r}")
     if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) or not 0 <= test_fraction < 1:
@@ -366,9 +368,10 @@ def task_from_hf(cls, dataset, name: str, *, text_column: str = "text", label_co
     if labels is not None and (isinstance(labels, str) or not all(isinstance(lab, str) for lab in labels)):
         raise SureclError(f"{key}: labels must be a list of strings")
     for arg, value in (("name", name), ("text_column", text_column), ("label_column", label_column), ("train_split", train_split),
-                       ("test_split", test_split), ("instruction", instruction)):
+                       ("test_split", test_split), ("instruction", instruction), ("metric", metric)):
         if not isinstance(value, str):
             raise SureclError(f"{key}: {arg} must be a string, not {type(value).__name__}")
     spec = HFTaskConfig(task=name, text_column=text_column, label_column=label_column, train_split=train_split,
-                        test_split=test_split, test_fraction=float(test_fraction), labels=list(labels or []), instruction=instruction)
+                        test_split=test_split, test_fraction=float(test_fraction), labels=list(labels or []), instruction=instruction,
+                        metric=metric)
     return dataset_task(dataset, spec, key, kind, invalid_labels)
