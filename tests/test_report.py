@@ -647,6 +647,34 @@ def test_sweep_writes_plan_before_running(tmp_path, capsys, monkeypatch):
     assert main(["sweep", "--config", "tiny", "--seeds", "x", "--out", str(out)]) == 2
 
 
+def mtl_run(root, order, seed, fp=70.0):
+    """A one-stage run as MTL writes it: the matrix's last row alone, the stream metrics null."""
+    d = put(root, "mtl", order, seed, fp, fp)
+    r = json.loads((d / "results.json").read_text())
+    r["accuracy_matrix"] = [[None, None], [fp, fp]]
+    r.update(ap=None, forgetting=None, bwt=None, avg_incremental=None)
+    (d / "results.json").write_text(json.dumps(r))
+    return d
+
+
+def test_a_one_stage_runs_stream_metrics_are_not_missing(runs, capsys):
+    """MTL's AP, forgetting and BWT are null by design: not missing runs, no † on its cells, no
+    claim computed from its one filled row (it was counted missing in every paper report with MTL)."""
+    for order in ("1", "2", "4"):
+        for seed in (0, 1):
+            mtl_run(runs, order, seed)
+    st = Study.load([runs])
+    assert st.missing("forgetting") == [] and st.missing("fp") == []
+    assert st.order_cell("mtl", "1", "forgetting").incomplete is False and st.order_cell("mtl", "1", "fp").mean == 70.0
+    assert st.claim_value(("mtl", "1", 0), "forgetting") is None and st.claim_value(("mtl", "1", 0), "fp") == 70.0
+    assert main(["report", str(runs), "--layout", "paper", "--metric", "forgetting"]) == 0
+    out = capsys.readouterr().out
+    assert "expected run(s) missing" not in out and "None: every expected run is present." in out
+    assert "mtl order 1" not in out  # no footer naming its null forgetting as a missing value
+    (runs / "mtl" / "order1" / "seed1" / "results.json").unlink()
+    assert [(m.row, m.order, m.seed) for m in Study.load([runs]).missing("forgetting")] == [("mtl", "1", 1)]  # a run that is absent still is
+
+
 def test_mean_matrix_and_heatmap_panels(runs, tmp_path):
     st = Study.load([runs])
     # order 1: seq_lora seeds FP 40 and 44, AP 80 -> mean matrix [[80, -], [42, 80]]
@@ -655,11 +683,8 @@ def test_mean_matrix_and_heatmap_panels(runs, tmp_path):
     # the fast rows have their own matrices (slow_surprise's fast FP 55 and 57 on order 1)
     assert st.mean_matrix("slow_surprise (fast)", "1")[1][1][0] == 56.0
     assert st.mean_matrix("seq_lora", "nope") is None
-    # a one-stage run (one row of results, as MTL writes) has no square matrix to draw
-    d = put(runs, "mtl", "1", 0, 70.0, 70.0)
-    r = json.loads((d / "results.json").read_text())
-    r["accuracy_matrix"] = [[70.0, 70.0]]
-    (d / "results.json").write_text(json.dumps(r))
+    # a one-stage run (its last row alone, as MTL writes) has no square matrix to draw
+    mtl_run(runs, "1", 0)
     st = Study.load([runs])
     assert st.mean_matrix("mtl", "1") is None
     rep = paper_report([runs])
@@ -703,6 +728,23 @@ def test_out_dir_replaces_only_what_an_earlier_report_wrote(tmp_path, capsys):
     assert (fresh / "main.csv").read_text() != "stale"
     (fresh / REPORT_MARK).unlink()  # a folder written before the mark: its report.md is a surecl report
     assert main(["report", str(runs), "--layout", "paper", "--out-dir", str(fresh)]) == 0
+    # ... which vouches for its own tables and images only: a report.md printed by the report
+    # (> tables/report.md) beside a user's main.csv and claims.md claims neither of them
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    (tables / "main.csv").write_text("my,hand,made")
+    (tables / "claims.md").write_text("my paper notes")
+    capsys.readouterr()
+    assert main(["report", str(runs), "--layout", "paper"]) == 0
+    (tables / "report.md").write_text(capsys.readouterr().out)
+    assert (tables / "report.md").read_text().startswith("# surecl report")
+    assert main(["report", str(runs), "--layout", "paper", "--out-dir", str(tables)]) == 2
+    assert "was not written by surecl report" in capsys.readouterr().err
+    assert (tables / "main.csv").read_text() == "my,hand,made" and (tables / "claims.md").read_text() == "my paper notes"
+    assert not (tables / REPORT_MARK).exists()
+    (tmp_path / "a-file").write_text("mine")
+    assert main(["report", str(runs), "--layout", "paper", "--out-dir", str(tmp_path / "a-file")]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"--out-dir: {tmp_path / 'a-file'} is a file, not a directory")  # the flag given
 
 
 def test_footer_names_at_most_limit_empty_cells():
@@ -919,6 +961,46 @@ def _three_task_run(root, row, seed, final, diag, majority):
            "config": {"preset": row, "method": "sequential", "seed": seed, "data": {"order": "4", "draw": "order"},
                       "dual": {"enabled": False}, "replay": {"policy": "surprise" if "surprise" in row else "none"}}}
     (d / "results.json").write_text(json.dumps(res))
+
+
+def test_a_pair_of_runs_trained_on_different_task_lists_is_confounded(tmp_path):
+    """Two rows' runs at one order and seed that trained different streams are no paired
+    comparison: the verdict says so, and the Tasks table lists every run's tasks."""
+    root = tmp_path / "lnt"
+    for seed in range(3):
+        _three_task_run(root, "seq_lora", seed, (30 + seed, 40, 50), (80, 80, 80), (25, 50, 50))
+        _three_task_run(root, "surprise", seed, (60 + seed, 70, 60), (82, 81, 80), (25, 50, 50))
+        f = root / rel("surprise", "4", seed) / "results.json"
+        r = json.loads(f.read_text())
+        r["tasks"], r["majority"]["d"] = ["a", "b", "d"], 40.0  # its third task is another one
+        f.write_text(json.dumps(r))
+    rep = paper_report([root], claims="none", custom_claims=["surprise>seq_lora"])
+    claim = claims_csv(rep)[("surprise > seq_lora", "LNT")]
+    assert claim["verdict"] == "confounded" and "the tasks trained" in claim["confounds"]
+    tasks = {r["task"] for r in csv.DictReader(io.StringIO(next(t for t in rep.tables if t.name == "tasks").csv))}
+    assert tasks == {"a", "b", "c", "d"}
+
+
+def test_units_with_no_learned_task_are_not_called_missing_runs(tmp_path):
+    """Every run present, but no task learned above its majority class: the claim has no unit,
+    and says why, instead of blaming failed or running runs (†)."""
+    root = tmp_path / "lnt"
+    for seed in range(2):
+        _three_task_run(root, "seq_lora", seed, (50, 50, 50), (50, 50, 50), (50, 50, 50))
+        _three_task_run(root, "surprise", seed, (50, 50, 50), (50, 50, 50), (50, 50, 50))
+    rep = paper_report([root], claims="none", custom_claims=["surprise>seq_lora"])
+    claims_md = next(t for t in rep.tables if t.name == "claims").markdown
+    row = next(line for line in claims_md.splitlines() if line.startswith("| surprise > seq_lora"))
+    assert "(2 left out: no learned task)" in row and "planned †" not in row
+    assert "a study still running, or runs that failed" not in claims_md
+
+
+def test_the_all_claim_says_it_weighs_orders_not_benchmarks(runs):
+    """runs: orders 1 and 2 (Standard CL) and 4 (LNT): the "all" claim and "All avg" weigh
+    differently, and the caption says so."""
+    rep = paper_report([runs], claims="none", custom_claims=["slow_surprise>seq_lora"])
+    assert ("slow_surprise > seq_lora", "all") in claims_csv(rep)
+    assert "weigh every order alike" in next(t for t in rep.tables if t.name == "claims").markdown
 
 
 def test_a_task_no_row_learns_above_its_majority_class_is_left_out_of_the_claims(tmp_path):

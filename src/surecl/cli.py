@@ -33,23 +33,23 @@ def _out_dir(arg: str | None, cfg) -> Path:
     return Path("runs") / re.sub(r"[^A-Za-z0-9._+=-]", "_", name).lstrip(".")
 
 
-def check_out_dir(out: Path) -> None:
+def check_out_dir(out: Path, flag: str = "--out") -> None:
     """Refuse output paths we cannot or must not write, before any compute is spent."""
     if out.exists() and not out.is_dir():
-        raise SureclError(f"--out: {out} is a file, not a directory")
+        raise SureclError(f"{flag}: {out} is a file, not a directory")
     probe = out
     while not probe.exists():
         if probe.is_symlink():  # a link whose target is missing: mkdir would fail on it after the model loads
-            raise SureclError(f"--out: {probe} is a symbolic link to {os.readlink(probe)}, which does not exist; create its target or choose another --out")
+            raise SureclError(f"{flag}: {probe} is a symbolic link to {os.readlink(probe)}, which does not exist; create its target or choose another {flag}")
         probe = probe.parent
     if not probe.is_dir():
-        raise SureclError(f"--out: {probe} is a file, not a directory")
+        raise SureclError(f"{flag}: {probe} is a file, not a directory")
     try:  # os.access says yes to root even on read-only file systems: try for real
         fd, tmp = tempfile.mkstemp(prefix=".surecl-probe-", dir=probe)
         os.close(fd)
         os.unlink(tmp)
     except OSError:
-        raise SureclError(f"--out: {probe} is not writable") from None
+        raise SureclError(f"{flag}: {probe} is not writable") from None
 
 
 def _finished(out: Path, cfg) -> bool:
@@ -324,7 +324,7 @@ def cmd_report(args) -> int:
                            custom_claims=args.claim, order_benchmark=_order_benchmarks(args.order_benchmark),
                            unit=getattr(args, "unit", "auto"))
         if args.out_dir:
-            check_out_dir(Path(args.out_dir))
+            check_out_dir(Path(args.out_dir), "--out-dir")
         print(rep.markdown(images=bool(args.out_dir)))
         if args.out_dir:
             written = rep.write(Path(args.out_dir))

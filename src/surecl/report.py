@@ -235,7 +235,11 @@ def _fwt_lines(results: dict, digits: int) -> list[str]:
     """Forward transfer, where the run measured it (``eval.before`` and ``eval.ahead``)."""
     if results.get("fwt") is None:
         return []
-    return [f"FWT (score on each next task before training it, minus its score before any training): {_fmt(results['fwt'], digits)}", ""]
+    if results.get("metric") == "perplexity":  # lower is better: the sign is flipped, so positive = earlier tasks helped
+        what = "each next task's perplexity before any training, minus its perplexity right before training it; positive = earlier tasks helped"
+    else:
+        what = "score on each next task before training it, minus its score before any training"
+    return [f"FWT ({what}): {_fmt(results['fwt'], digits)}", ""]
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -537,6 +541,19 @@ class Record:
     general: dict | None = None  # the probe (results.json general) under this row's weights: source, metrics, before, final, change
     config: dict | None = None  # results.json config: what a claim's two runs must share besides their rows' own keys
     cpu_seconds: float | None = None  # results.json timing.cpu: the run's process CPU seconds (None before it was recorded)
+    joint: bool = False  # a one-stage run (MTL): its matrix has the last row alone, and STREAM_ONLY metrics do not apply
+
+
+STREAM_ONLY = ("ap", "forgetting", "bwt", "avg_incremental", "fwt")
+"""Metrics a one-stage (joint) run does not have: results.json holds null for them by design."""
+
+
+def _joint(results: dict) -> bool:
+    """Whether a run trained its tasks in one stage (MTL): every matrix row but the last is
+    empty (the stream's methods evaluate after each stage)."""
+    m = results.get("accuracy_matrix")
+    return isinstance(m, list) and len(m) > 1 and all(isinstance(r, list) and all(v is None for v in r) for r in m[:-1]) \
+        and isinstance(m[-1], list) and any(v is not None for v in m[-1])
 
 
 # The kernel flags whose presence changes which matmul kernels (and so which rounding) a CPU run uses.
@@ -843,7 +860,7 @@ class Study:
                                       list(r.get("tasks") or []), src.get("accuracy_matrix"), host_key(r),
                                       _run_seconds(r), _run_threads(r), data_draw(r), host_moved(r),
                                       r.get("majority") if isinstance(r.get("majority"), dict) else None,
-                                      _probe_of(r, fast=name != row), cfg, _run_seconds(r, "cpu"))
+                                      _probe_of(r, fast=name != row), cfg, _run_seconds(r, "cpu"), _joint(src))
         # expected runs: the plans, then every combination seen among runs no plan covers
         expected: dict[Key, str] = {}
         plan_dirs = []
@@ -888,14 +905,17 @@ class Study:
         recs = [r for r in self.records.values() if r.order == order and r.majority and r.matrix and r.tasks]
         if not recs:
             return []
-        tasks = recs[0].tasks
+        tasks = list(dict.fromkeys(t for r in recs for t in r.tasks))  # every run's tasks, by name (runs may train other lists)
         out = []
-        for j, task in enumerate(tasks):
+        for task in tasks:
             rates: list[float] = []
             by_row: dict[str, list[tuple[float, float]]] = defaultdict(list)
             for r in recs:
-                rate = r.majority.get(task) if r.tasks == tasks else None
-                if not isinstance(rate, (int, float)) or isinstance(rate, bool):
+                if task not in r.tasks:
+                    continue
+                j = r.tasks.index(task)
+                rate = r.majority.get(task)
+                if not isinstance(rate, (int, float)) or isinstance(rate, bool) or j >= len(r.matrix[-1]):
                     continue
                 rates.append(float(rate))
                 # right after learning task j; a joint run (MTL) has only its last row
@@ -934,12 +954,22 @@ class Study:
         rec = self.records.get(key)
         return None if rec is None else rec.values.get(metric)
 
+    def applies(self, key: Key, metric: str) -> bool:
+        """Whether ``metric`` is one the run at ``key`` has (or would have, when absent): not a
+        stream metric of a one-stage run (its null is by design, not a missing value)."""
+        rec = self.records.get(key)
+        return not (rec is not None and rec.joint and metric in STREAM_ONLY)
+
+    def lacks(self, key: Key, metric: str) -> bool:
+        """Whether an expected run's ``metric`` is missing (absent, or null where it applies)."""
+        return self.value(key, metric) is None and self.applies(key, metric)
+
     def claim_value(self, key: Key, metric: str) -> float | None:
         """The value a claim compares: ``metric``, except for an order with tasks no row learns
         above their majority class (:meth:`unlearned`), where it is the metric over the learned
         tasks only (:func:`surecl.metrics.summarise` with ``keep``; None when none is learned)."""
         rec = self.records.get(key)
-        if rec is None:
+        if rec is None or not self.applies(key, metric):
             return None
         skip = set(self.unlearned(rec.order))
         if not skip or not rec.matrix or not rec.tasks:
@@ -951,7 +981,7 @@ class Study:
         rows_set = set(self.rows if rows is None else rows)
         out = []
         for key, where in self.expected.items():
-            if key[0] not in rows_set or self.value(key, metric) is not None:
+            if key[0] not in rows_set or not self.lacks(key, metric):
                 continue
             row, order, seed = key
             if key in self.records:
@@ -982,7 +1012,7 @@ class Study:
             v = self.value((row, order, s), metric)
             if v is not None:
                 per_seed[s] = v
-        incomplete = any(self.value(k, metric) is None for k in self.expected if k[0] == row and k[1] == order)
+        incomplete = any(self.lacks(k, metric) for k in self.expected if k[0] == row and k[1] == order)
         return Cell(fmean(per_seed.values()) if per_seed else None, per_seed, incomplete)
 
     def group_orders(self) -> list[tuple[str, list[str]]]:
@@ -993,11 +1023,11 @@ class Study:
     def mean_matrix(self, row: str, order: str) -> tuple[list[str], list[list[float | None]], int] | None:
         """The accuracy (or perplexity) matrix of ``row`` on ``order`` averaged entry by entry
         over its seeds: (tasks, matrix, number of seeds); None without a full square matrix (a
-        one-stage method such as MTL has one row, not a matrix)."""
+        one-stage method such as MTL has its last row alone, not a matrix)."""
         mats = []
         for (r, o, _), rec in sorted(self.records.items(), key=lambda kv: str(kv[0])):
             m = rec.matrix
-            if r == row and o == order and rec.tasks and isinstance(m, list) and len(m) == len(rec.tasks) > 1 \
+            if r == row and o == order and rec.tasks and not rec.joint and isinstance(m, list) and len(m) == len(rec.tasks) > 1 \
                     and all(isinstance(x, list) and len(x) == len(rec.tasks) for x in m):
                 mats.append((rec.tasks, m))
         if not mats or any(t != mats[0][0] for t, _ in mats):
@@ -1013,7 +1043,7 @@ class Study:
     def pooled_cell(self, row: str, metric: str) -> Cell:
         vals = [self.value(k, metric) for k in sorted(self.records, key=str) if k[0] == row]
         vals = [v for v in vals if v is not None]
-        incomplete = any(self.value(k, metric) is None for k in self.expected if k[0] == row)
+        incomplete = any(self.lacks(k, metric) for k in self.expected if k[0] == row)
         return Cell(fmean(vals) if vals else None, {}, incomplete, pooled=vals)
 
 
@@ -1178,7 +1208,10 @@ REPORT_MARK = ".surecl-report.json"
 
 def _report_files(out_dir: Path) -> set[str]:
     """The files earlier reports wrote in ``out_dir``: those ``REPORT_MARK`` lists; in a folder a
-    version before the mark wrote (its ``report.md`` a surecl report), the report's own names."""
+    version before the mark wrote (its ``report.md`` a surecl report), the files that report.md
+    vouches for: itself, a table ``<name>.md`` whose title line is one of its sections (and the
+    table's ``<name>.csv``), and an image it shows. A user's file of another name, or of a table's
+    name with other content, is not the report's."""
     mark = out_dir / REPORT_MARK
     if mark.is_file() and not mark.is_symlink():
         try:
@@ -1188,14 +1221,25 @@ def _report_files(out_dir: Path) -> set[str]:
         if not isinstance(listed, list) or not all(isinstance(n, str) and "/" not in n for n in listed):
             raise SureclError(f"--out-dir: {mark} is damaged; move it away or choose another --out-dir")
         return set(listed)
-    first = out_dir / "report.md"
-    try:
-        earlier = first.is_file() and not first.is_symlink() and first.read_text(encoding="utf-8").startswith("# surecl report")
-    except (OSError, UnicodeDecodeError):
-        earlier = False
-    if not earlier:
+    def text(path: Path) -> str:
+        try:
+            return path.read_text(encoding="utf-8") if path.is_file() and not path.is_symlink() else ""
+        except (OSError, UnicodeDecodeError):
+            return ""
+
+    earlier = text(out_dir / "report.md")
+    if not earlier.startswith("# surecl report"):
         return set()
-    return {p.name for p in out_dir.iterdir() if p.is_file() and not p.is_symlink() and p.suffix in (".md", ".csv", ".png")}
+    sections = {line for line in earlier.splitlines() if line.startswith("## ")}
+    ours = {"report.md"}
+    for p in out_dir.iterdir():
+        if p.suffix == ".md" and p.name != "report.md" and text(p).split("\n", 1)[0] in sections:
+            ours.add(p.name)
+            if (out_dir / f"{p.stem}.csv").is_file() and not (out_dir / f"{p.stem}.csv").is_symlink():
+                ours.add(f"{p.stem}.csv")
+        elif p.suffix == ".png" and p.is_file() and not p.is_symlink() and f"]({p.name})" in earlier:
+            ours.add(p.name)
+    return ours
 
 
 def main_table(st: Study, metric: str, rows: list[str]) -> Table:
@@ -1495,12 +1539,15 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         keys_a, keys_b = _row_keys(a.removesuffix(FAST)), _row_keys(b.removesuffix(FAST))
         allowed = None if keys_a is None or keys_b is None else keys_a | keys_b
         confounds: dict[str, set[str]] = defaultdict(set)  # benchmark group -> keys a pair's runs differ in
+        unscored: dict[str, set] = defaultdict(set)  # benchmark group -> (order, seed) pairs present but with no learned task
         for (row, order, seed), ra in st.records.items():
             rb = st.records.get((b, order, seed))
             if row != a or rb is None:
                 continue
             va, vb = st.claim_value((row, order, seed), metric), st.claim_value((b, order, seed), metric)
             if va is None or vb is None:
+                if st.unlearned(order) and None not in (ra.values.get(metric), rb.values.get(metric)):
+                    unscored[st.bench_of.get(order, "other")].add((order, seed))
                 continue
             if ra.path == rb.path:  # one run: its two adapters, one trajectory
                 where = "same"
@@ -1515,6 +1562,8 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
             pairs[(order, seed)] = _Pair(order, seed, va - vb, where, draw)
             if ra.path != rb.path and allowed is not None and ra.config and rb.config:
                 confounds[st.bench_of.get(order, "other")].update(pair_confounds(ra.config, rb.config, allowed))
+            if ra.tasks and rb.tasks and ra.tasks != rb.tasks:  # data.tasks may differ between orders, never within a pair
+                confounds[st.bench_of.get(order, "other")].add("the tasks trained")
         groups: dict[str, list[_Pair]] = defaultdict(list)
         for (order, _), pair in sorted(pairs.items(), key=lambda kv: (order_key(kv[0][0]), str(kv[0][1]))):
             groups[st.bench_of.get(order, "other")].append(pair)
@@ -1524,7 +1573,10 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         for g in names:
             chosen = [p for ps in groups.values() for p in ps] if g == "all" else groups[g]
             kind, units, left_out = claim_units_complete(chosen)
-            planned = st.planned_units(a, b, g, kind)
+            dropped = set().union(*unscored.values()) if g == "all" else unscored.get(g, set())
+            # units whose runs are present but learned no task are not missing: the planned count leaves them out
+            n_dropped = len(dropped) if kind in ORDER_UNITS else len({s for _, s in dropped})
+            planned = st.planned_units(a, b, g, kind) - n_dropped
             same, cross, unrec = (sum(1 for u in units if u[2] == k) for k in ("same", "other", "unrecorded"))
             same_only = same >= MIN_SAME_HOST
             used = [u for u in units if u[2] == "same"] if same_only else units
@@ -1534,7 +1586,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
             mixed = sorted(set().union(*confounds.values()) if g == "all" else confounds.get(g, set()))
             entries.append({"a": a, "b": b, "group": g, "kind": kind, "n_all": len(units), "same": same, "cross": cross,
                             "unrec": unrec, "same_only": same_only, "res": res, "sign": sign_test(better),
-                            "confounds": mixed, "planned": max(planned, len(units)), "left_out": left_out})
+                            "confounds": mixed, "planned": max(planned, len(units)), "left_out": left_out, "unscored": n_dropped})
     # one family: every tested row of this table (each benchmark group's and the "all" rows)
     family_size = sum(1 for x in entries if x["res"].p is not None)
     for e, adj in zip(entries, holm([e["res"].p for e in entries])):
@@ -1603,6 +1655,8 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
             incomplete = True
         if e["left_out"]:
             n_cell += f" ({e['left_out']} seed{'s' if e['left_out'] > 1 else ''} lacking an order left out)"
+        if e["unscored"]:
+            n_cell += f" ({e['unscored']} left out: no learned task)"
         label = f"other (orders {other_orders})" if g == "other" else g
         body.append([f"{e['a']} > {e['b']}", label, n_cell, f(res.mean), ci, _fmt_p(res.p), _fmt_p(e["holm"]), sign_cell, shown, hosts])
         num = lambda v: "" if v is None else round(v, 6)  # noqa: E731
@@ -1618,6 +1672,10 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
     if incomplete:
         caption += (" † fewer units than the sweep planned (a study still running, or runs that failed): the claim is over "
                     "the units present, which may favour the orders and seeds that finished first.")
+    if any(e["group"] == "all" for e in entries) and len(st.benchmarks) > 1:
+        caption += (" The \"all\" rows weigh every order alike (a seed unit averages all of its orders), whereas the main "
+                    "table's \"All avg\" is the mean of the benchmark averages: the two differ when benchmarks have different "
+                    "numbers of orders.")
     if any(e["left_out"] for e in entries):
         caption += (" With shared samples a seed is a unit only with every order of its benchmark group; a seed lacking one "
                     "is left out (its mean would weigh other orders).")
