@@ -174,7 +174,11 @@ class SureArguments:
         return LoraConfig(r=self.lora_r, alpha=self.lora_alpha, dropout=self.lora_dropout, target_modules=list(self.target_modules))
 
     def check(self) -> None:
-        """One-line errors for settings the integration cannot run."""
+        """One-line errors for settings the integration cannot run: each field's type (Python
+        values, not the command line's words: ``dual="no"`` is refused, not read as true), then
+        the core's checks of the keys they map to (``surecl run`` refuses the same values),
+        named by the field."""
+        self._check_types()
         if isinstance(self.buffer_size, bool) or not isinstance(self.buffer_size, int) or self.buffer_size < 0:
             raise SureclError(f"SureArguments.buffer_size: a whole number of examples >= 0, got {self.buffer_size!r}")
         if self.policy != "none":
@@ -191,7 +195,10 @@ class SureArguments:
         if self.score_time == "after" and self.insert_time == "before":
             raise SureclError("SureArguments: score_time=after needs insert_time=after (a task cannot enter before it is scored)")
         if self.ratio:
-            replay_ratio(self.ratio)
+            try:
+                replay_ratio(self.ratio)
+            except SureclError as e:
+                raise SureclError(self._named(str(e))) from None
         elif self.replay_every < 1 or self.replay_batch_size < 0:
             raise SureclError("SureArguments: replay_every >= 1 and replay_batch_size >= 0")
         if self.balance == "label" and self.policy == "none":
@@ -204,6 +211,60 @@ class SureArguments:
             raise SureclError(f"SureArguments.aging: policy {self.policy} keeps no scores to age; use policy='surprise'")
         if self.beta != "auto" and not (isinstance(self.beta, (int, float)) and 0 <= float(self.beta) < 1):
             raise SureclError(f"SureArguments.beta: a number in [0, 1) or 'auto', got {self.beta!r}")
+        self._check_core()
+
+    _TYPES = {
+        "buffer_size": int, "replay_every": int, "replay_batch_size": int, "lora_r": int,
+        "lora_alpha": (int, float), "lora_dropout": (int, float), "window_tasks": (int, float),
+        "dual": bool, "bias_correction": bool, "aging": bool,
+        "policy": str, "score_time": str, "insert_time": str, "reduction": str, "ratio": str, "replay_loss": str, "balance": str,
+        "label_column": str, "unit": str,
+    }
+    _CORE_KEYS = {
+        "replay.policy": "policy", "replay.buffer_size": "buffer_size", "replay.score_time": "score_time",
+        "replay.insert_time": "insert_time", "replay.reduction": "reduction", "replay.ratio": "ratio", "replay.every": "replay_every",
+        "replay.batch_size": "replay_batch_size", "replay.loss": "replay_loss", "replay.balance": "balance", "replay.aging": "aging",
+        "dual.enabled": "dual", "dual.beta": "beta", "dual.window_tasks": "window_tasks", "dual.bias_correction": "bias_correction",
+        "dual.unit": "unit", "lora.r": "lora_r", "lora.alpha": "lora_alpha", "lora.dropout": "lora_dropout",
+        "lora.target_modules": "target_modules",
+    }
+
+    def _check_types(self) -> None:
+        words = {int: "a whole number", (int, float): "a number", bool: "True or False", str: "a string"}
+        for name, typ in self._TYPES.items():
+            value = getattr(self, name)
+            if (isinstance(value, bool) and typ is not bool) or not isinstance(value, typ):
+                raise SureclError(f"SureArguments.{name}: {words[typ]}, got {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SureclError(f"SureArguments.{name}: a finite number, got {value!r}")
+        if not (self.beta == "auto" or (isinstance(self.beta, (int, float)) and not isinstance(self.beta, bool) and math.isfinite(self.beta))):
+            raise SureclError(f"SureArguments.beta: a number in [0, 1) or 'auto', got {self.beta!r}")
+        modules = self.target_modules
+        if isinstance(modules, str) or not isinstance(modules, (list, tuple)) or not all(isinstance(m, str) and m for m in modules):
+            raise SureclError(f"SureArguments.target_modules: a list of module names (e.g. ['q_proj', 'v_proj']), got {modules!r}")
+
+    def _check_core(self) -> None:
+        """The core's ranges and combinations (:func:`surecl.config.validate`) on the keys these
+        fields map to, its messages naming the fields. Where the integration allows more than
+        ``surecl run`` (beta 0: the slow adapter is the fast one; replay_batch_size 0 without a
+        ratio: no replay), the core is given an allowed stand-in."""
+        from surecl.config import RunConfig, validate
+
+        cfg = RunConfig()
+        cfg.replay, cfg.dual, cfg.lora = self.replay_config(), self.dual_config(), self.lora_config()
+        cfg.replay.batch_size = max(1, cfg.replay.batch_size)
+        if cfg.dual.beta == 0:
+            cfg.dual.beta = 0.5
+        try:
+            validate(cfg)
+        except SureclError as e:
+            raise SureclError(self._named(str(e))) from None
+
+    def _named(self, message: str) -> str:
+        """A core message with its keys named as the fields that set them."""
+        for key, name in sorted(self._CORE_KEYS.items(), key=lambda kv: -len(kv[0])):
+            message = message.replace(key, f"SureArguments.{name}")
+        return message
 
 
 class _TaskSets(torch.utils.data.Dataset):
@@ -297,6 +358,17 @@ class _EmaCallback(TrainerCallback):
         return control
 
 
+def _check_fresh_base(model) -> None:
+    """One line for a model that already holds LoRA layers: PEFT would fail adding ``fast`` and
+    ``slow`` again (a model another SureTrainer wrapped), or SuRe would train beside a user's own."""
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    if isinstance(model, PeftModel) or any(isinstance(m, LoraLayer) for m in model.modules()):
+        raise SureclError("SureTrainer: model= already holds LoRA adapters (a model another SureTrainer wrapped, or a PEFT model); "
+                          "pass a fresh base model (from_pretrained again), or merge_and_unload() the adapters first")
+
+
 class SureTrainer(Trainer):
     """``transformers.Trainer`` with SuRe: a surprise replay buffer and a slow LoRA adapter.
 
@@ -329,8 +401,18 @@ class SureTrainer(Trainer):
                 "SureTrainer: fp16_full_eval / bf16_full_eval are not supported: evaluate() would cast the whole model, the fp32 LoRA "
                 "adapters and the slow adapter's EMA with it, to half precision for good; evaluate under fp16=True / bf16=True autocast instead"
             )
+        if (kwargs.get("optimizers") or (None, None))[0] is not None or (kwargs.get("optimizers") or (None, None))[1] is not None:
+            # next_task builds a fresh optimizer and schedule per task (as the core does); an object given here would be dropped
+            raise SureclError("SureTrainer: optimizers= is not supported (each task gets a fresh optimizer and schedule); choose one with "
+                              "TrainingArguments(optim=..., lr_scheduler_type=...) or pass optimizer_cls_and_kwargs=(cls, kwargs)")
+        if getattr(args, "train_sampling_strategy", "random") not in ("random", None):
+            # the planned loader fixes each task's batches (a uniform shuffle per epoch, replay placed in it)
+            raise SureclError(f"SureTrainer: train_sampling_strategy={args.train_sampling_strategy!r} is not supported; SuRe plans each "
+                              "task's batches itself (a uniform shuffle per epoch with replayed rows placed in them): leave it 'random'")
         self.sure = sure or SureArguments()
         self.sure.check()
+        _check_fresh_base(model)
+        grads = [p.requires_grad for p in model.parameters()]
         for p in model.parameters():
             p.requires_grad_(False)
         set_seed(args.seed)  # the LoRA initialisation
@@ -350,8 +432,15 @@ class SureTrainer(Trainer):
         self.policy = policy_class(self.sure.policy)(self.replay_cfg, self.sure.buffer_size if self.sure.policy != "none" else 0, args.seed)
         spec = policy_spec(self.sure.policy)
         self.policy.options = spec.config() if spec.config is not None else None
-        super().__init__(self.dual.model, args, *trainer_args, **kwargs)
-        self._check_processes()
+        try:
+            super().__init__(self.dual.model, args, *trainer_args, **kwargs)
+            self._check_processes()
+        except BaseException:
+            # the caller's model as it was given: without the adapters, its parameters' requires_grad as they were
+            self.dual.model.unload()
+            for p, g in zip(model.parameters(), grads):
+                p.requires_grad_(g)
+            raise
         self.root = Path(args.output_dir)
         self.task = 0
         """The index of the task the next :meth:`next_task` call trains."""
@@ -485,9 +574,11 @@ class SureTrainer(Trainer):
                 self.dual.beta = resolve_beta(self.sure.dual_config(), self._ema_units(len(data)))
             self.policy.at_task_start(t, len(data), self._scorer(data), *self._label_args(t))
         self.train_dataset = data
+        self._in_next_task = True
         try:
             out = self.train(resume_from_checkpoint=checkpoint)
         finally:
+            self._in_next_task = False
             self.args.output_dir = str(self.root)  # save_model(), save_state() and a model card go where the user said
         self.policy.at_task_end(t, len(data), self._scorer(data), *self._label_args(t))
         self.task += 1
@@ -553,8 +644,20 @@ class SureTrainer(Trainer):
         except ImportError:  # pragma: no cover - datasets ships with the test extra
             return dataset, labels
         if isinstance(dataset, datasets.Dataset):
-            return self._remove_unused_columns(dataset, description="training"), labels
+            dataset = self._remove_unused_columns(dataset, description="training")
+            col = self.sure.label_column
+            # the Trainer keeps a column named like its label names ("label"): read above, it is dropped
+            # unless the model's forward takes it (a causal LM's collator cannot batch string labels)
+            if labels is not None and col in dataset.column_names and col not in self._forward_params():
+                dataset = dataset.remove_columns([col])
+            return dataset, labels
         return dataset, labels
+
+    def _forward_params(self) -> set[str]:
+        import inspect
+
+        base = self.dual.model.get_base_model()
+        return set(inspect.signature(base.forward).parameters)
 
     def _collator(self):
         if _is_hf_dataset(self.sets[0]):  # columns already removed (_prepared)
@@ -604,6 +707,11 @@ class SureTrainer(Trainer):
     def _row_nll(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's summed NLL (fp32) over the tokens its ``labels`` mark, and their count."""
         batch = dict(batch)
+        if not torch.is_tensor(batch.get("labels")):
+            raise SureclError(
+                "SureTrainer: the data collator gave no labels (SuRe scores and weighs the tokens your labels mark); use one that "
+                "sets them, e.g. DataCollatorForLanguageModeling(tokenizer, mlm=False) or DataCollatorForSeq2Seq"
+            )
         labels = batch.pop("labels")
         batch.pop("shift_labels", None)
         if self.is_seq2seq:
@@ -713,8 +821,8 @@ class SureTrainer(Trainer):
         return micro[self.rank :: self.world] or [padding]
 
     def get_train_dataloader(self):
-        if not hasattr(self, "_sets"):
-            raise SureclError("SureTrainer: train with trainer.next_task(train_dataset), one call per task")
+        if not getattr(self, "_in_next_task", False):  # trainer.train() alone would train the last task again
+            raise SureclError("SureTrainer: train with trainer.next_task(train_dataset), one call per task (not trainer.train())")
         t = self._sets.current
         self._plan_policy = self.policy.state_dict()[0]  # what a resumed run replans from
         plan = self._plan(t, len(self.sets[t]))

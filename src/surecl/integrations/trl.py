@@ -115,8 +115,18 @@ def _build():
             truncation leaves without a loss token are dropped)."""
             if not isinstance(dataset, datasets.Dataset):
                 raise SureclError(f"SureSFTTrainer.next_task: a datasets.Dataset (map-style), got {type(dataset).__name__}")
-            if len(dataset) and not self._skip_prepare_dataset:
+            if len(dataset) == 0:  # before SFTTrainer's preparation, whose column check would speak of columns instead
+                raise SureclError(f"SureSFTTrainer.next_task: task {self.task} has no training examples")
+            if not self._skip_prepare_dataset:
                 sample = dataset[0]
+                text_field = getattr(self.args, "dataset_text_field", "text")
+                known = {"messages", "prompt", "input_ids", text_field}
+                if self._formatting_func is None and not known & set(sample):
+                    raise SureclError(
+                        f"SureSFTTrainer.next_task: task {self.task}'s rows have the columns {sorted(sample)}; SFTTrainer reads "
+                        f"'messages', 'prompt' and 'completion', or '{text_field}' (SFTConfig.dataset_text_field): rename the "
+                        "columns, or pass formatting_func="
+                    )
                 if "image" in sample or "images" in sample:
                     raise SureclError("SureSFTTrainer: vision datasets are not supported")
                 if self.args.assistant_only_loss and not is_conversational(sample):
