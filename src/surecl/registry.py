@@ -16,6 +16,17 @@ Where entries come from, in this order:
 * **Code**: :func:`register_method` / :func:`register_policy` (process-local), e.g. in a module
   the CLI loads with ``surecl --import mymodule run ...``.
 
+Both registries load together, once per process (:func:`_load_all`): every built-in first, then
+every entry point, and a ``register_*`` call made meanwhile (a package's module registering its
+own plugins as an entry point imports it) adds its entry without loading anything again, so no
+entry point is read from a half-imported module. An entry point that fails to load is warned
+about and left out (other runs go on), unless its name got registered anyway (by its own
+module's import, say); one whose module was still being imported (``--import`` of a module that
+is also installed) is settled at the next look-up, when the module is complete. A
+``"module:Class"`` string is checked when registered and imported on first use; an import that
+fails or a class of the wrong kind is a one-line :class:`~surecl.errors.SureclError` naming the
+entry, the string and the cause.
+
 A method's options live in the config section its spec names (default: the method's name), so
 ``l2_prev.lam=0.1`` works on the command line, in presets and in sweeps for an outside method
 as for ``olora.lambda_orth``. A method class is built as ``cls(method_config(cfg, name))`` and a
@@ -33,6 +44,7 @@ import importlib
 import logging
 import pkgutil
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +76,9 @@ class PolicySpec(MethodSpec):
 
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
+_DOTTED = r"(?!\d)\w+(?:\.(?!\d)\w+)*"
+_IMPORT_PATH = re.compile(rf"^{_DOTTED}:{_DOTTED}$")
+"""A lazy class reference: ``package.module:Class`` (the attribute may be dotted: ``Outer.Inner``)."""
 _SECTION = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _BASES = {"method": ("surecl.methods.base", "Method"), "replay policy": ("surecl.replay.policies", "ReplayPolicy")}
 _GROUPS = {"method": "surecl.methods", "replay policy": "surecl.policies"}
@@ -75,30 +90,67 @@ class _Table:
         self.specs: dict[str, MethodSpec] = {}
         self.classes: dict[str, type] = {}
         self.loaded = False
+        self.pending: dict[str, tuple[Any, Exception, bool]] = {}
+        """Entry points that failed to load, by name: (entry point, its error, whether its
+        module was being imported then), settled by :meth:`settle`."""
 
     def load(self) -> None:
-        """Built-ins, then installed entry points (once per process)."""
-        if self.loaded:
-            return
-        self.loaded = True
-        for spec in _builtin_specs(self.kind):
-            self.add(spec, replace=False)
-        for ep in _entry_points(_GROUPS[self.kind]):
-            if ep.name in self.specs:
-                continue  # a built-in or an earlier registration wins
-            try:
-                obj = ep.load()
-                spec = obj if isinstance(obj, MethodSpec) else _spec_from_class(self.spec_type, ep.name, obj)
-                self.add(dataclasses.replace(spec, name=ep.name) if spec.name != ep.name else spec, replace=False)
-            except Exception as exc:  # a broken plugin package must not stop runs that do not use it
-                log.warning("surecl: %s %r from entry point %s could not be loaded: %s", self.kind, ep.name, ep.value, str(exc)[:200])
+        """Built-ins, then installed entry points (once per process, both registries together:
+        :func:`_load_all`); then settle the entry points left pending."""
+        if not (_METHODS.loaded and _POLICIES.loaded):
+            _load_all()
+        if self.pending and not _LOADING:
+            self.settle()
+
+    def load_entry_point(self, ep: Any) -> None:
+        if ep.name in self.specs:
+            return  # a built-in or an earlier registration wins
+        try:
+            self.load_entry_point_now(ep)
+        except Exception as exc:  # a broken plugin package must not stop runs that do not use it
+            self.pending[ep.name] = (ep, exc, _initializing(_ep_module(ep)))
+
+    def settle(self) -> None:
+        """Each entry point that failed to load: dropped in silence when its name got registered
+        anyway (its module's own ``register_*`` call); kept for the next look-up while its module
+        is still being imported; else tried again if it failed on a half-imported module, and
+        warned about when it still fails."""
+        for name in list(self.pending):
+            if name not in self.pending:
+                continue  # settled meanwhile (a module imported below looked a name up)
+            ep, exc, partial = self.pending[name]
+            if name in self.specs:
+                del self.pending[name]
+                continue
+            if _initializing(_ep_module(ep)):
+                continue
+            del self.pending[name]
+            if partial:  # it read a module that was half imported then: the module is complete now
+                try:
+                    self.load_entry_point_now(ep)
+                    continue
+                except Exception as again:  # noqa: BLE001 - as in load_entry_point
+                    exc = again
+            log.warning("surecl: %s %r from entry point %s could not be loaded: %s", self.kind, ep.name, ep.value, _one_line(exc))
+
+    def load_entry_point_now(self, ep: Any) -> None:
+        """``ep`` loaded and added, its failure raised."""
+        obj = ep.load()
+        spec = obj if isinstance(obj, MethodSpec) else _spec_from_class(self.spec_type, ep.name, obj)
+        self.add(dataclasses.replace(spec, name=ep.name) if spec.name != ep.name else spec, replace=False)
 
     def add(self, spec: MethodSpec, replace: bool) -> type | str:
         name = spec.name
         if not isinstance(name, str) or not _NAME.match(name):
             raise ValueError(f"{self.kind} name {name!r}: use letters, digits, '_' or '-', starting with a letter")
-        if isinstance(spec.cls, type):
+        if isinstance(spec.cls, str):
+            if not _IMPORT_PATH.match(spec.cls):
+                raise ValueError(f"{self.kind} {name!r}: class {spec.cls!r} is not a \"module:Class\" import path "
+                                 f"(a module's dotted name, ':', then the class's name, e.g. \"my_cl.policies:Extreme\")")
+        elif isinstance(spec.cls, type):
             _check_base(self.kind, name, spec.cls)
+        else:
+            raise TypeError(f"{self.kind} {name!r}: {spec.cls!r} is neither a class nor a \"module:Class\" import path")
         if spec.config is not None:
             if not (isinstance(spec.config, type) and dataclasses.is_dataclass(spec.config) and issubclass(spec.config, Options)):
                 raise TypeError(f"{self.kind} {name!r}: config {spec.config!r} is not an @dataclass subclass of surecl.options.Options")
@@ -123,11 +175,25 @@ class _Table:
         if name not in self.classes:
             target = self.specs[name].cls
             if isinstance(target, str):
-                module, attr = target.split(":")
-                target = getattr(importlib.import_module(module), attr)
-                _check_base(self.kind, name, target)
+                target = self.import_class(name, target)
             self.classes[name] = target
         return self.classes[name]
+
+    def import_class(self, name: str, path: str) -> type:
+        """The class a ``"module:Class"`` string names, checked as for a class registered directly;
+        a failure is one line naming the entry, the string and the cause."""
+        module, _, attr = path.partition(":")
+        try:
+            target: Any = importlib.import_module(module)
+            for part in attr.split("."):
+                target = getattr(target, part)
+        except Exception as exc:  # the plugin's package: whatever its import raises is one line naming it
+            raise SureclError(f"{self.kind} {name!r}: cannot import {path!r}: {type(exc).__name__}: {_one_line(exc)}") from exc
+        try:
+            _check_base(self.kind, name, target)
+        except TypeError as exc:
+            raise SureclError(f"{exc} (imported from {path!r})") from None
+        return target
 
 
 def _same_class(a: type | str, b: type | str) -> bool:
@@ -160,6 +226,48 @@ def _builtin_specs(kind: str) -> list[MethodSpec]:
     return specs
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+def _ep_module(ep: Any) -> str:
+    return getattr(ep, "module", None) or str(ep.value).partition(":")[0].strip()
+
+
+def _initializing(module: str) -> bool:
+    """Whether ``module`` (or a package above it) is being imported right now: its top level
+    has not finished, so a name it defines further down is not there yet."""
+    parts = module.split(".")
+    for k in range(1, len(parts) + 1):
+        spec = getattr(sys.modules.get(".".join(parts[:k])), "__spec__", None)
+        if getattr(spec, "_initializing", False):
+            return True
+    return False
+
+
+def _load_all() -> None:
+    """Both registries' built-ins, then both's entry points, then the failed ones settled. The
+    tables count as loaded from the start, so a ``register_*`` call or a look-up made while an
+    entry point's module is imported finds every built-in and starts no second load: nothing
+    reads an entry point from a half-imported module that this load is importing."""
+    global _LOADING
+    tables = [t for t in (_METHODS, _POLICIES) if not t.loaded]
+    for table in tables:
+        table.loaded = True
+    _LOADING = True
+    try:
+        for table in tables:
+            for spec in _builtin_specs(table.kind):
+                table.add(spec, replace=False)
+        for table in tables:
+            for ep in _entry_points(_GROUPS[table.kind]):
+                table.load_entry_point(ep)
+    finally:
+        _LOADING = False
+    for table in tables:
+        table.settle()
+
+
 def _entry_points(group: str) -> list:
     from importlib.metadata import entry_points
 
@@ -169,6 +277,9 @@ def _entry_points(group: str) -> list:
         return []
 
 
+_LOADING = False
+"""True while :func:`_load_all` runs: failed entry points are settled at its end, once every
+entry point has had its chance to register the name."""
 _METHODS = _Table("method", MethodSpec)
 _POLICIES = _Table("replay policy", PolicySpec)
 

@@ -56,21 +56,31 @@ method's after-task hook, as the method's before-task hook runs before the polic
 ``ctx`` is the running :class:`surecl.trainer.ContinualRun`; :class:`RunContext` lists what a
 plugin may use of it.
 
-Nothing here imports torch: ``surecl --help`` and the registry stay light.
+The dispatcher (:class:`Plugins`) checks what a hook hands back where the run would otherwise
+fail far from the plugin: ``loss`` must give a one-element ``torch.Tensor`` (still in the autograd
+graph when it was given one), ``sample_replay`` a list of
+:class:`~surecl.replay.buffer.Entry` naming training examples that exist, ``state_dict`` a pair
+(a JSON-serialisable dict, a dict of tensors under string keys). Anything else is a one-line
+:class:`~surecl.errors.SureclError` naming the plugin, the hook and what was expected.
+
+Nothing here imports torch at import time: ``surecl --help`` and the registry stay light.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from surecl.errors import SureclError
+from surecl.replay.buffer import Entry
 
 if TYPE_CHECKING:
     import torch
 
     from surecl.config import RunConfig
-    from surecl.replay.buffer import Entry
 
 
 GENERAL_PROBE = -1
@@ -270,17 +280,29 @@ class Plugins:
     def __init__(self, plugins: dict[str, Plugin]) -> None:
         self.by_key = dict(plugins)
         self._list = list(self.by_key.values())
+        self._keys = {id(p): key for key, p in self.by_key.items()}
 
     def __iter__(self) -> Iterator[Plugin]:
         return iter(self._list)
+
+    def who(self, plugin: Plugin) -> str:
+        """The plugin as an error line names it: its role (checkpoint key) and its ``name``."""
+        role = self._keys.get(id(plugin), "plugin").split(":")[0]
+        return f"{'plugin' if role == 'plugin' else role + ' plugin'} {getattr(plugin, 'name', type(plugin).__name__)!r}"
 
     def before_task(self, ctx: RunContext, stage: Stage) -> None:
         for p in self._list:
             p.before_task(ctx, stage)
 
     def loss(self, ctx: RunContext, loss: torch.Tensor) -> torch.Tensor:
+        """Each plugin's ``loss`` hook in turn, each handed the previous one's loss."""
+        import torch  # loaded already (the step made the loss); a lookup, not an import
+
         for p in self._list:
-            loss = p.loss(ctx, loss)
+            given, loss = loss, p.loss(ctx, loss)
+            if not (torch.is_tensor(loss) and loss.numel() == 1 and (loss.requires_grad or not given.requires_grad)):
+                raise SureclError(f"{self.who(p)}: its loss hook returned {_kind(loss)}{_graph(loss, given)}; expected the loss tensor it was "
+                                  "given (one element, in the autograd graph), with any penalty added (loss + penalty)")
         return loss
 
     def sample_replay(self, ctx: RunContext, stage: Stage, step: int, count: int) -> list[Entry]:
@@ -288,8 +310,23 @@ class Plugins:
         for p in self._list:
             entries = p.sample_replay(ctx, stage, step, count)
             if entries is not None:
-                return entries
+                return self._entries(ctx, p, entries)
         return []
+
+    def _entries(self, ctx: RunContext, p: Plugin, entries: Any) -> list[Entry]:
+        """``entries`` as a list, each an :class:`Entry` of a training example that exists (else one line naming ``p``)."""
+        expected = "expected None or a list of surecl.replay.buffer.Entry (task, index) of training examples"
+        if not isinstance(entries, (list, tuple)):
+            raise SureclError(f"{self.who(p)}: its sample_replay hook returned {_kind(entries)}; {expected}")
+        sets = getattr(ctx, "train_sets", None)
+        for k, e in enumerate(entries):
+            if not isinstance(e, Entry):
+                raise SureclError(f"{self.who(p)}: its sample_replay hook returned {_kind(e)} as entry {k}; {expected}")
+            if sets is not None and not (_is_index(e.task) and 0 <= e.task < len(sets)
+                                         and _is_index(e.index) and 0 <= e.index < len(sets[e.task])):
+                raise SureclError(f"{self.who(p)}: its sample_replay hook returned entry {k} for task {e.task!r} example {e.index!r}, "
+                                  f"which does not exist ({len(sets)} tasks); {expected}")
+        return list(entries)
 
     def input_prefix(self, ctx: RunContext, task: int, skip: tuple[Plugin, ...] = ()) -> tuple[int, ...]:
         """Every plugin's ``input_prefix`` for ``task`` but those in ``skip``, in list order."""
@@ -332,9 +369,51 @@ class Plugins:
         return [rel for p in self._list for rel in p.outputs(ctx)]
 
     def state_dicts(self) -> dict[str, tuple[dict, dict[str, torch.Tensor]]]:
-        return {key: p.state_dict() for key, p in self.by_key.items()}
+        """Every plugin's ``state_dict()`` under its key, each checked to be what a checkpoint can hold."""
+        return {key: self._state(p, p.state_dict()) for key, p in self.by_key.items()}
+
+    def _state(self, p: Plugin, state: Any) -> tuple[dict, dict[str, torch.Tensor]]:
+        """``state`` as (meta, tensors): a JSON-serialisable dict and a dict of tensors under string
+        keys (else one line naming ``p``, before anything of the checkpoint is written)."""
+        import torch
+
+        expected = "expected (meta, tensors): a JSON-serialisable dict and a dict of torch tensors under string keys"
+        if not (isinstance(state, (tuple, list)) and len(state) == 2 and isinstance(state[0], dict) and isinstance(state[1], dict)):
+            raise SureclError(f"{self.who(p)}: its state_dict returned {_kind(state)}; {expected}")
+        meta, tensors = state
+        for name, value in tensors.items():
+            if not (isinstance(name, str) and torch.is_tensor(value)):
+                raise SureclError(f"{self.who(p)}: its state_dict's tensors hold {_kind(value)} under {name!r}; {expected}")
+        try:
+            json.dumps(meta, allow_nan=False)
+        except (TypeError, ValueError) as exc:  # what checkpoint.write_json would meet
+            raise SureclError(f"{self.who(p)}: its state_dict's meta is not JSON-serialisable ({exc}); {expected} "
+                              "(tensors go in the second dict; NaN and infinity are not JSON)") from None
+        return meta, tensors
 
     def load_state_dicts(self, states: dict[str, tuple[dict, dict[str, torch.Tensor]]]) -> None:
         for key, p in self.by_key.items():
             meta, tensors = states.get(key, ({}, {}))
             p.load_state_dict(meta, tensors)
+
+
+def _is_index(value: Any) -> bool:
+    """An integer a list can be indexed with (numpy's too), not a bool."""
+    return hasattr(value, "__index__") and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    """What a hook returned, in words: ``None``, ``a float (2.5)``, ``a Tensor of shape (2, 3)``."""
+    if value is None:
+        return "None"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"a {type(value).__name__} of shape {tuple(value.shape)}"
+    text = repr(value)
+    return f"a {type(value).__name__} ({text if len(text) <= 60 else text[:57] + '...'})"
+
+
+def _graph(loss: Any, given: Any) -> str:
+    """Why a tensor loss was refused when its shape was not the reason: it left the autograd graph."""
+    if hasattr(loss, "numel") and loss.numel() == 1 and given.requires_grad and not getattr(loss, "requires_grad", True):
+        return " cut from the autograd graph (no grad: detached, or computed under torch.no_grad)"
+    return ""

@@ -66,6 +66,13 @@ def check_scores(scores: list[float], task: str, indices: list[int], what: str =
             )
 
 
+def _number(value) -> float:
+    """``value`` as a float: a number (a one-element tensor or array too), never a string."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(value)
+    return float(value)
+
+
 class ReplayPolicy(Plugin):
     """Base policy: an empty equal-quota buffer nothing enters (``none``).
 
@@ -215,11 +222,35 @@ class QuotaPolicy(ReplayPolicy):
         return ([e.label for e in ctx.train_sets[task]],) if self.buffer.balanced else ()
 
     def priorities(self, task: int, n_items: int, scorer: Scorer) -> list[float]:
+        """The priority of each of the task's ``n_items`` training examples, in order: finite
+        numbers (the buffer keeps each task's highest)."""
         raise NotImplementedError
+
+    def checked_priorities(self, task: int, n_items: int, scorer: Scorer) -> list[float]:
+        """:meth:`priorities` as floats, checked: one finite number per item, else a one-line
+        error naming the policy (a NaN would sort anywhere in the buffer and then stop the
+        checkpoint; a short list would leave examples out unseen)."""
+        raw = self.priorities(task, n_items, scorer)
+        expected = f"expected a list of {n_items} finite numbers, one per training example of task {task}, in order"
+        where = f"replay policy {self.name!r}: priorities(task={task}, n_items={n_items})"
+        try:
+            if isinstance(raw, (str, bytes, dict)):
+                raise TypeError
+            values = [_number(v) for v in raw]
+        except (TypeError, ValueError, RuntimeError):  # not iterable, or an item that is not one number
+            shown = repr(raw)
+            raise SureclError(f"{where} returned a {type(raw).__name__} ({shown if len(shown) <= 60 else shown[:57] + '...'}); {expected}") from None
+        if len(values) != n_items:
+            raise SureclError(f"{where} returned {len(values)} values; {expected}")
+        bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+        if bad:
+            raise SureclError(f"{where} returned {values[bad[0]]} for example {bad[0]}"
+                              f"{f' (and {len(bad) - 1} more non-finite)' if len(bad) > 1 else ''}; {expected}")
+        return values
 
     def _at(self, when: str, task: int, n_items: int, scorer: Scorer, labels: list[str] | None) -> None:
         if self.config.score_time == when:
-            self._pending = self.priorities(task, n_items, scorer)
+            self._pending = self.checked_priorities(task, n_items, scorer)
         if self.config.insert_time == when:
             assert self._pending is not None, "scores must exist before insertion"
             self.buffer.add_task(task, self._pending, labels)
