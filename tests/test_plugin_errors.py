@@ -435,3 +435,19 @@ def test_the_cli_prints_a_broken_hook_as_one_line(tmp_path, tiny_cache, capsys, 
     assert one_error_line(capsys) == ("method plugin 'b_lossfloat': its loss hook returned a float (2.5); expected the loss tensor "
                                       "it was given (one element, in the autograd graph), with any penalty added (loss + penalty)")
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+class Loads(Plugin):
+    """A plugin whose load_state_dict cannot read what an earlier version of it wrote."""
+
+    name = "loads"
+
+    def load_state_dict(self, meta, tensors):
+        raise KeyError("weights_v2")
+
+
+def test_a_plugin_that_cannot_read_its_checkpointed_state_is_one_line_naming_it():
+    with pytest.raises(SureclError, match=r"^plugin 'loads': its load_state_dict could not read the checkpoint's state: "
+                                          r"KeyError: 'weights_v2' \(a checkpoint another version") as err:
+        Plugins({"plugin:loads": Loads()}).load_state_dicts({"plugin:loads": ({"v": 1}, {})})
+    assert "\n" not in str(err.value) and isinstance(err.value.__cause__, KeyError)  # --debug shows the plugin's traceback

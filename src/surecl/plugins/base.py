@@ -392,9 +392,18 @@ class Plugins:
         return meta, tensors
 
     def load_state_dicts(self, states: dict[str, tuple[dict, dict[str, torch.Tensor]]]) -> None:
+        """Each plugin's state from a checkpoint; a plugin that cannot read its own (a checkpoint
+        another version of it wrote, say) is one line naming it, not its traceback."""
         for key, p in self.by_key.items():
             meta, tensors = states.get(key, ({}, {}))
-            p.load_state_dict(meta, tensors)
+            try:
+                p.load_state_dict(meta, tensors)
+            except SureclError:
+                raise
+            except Exception as exc:  # the plugin's own code: named, its error in one line (--debug shows the traceback)
+                raise SureclError(f"{self.who(p)}: its load_state_dict could not read the checkpoint's state: {type(exc).__name__}: "
+                                  f"{' '.join(str(exc).split())[:200]} (a checkpoint another version of the plugin wrote? start over "
+                                  "with --fresh or another --out)") from exc
 
 
 def _is_index(value: Any) -> bool:
