@@ -139,3 +139,44 @@ def test_sft_datasets_without_sft_columns_or_rows_are_one_line(tiny_loaded, tmp_
     with pytest.raises(SureclError, match=r"columns \['answer', 'question'\]; SFTTrainer reads 'messages'") as err:
         trainer.next_task(datasets.Dataset.from_dict({"question": ["a b", "c d"], "answer": ["x", "y"]}))
     assert "\n" not in str(err.value)
+
+
+def test_refusals_after_the_model_was_touched_give_it_back_as_given(tiny_loaded, tmp_path):
+    """An embedding among target_modules (PEFT adds LoRA layers in place, then DualLoRA refuses
+    them) and a replay loss the Trainer's settings contradict: the caller's model keeps no LoRA
+    layer and its requires_grad, so the corrected call on the same model goes through."""
+    from peft.tuners.lora import LoraLayer
+
+    model = copy.deepcopy(tiny_loaded.model)
+    grads = [p.requires_grad for p in model.parameters()]
+    collator = DataCollatorForLanguageModeling(tiny_loaded.tokenizer, mlm=False)
+    args = TrainingArguments(str(tmp_path), use_cpu=True, report_to=[], save_strategy="no")
+    with pytest.raises(SureclError, match=r"^SureArguments.target_modules: \['q_proj', 'embed_tokens'\] names embed_tokens, not a linear layer"):
+        SureTrainer(model=model, args=args, data_collator=collator, sure=SureArguments(target_modules=["q_proj", "embed_tokens"]))
+    smoothing = TrainingArguments(str(tmp_path), use_cpu=True, report_to=[], save_strategy="no", label_smoothing_factor=0.1)
+    with pytest.raises(SureclError, match="computes the loss itself"):
+        SureTrainer(model=model, args=smoothing, data_collator=collator, sure=SureArguments(replay_loss="pair"))
+    assert not any(isinstance(m, LoraLayer) for m in model.modules())
+    assert [p.requires_grad for p in model.parameters()] == grads
+    SureTrainer(model=model, args=args, data_collator=collator, sure=SureArguments())
+
+
+def test_a_label_column_stays_when_the_user_keeps_every_column(tiny_loaded, tmp_path):
+    """remove_unused_columns=False: the user's own collator reads the raw columns, the label one too."""
+    stream, sets = lm_sets(tiny_loaded.tokenizer, n_train=8)
+    ds = sets[0].add_column("label", [e.label for e in stream[0].train])
+    trainer = make_trainer(tiny_loaded, tmp_path, SureArguments(buffer_size=2, balance="label", label_column="label"),
+                           remove_unused_columns=False)
+    data, labels = trainer._prepared(ds)
+    assert "label" in data.column_names and labels == [e.label for e in stream[0].train]
+
+
+def test_sft_accepts_trls_conversations_rows(tiny_loaded, tmp_path):
+    """TRL's from/value 'conversations' format, which SFTTrainer converts to messages, passes the column check."""
+    pytest.importorskip("trl")
+    from test_integration_trl import make
+
+    trainer = make(tiny_loaded, tmp_path, SureArguments(buffer_size=2), assistant_only_loss=False)
+    rows = datasets.Dataset.from_dict({"conversations": [[{"from": "human", "value": "the red"}, {"from": "gpt", "value": "warm"}]] * 2})
+    data, _ = trainer._prepared(rows)
+    assert len(data) == 2 and "input_ids" in data.column_names

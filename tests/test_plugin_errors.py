@@ -451,3 +451,15 @@ def test_a_plugin_that_cannot_read_its_checkpointed_state_is_one_line_naming_it(
                                           r"KeyError: 'weights_v2' \(a checkpoint another version") as err:
         Plugins({"plugin:loads": Loads()}).load_state_dicts({"plugin:loads": ({"v": 1}, {})})
     assert "\n" not in str(err.value) and isinstance(err.value.__cause__, KeyError)  # --debug shows the plugin's traceback
+
+
+def test_running_out_of_memory_while_loading_state_is_not_called_an_unreadable_checkpoint():
+    """An out-of-memory error (moving the optimizer state onto the device, say) passes through
+    unchanged: the command line's handler says the checkpoint is intact and a rerun resumes."""
+
+    class Big(Loads):
+        def load_state_dict(self, meta, tensors):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(torch.OutOfMemoryError):
+        Plugins({"optimizer": Big()}).load_state_dicts({})

@@ -949,16 +949,16 @@ def test_both_layouts_print_the_same_std(runs, capsys):
 # --------------------------------------------------------------------------- tasks not learned above their majority class
 
 
-def _three_task_run(root, row, seed, final, diag, majority):
-    """A 3-task run of order "4" (LNT) with its final row, its diagonal and majority rates."""
-    d = root / rel(row, "4", seed)
+def _three_task_run(root, row, seed, final, diag, majority, order="4", draw="order"):
+    """A 3-task run of ``order`` (LNT) with its final row, its diagonal and majority rates."""
+    d = root / rel(row, order, seed)
     d.mkdir(parents=True, exist_ok=True)
     a = [[diag[0], None, None], [None, diag[1], None], list(final)]
     a[2][2] = diag[2]
     fp = sum(a[2]) / 3
     res = {"tasks": ["a", "b", "c"], "metric": "accuracy", "accuracy_matrix": a, "fp": fp, "ap": sum(diag) / 3,
            "forgetting": sum(diag) / 3 - fp, "bwt": 0.0, "avg_incremental": fp, "majority": dict(zip("abc", majority)),
-           "config": {"preset": row, "method": "sequential", "seed": seed, "data": {"order": "4", "draw": "order"},
+           "config": {"preset": row, "method": "sequential", "seed": seed, "data": {"order": order, "draw": draw},
                       "dual": {"enabled": False}, "replay": {"policy": "surprise" if "surprise" in row else "none"}}}
     (d / "results.json").write_text(json.dumps(res))
 
@@ -991,8 +991,28 @@ def test_units_with_no_learned_task_are_not_called_missing_runs(tmp_path):
     rep = paper_report([root], claims="none", custom_claims=["surprise>seq_lora"])
     claims_md = next(t for t in rep.tables if t.name == "claims").markdown
     row = next(line for line in claims_md.splitlines() if line.startswith("| surprise > seq_lora"))
-    assert "(2 left out: no learned task)" in row and "planned †" not in row
+    assert "(order 4 left out: no learned task)" in row and "planned †" not in row
     assert "a study still running, or runs that failed" not in claims_md
+
+
+def test_an_order_with_no_learned_task_leaves_missing_runs_of_the_others_visible(tmp_path):
+    """Seed units (shared samples): order 4 learns no task, order 5 does; seed 2 never ran. The
+    claim stands on order 5's two seeds, says order 4 was left out, and still marks the
+    missing seed (†), which counting unscored seeds against the plan had hidden."""
+    root = tmp_path / "lnt"
+    for seed in (0, 1):
+        for order, learned in (("4", False), ("5", True)):
+            for row, final in (("seq_lora", (40, 41, 42)), ("surprise", (60 + seed, 62, 61))):
+                _three_task_run(root, row, seed, final if learned else (50, 50, 50), (80, 80, 80) if learned else (50, 50, 50),
+                                (50, 50, 50), order=order, draw="shared")
+    from surecl.report import write_sweep_plan
+
+    write_sweep_plan(root, [{"row": r, "order": o, "seed": s, "path": rel(r, o, s)} for r in ("seq_lora", "surprise")
+                            for o in ("4", "5") for s in (0, 1, 2)], {"order_benchmark": {"4": "LNT", "5": "LNT"}})
+    rep = paper_report([root], claims="none", custom_claims=["surprise>seq_lora"])
+    claims_md = next(t for t in rep.tables if t.name == "claims").markdown
+    row = next(line for line in claims_md.splitlines() if line.startswith("| surprise > seq_lora"))
+    assert "| 2 of 3 planned † (order 4 left out: no learned task) |" in row, row
 
 
 def test_the_all_claim_says_it_weighs_orders_not_benchmarks(runs):

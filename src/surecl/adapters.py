@@ -100,6 +100,7 @@ class DualLoRA(Plugin):
         other = [n.rsplit(".", 1)[-1] for n, m in adapted if not isinstance(m, LoraLinear)]
         if not adapted or other:
             what = f"names {other[0]}, not a linear layer" if other else "names no linear layer of this model"
+            self.model.unload()  # the base as it came (a caller's model, SureTrainer's, is used again)
             raise SureclError(f"lora.target_modules: {list(lora.target_modules)} {what}; surecl adapts linear layers only "
                               "(e.g. q_proj, v_proj, or a T5's q, v)")
         self._lora_dtype_fp32()

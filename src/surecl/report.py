@@ -930,11 +930,12 @@ class Study:
             out.append(TaskRate(task, fmean(rates), min(rates), max(rates), best[1], best[2], best[0]))
         return out
 
-    def planned_units(self, a: str, b: str, group: str, kind: str) -> int:
+    def planned_units(self, a: str, b: str, group: str, kind: str, skip: set[str] = frozenset()) -> int:
         """How many units a claim "a > b" would have over benchmark ``group`` ("all": every
         order) with every expected run present (the sweeps' plans, or every combination seen):
-        (order, seed) pairs, or for seed units the seeds with both rows at every such order."""
-        both = {(o, s) for (row, o, s) in self.expected if row == a and (b, o, s) in self.expected
+        (order, seed) pairs, or for seed units the seeds with both rows at every such order;
+        the orders in ``skip`` (no learned task: they give the claim nothing) left out."""
+        both = {(o, s) for (row, o, s) in self.expected if row == a and (b, o, s) in self.expected and o not in skip
                 and (group == "all" or self.bench_of.get(o, "other") == group)}
         if kind in ORDER_UNITS:
             return len(both)
@@ -1539,7 +1540,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         keys_a, keys_b = _row_keys(a.removesuffix(FAST)), _row_keys(b.removesuffix(FAST))
         allowed = None if keys_a is None or keys_b is None else keys_a | keys_b
         confounds: dict[str, set[str]] = defaultdict(set)  # benchmark group -> keys a pair's runs differ in
-        unscored: dict[str, set] = defaultdict(set)  # benchmark group -> (order, seed) pairs present but with no learned task
+        unscored: dict[str, set] = defaultdict(set)  # benchmark group -> orders whose runs are present but learned no task
         for (row, order, seed), ra in st.records.items():
             rb = st.records.get((b, order, seed))
             if row != a or rb is None:
@@ -1547,7 +1548,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
             va, vb = st.claim_value((row, order, seed), metric), st.claim_value((b, order, seed), metric)
             if va is None or vb is None:
                 if st.unlearned(order) and None not in (ra.values.get(metric), rb.values.get(metric)):
-                    unscored[st.bench_of.get(order, "other")].add((order, seed))
+                    unscored[st.bench_of.get(order, "other")].add(order)
                 continue
             if ra.path == rb.path:  # one run: its two adapters, one trajectory
                 where = "same"
@@ -1574,9 +1575,8 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
             chosen = [p for ps in groups.values() for p in ps] if g == "all" else groups[g]
             kind, units, left_out = claim_units_complete(chosen)
             dropped = set().union(*unscored.values()) if g == "all" else unscored.get(g, set())
-            # units whose runs are present but learned no task are not missing: the planned count leaves them out
-            n_dropped = len(dropped) if kind in ORDER_UNITS else len({s for _, s in dropped})
-            planned = st.planned_units(a, b, g, kind) - n_dropped
+            # an order whose runs learned no task gives no unit: not missing, and left out of the planned count
+            planned = st.planned_units(a, b, g, kind, skip=dropped)
             same, cross, unrec = (sum(1 for u in units if u[2] == k) for k in ("same", "other", "unrecorded"))
             same_only = same >= MIN_SAME_HOST
             used = [u for u in units if u[2] == "same"] if same_only else units
@@ -1586,7 +1586,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
             mixed = sorted(set().union(*confounds.values()) if g == "all" else confounds.get(g, set()))
             entries.append({"a": a, "b": b, "group": g, "kind": kind, "n_all": len(units), "same": same, "cross": cross,
                             "unrec": unrec, "same_only": same_only, "res": res, "sign": sign_test(better),
-                            "confounds": mixed, "planned": max(planned, len(units)), "left_out": left_out, "unscored": n_dropped})
+                            "confounds": mixed, "planned": max(planned, len(units)), "left_out": left_out, "unscored": sorted(dropped, key=order_key)})
     # one family: every tested row of this table (each benchmark group's and the "all" rows)
     family_size = sum(1 for x in entries if x["res"].p is not None)
     for e, adj in zip(entries, holm([e["res"].p for e in entries])):
@@ -1656,7 +1656,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         if e["left_out"]:
             n_cell += f" ({e['left_out']} seed{'s' if e['left_out'] > 1 else ''} lacking an order left out)"
         if e["unscored"]:
-            n_cell += f" ({e['unscored']} left out: no learned task)"
+            n_cell += f" (order{'s' if len(e['unscored']) > 1 else ''} {', '.join(e['unscored'])} left out: no learned task)"
         label = f"other (orders {other_orders})" if g == "other" else g
         body.append([f"{e['a']} > {e['b']}", label, n_cell, f(res.mean), ci, _fmt_p(res.p), _fmt_p(e["holm"]), sign_cell, shown, hosts])
         num = lambda v: "" if v is None else round(v, 6)  # noqa: E731

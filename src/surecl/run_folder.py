@@ -205,7 +205,8 @@ def restore(run) -> Path | None:
     for name, digest in probe_fingerprints(run).items():
         if name in saved and saved[name] != digest:
             raise SureclError(f"{run.out_dir}: the general-ability probe's part {name} changed since {found.folder.name} was written "
-                              "(its before-training scores were taken on the old rows); restore it, or rerun with --fresh")
+                              "(its rows, or its prompts: a header instruction now ends in a newline as in every reader; the "
+                              "before-training scores were taken on the old ones); restore it, or rerun with --fresh")
     run.plugins.load_state_dicts(found.components)
     load_rng_state(run, *found.components["rng"])
     saved = found.components["run"][0]

@@ -412,11 +412,6 @@ class SureTrainer(Trainer):
         self.sure = sure or SureArguments()
         self.sure.check()
         _check_fresh_base(model)
-        grads = [p.requires_grad for p in model.parameters()]
-        for p in model.parameters():
-            p.requires_grad_(False)
-        set_seed(args.seed)  # the LoRA initialisation
-        is_seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
         if self.sure.replay_loss in ("pair", "example") and (
             kwargs.get("compute_loss_func") is not None or getattr(args, "label_smoothing_factor", 0)
             or getattr(args, "loss_type", None) not in (None, "nll") or getattr(model.config, "output_router_logits", False)
@@ -426,7 +421,18 @@ class SureTrainer(Trainer):
                 "compute_loss_func, label_smoothing_factor, a TRL loss_type other than 'nll' or a model's router auxiliary loss "
                 "(output_router_logits)"
             )
-        self.dual = DualLoRA(model, self.sure.lora_config(), self.sure.dual_config(), is_seq2seq)
+        # from here the caller's model changes (frozen, adapters added in place): a failure below gives it back as it was
+        grads = [p.requires_grad for p in model.parameters()]
+        for p in model.parameters():
+            p.requires_grad_(False)
+        set_seed(args.seed)  # the LoRA initialisation
+        is_seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
+        try:
+            self.dual = DualLoRA(model, self.sure.lora_config(), self.sure.dual_config(), is_seq2seq)  # removes what it added when it fails
+        except SureclError as e:
+            for p, g in zip(model.parameters(), grads):
+                p.requires_grad_(g)
+            raise SureclError(self.sure._named(str(e))) from None
         self.is_seq2seq = is_seq2seq
         self.replay_cfg = self.sure.replay_config()
         self.policy = policy_class(self.sure.policy)(self.replay_cfg, self.sure.buffer_size if self.sure.policy != "none" else 0, args.seed)
@@ -647,8 +653,9 @@ class SureTrainer(Trainer):
             dataset = self._remove_unused_columns(dataset, description="training")
             col = self.sure.label_column
             # the Trainer keeps a column named like its label names ("label"): read above, it is dropped
-            # unless the model's forward takes it (a causal LM's collator cannot batch string labels)
-            if labels is not None and col in dataset.column_names and col not in self._forward_params():
+            # unless the model's forward takes it (a causal LM's collator cannot batch string labels), or
+            # the user keeps every column (remove_unused_columns=False: their own collator reads them)
+            if labels is not None and self.args.remove_unused_columns and col in dataset.column_names and col not in self._forward_params():
                 dataset = dataset.remove_columns([col])
             return dataset, labels
         return dataset, labels

@@ -120,11 +120,11 @@ def _build():
             if not self._skip_prepare_dataset:
                 sample = dataset[0]
                 text_field = getattr(self.args, "dataset_text_field", "text")
-                known = {"messages", "prompt", "input_ids", text_field}
+                known = {"messages", "conversations", "prompt", "input_ids", text_field}  # conversations: TRL's from/value rows
                 if self._formatting_func is None and not known & set(sample):
                     raise SureclError(
                         f"SureSFTTrainer.next_task: task {self.task}'s rows have the columns {sorted(sample)}; SFTTrainer reads "
-                        f"'messages', 'prompt' and 'completion', or '{text_field}' (SFTConfig.dataset_text_field): rename the "
+                        f"'messages' (or 'conversations'), 'prompt' and 'completion', or '{text_field}' (SFTConfig.dataset_text_field): rename the "
                         "columns, or pass formatting_func="
                     )
                 if "image" in sample or "images" in sample:

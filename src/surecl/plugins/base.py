@@ -398,9 +398,11 @@ class Plugins:
             meta, tensors = states.get(key, ({}, {}))
             try:
                 p.load_state_dict(meta, tensors)
-            except SureclError:
-                raise
-            except Exception as exc:  # the plugin's own code: named, its error in one line (--debug shows the traceback)
+            except (SureclError, MemoryError, OSError):
+                raise  # out of memory or a disk fault: the checkpoint is intact, the caller's handler says so
+            except Exception as exc:
+                if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (a RuntimeError): as above
+                    raise  # the plugin's own code: named, its error in one line (--debug shows the traceback)
                 raise SureclError(f"{self.who(p)}: its load_state_dict could not read the checkpoint's state: {type(exc).__name__}: "
                                   f"{' '.join(str(exc).split())[:200]} (a checkpoint another version of the plugin wrote? start over "
                                   "with --fresh or another --out)") from exc
