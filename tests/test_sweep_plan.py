@@ -4,6 +4,7 @@ command line replaces a plan's values, and bad plans are one-line errors."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -232,3 +233,50 @@ def test_an_edited_plan_stops_before_it_trains_anything(tmp_path, capsys, tiny_c
     err = capsys.readouterr().err.strip().splitlines()
     assert "already holds a finished run with a different config" in err[-1], err
     assert not list(out.rglob("seed0"))  # nothing of the new plan was trained
+
+
+def _sweep_args(tmp_path, *argv):
+    from surecl.cli import _parse, build_parser, sweep_plan
+
+    return sweep_plan(_parse(build_parser(), ["sweep", "--out", str(tmp_path / "out"), *argv]))
+
+
+def test_a_grid_value_naming_a_path_stays_one_folder_under_out(tmp_path):
+    """A grid over local paths (model.name, data.benchmark) put ``../`` runs outside --out, where
+    neither the closing table nor the report finds them; now the value is one folder name."""
+    from surecl.sweep import Plan
+
+    runs = expand(Plan(methods=["seq_lora"], grid={"data.benchmark": ["../../../bench_a", "/data/bench_b"]}))
+    out = (tmp_path / "out").resolve()
+    for r in runs:
+        where = (out / r.path).resolve()
+        assert out in where.parents and len(Path(r.path).parts) == 4, r.path
+    assert [r.row for r in runs] == ["seq_lora data.benchmark=../../../bench_a", "seq_lora data.benchmark=/data/bench_b"]
+
+
+def test_a_plan_without_orders_runs_its_protocol_presets_orders(tmp_path):
+    """As the command line does without a plan (lnt -> orders 4, 5, 6); a plan naming its
+    orders keeps them, and --orders still wins."""
+    f = tmp_path / "p.yaml"
+    f.write_text("config: lnt\nmethods: [seq_lora]\n")
+    assert list(_sweep_args(tmp_path, "--plan", str(f)).orders) == ["4", "5", "6"]
+    assert list(_sweep_args(tmp_path, "--plan", str(f), "--orders", "5").orders) == ["5"]
+    f.write_text("config: lnt\nmethods: [seq_lora]\norders: ['4']\n")
+    assert list(_sweep_args(tmp_path, "--plan", str(f)).orders) == ["4"]
+    f.write_text("config: tiny\nmethods: [seq_lora]\n")
+    assert list(_sweep_args(tmp_path, "--plan", str(f)).orders) == ["default"]
+
+
+def test_methods_on_a_grouped_plan_keep_their_groups_settings(tmp_path):
+    """--methods picks methods out of a plan's groups: each keeps its group's seeds and
+    overrides (they were dropped, so the run differed from the plan's); a method no group
+    names runs with the plan's own settings."""
+    f = tmp_path / "grp.yaml"
+    f.write_text("config: tiny\nseeds: [0]\noverrides: [train.epochs=2]\ngroups:\n"
+                 "  - {methods: [seq_lora], seeds: [3], overrides: [train.epochs=1]}\n"
+                 "  - {methods: [reservoir, surprise], overrides: [train.epochs=1]}\n")
+    runs = expand(_sweep_args(tmp_path, "--plan", str(f), "--methods", "seq_lora,surprise,slow_surprise"))
+    got = {(r.method, r.seed): r.overrides for r in runs}
+    assert set(got) == {("seq_lora", 3), ("surprise", 0), ("slow_surprise", 0)}
+    assert "train.epochs=1" in got[("seq_lora", 3)] and "train.epochs=1" in got[("surprise", 0)]
+    assert "train.epochs=1" not in got[("slow_surprise", 0)] and "train.epochs=2" in got[("slow_surprise", 0)]

@@ -175,24 +175,24 @@ def _preset_orders(config: str) -> list[str] | None:
     return found
 
 
-def cmd_sweep(args) -> int:
-    """Run every planned run not finished yet; a run that fails is named and the next one runs
-    (exit code 2 at the end when any failed)."""
-    from surecl.checkpoint import lock_holder
-    from surecl.config import build_config
-    from surecl.report import write_sweep_plan
-    from surecl.sweep import Plan, _grid, _orders, _seeds, _strings, expand, load_plan
-    from surecl.trainer import run
+def sweep_plan(args):
+    """The sweep's plan: ``--plan`` (or the default methods), with the command line's
+    ``--config``, ``--methods``, ``--seeds``, ``--orders``, ``--grid`` and ``--layout``
+    replacing the plan's own; orders default to the protocol preset's."""
+    from surecl.sweep import Plan, _grid, _orders, _seeds, _strings, load_plan
 
-    root = Path(args.out)
-    check_out_dir(root)
-    _check_metric(args)  # before any run trains: the closing report reads it
     plan = load_plan(args.plan) if args.plan else Plan(methods=["seq_lora", "reservoir", "surprise", "slow_surprise"])
     # options given on the command line replace the plan's
     if args.config is not None:
         plan.config = args.config
     if args.methods is not None:
-        plan.methods, plan.groups = _strings(args.methods, "--methods"), []
+        named = _strings(args.methods, "--methods")
+        if plan.groups:  # a filter of the plan's groups: each method keeps its group's seeds, orders, grid and overrides
+            kept = [{**g, "methods": [m for m in g["methods"] if m in named]} for g in plan.groups]
+            kept = [g for g in kept if g["methods"]]
+            plain = [m for m in named if not any(m in g["methods"] for g in plan.groups)]  # in no group: the plan's own settings
+            plan.groups = kept + ([{"methods": plain}] if plain else [])
+        plan.methods = named
     if args.seeds is not None:
         plan.seeds = _seeds(args.seeds, "--seeds")
         for g in plan.groups:
@@ -203,7 +203,8 @@ def cmd_sweep(args) -> int:
         plan.orders = {o: plan.orders.get(o) for o in named}
         for g in plan.groups:
             g.pop("orders", None)
-    elif not args.plan:
+    elif not args.plan or (not plan.orders_given and not any("orders" in g for g in plan.groups)):
+        # a plan that names no orders runs its protocol preset's, as the command line does without a plan
         plan.orders = _orders(_preset_orders(plan.config) or ["default"], "--orders")
     if args.grid:
         specs = {}
@@ -219,6 +220,22 @@ def cmd_sweep(args) -> int:
         plan.layout = args.layout
     if not (plan.orders and plan.seeds):
         raise SureclError("sweep: --methods, --orders and --seeds each need at least one value")
+    return plan
+
+
+def cmd_sweep(args) -> int:
+    """Run every planned run not finished yet; a run that fails is named and the next one runs
+    (exit code 2 at the end when any failed)."""
+    from surecl.checkpoint import lock_holder
+    from surecl.config import build_config
+    from surecl.report import write_sweep_plan
+    from surecl.sweep import expand
+    from surecl.trainer import run
+
+    root = Path(args.out)
+    check_out_dir(root)
+    _check_metric(args)  # before any run trains: the closing report reads it
+    plan = sweep_plan(args)
     # the command line's overrides replace the plan's own; a group's overrides and grid values still decide their runs
     plan.overrides = plan.overrides + list(args.overrides)
     check_sweep_keys(plan)
@@ -470,7 +487,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sweep", help="methods x orders x seeds, skipping finished runs")
     s.add_argument("--plan", help="a sweep plan: a packaged name (surecl list) or a YAML file; the options below replace its values")
-    s.add_argument("--methods", help="comma-separated method presets (default: seq_lora,reservoir,surprise,slow_surprise)")
+    s.add_argument("--methods", help="comma-separated method presets (default: seq_lora,reservoir,surprise,slow_surprise; with a "
+                   "plan's groups: those groups' runs of these methods, a method of no group with the plan's own settings)")
     s.add_argument("--orders", help="comma-separated orders (default: the --config protocol preset's, e.g. lnt -> 4,5,6; else default)")
     s.add_argument("--seeds", help="comma-separated seeds (default 0)")
     s.add_argument("--config", action=_Once, help="presets/YAML applied to every run before the method preset (e.g. tiny)")

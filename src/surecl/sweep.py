@@ -18,7 +18,10 @@ belongs to in the report, and groups of methods that run at different seeds::
 
 Packaged plans (``surecl list``) reproduce the paper's tables; a path to a YAML file runs
 your own. Options given on the command line (``--methods``, ``--orders``, ``--seeds``,
-``--grid``, ``--config``) replace the plan's.
+``--grid``, ``--config``) replace the plan's; ``--methods`` on a plan with groups picks those
+methods' runs out of their groups (each keeps its group's seeds, orders, grid and overrides).
+A plan that names no ``orders`` runs its protocol preset's (``lnt``: 4, 5, 6), as the command
+line does without a plan. A grid value is one folder name (a ``/`` in it becomes ``_``).
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ class Plan:
     grid: dict[str, list[str]] = field(default_factory=dict)
     groups: list[dict[str, Any]] = field(default_factory=list)
     layout: str = "orders"
+    orders_given: bool = False
+    """Whether the plan names its orders (else a sweep takes its protocol preset's, as without a plan)."""
 
 
 def plan_names() -> list[str]:
@@ -160,6 +165,7 @@ def load_plan(name_or_path: str) -> Plan:
         plan.overrides = _strings(data["overrides"], f"{source}: overrides")
     if "orders" in data:
         plan.orders = _orders(data["orders"], f"{source}: orders")
+        plan.orders_given = True
     if "order_benchmark" in data:
         if not isinstance(data["order_benchmark"], dict):
             raise SureclError(f"{source}: order_benchmark must map order names to benchmark names")
@@ -232,7 +238,8 @@ def expand(plan: Plan) -> list[PlannedRun]:
                         folder = f"order{order}" if order.isdigit() or order == "default" else f"order-{order}"
                         # a method given as a YAML file is its stem there: a path would put the run outside --out
                         name = Path(method).stem if "/" in method or method.endswith((".yaml", ".yml")) else method
-                        path = "/".join([name, *point, folder, f"seed{seed}"])
+                        # a grid value naming a path ("model.name=../models/a") is one folder, never a way out of --out
+                        path = "/".join([name, *(part.replace("/", "_").replace("\\", "_") for part in point), folder, f"seed{seed}"])
                         if path in seen:
                             raise SureclError(f"sweep: run {path} is planned twice (a method in two groups?)")
                         seen.add(path)
