@@ -280,3 +280,19 @@ def test_methods_on_a_grouped_plan_keep_their_groups_settings(tmp_path):
     assert set(got) == {("seq_lora", 3), ("surprise", 0), ("slow_surprise", 0)}
     assert "train.epochs=1" in got[("seq_lora", 3)] and "train.epochs=1" in got[("surprise", 0)]
     assert "train.epochs=1" not in got[("slow_surprise", 0)] and "train.epochs=2" in got[("slow_surprise", 0)]
+
+
+def test_one_run_planned_under_two_names_is_named(tmp_path, tiny_cache, monkeypatch, capsys):
+    """A grid value written two ways (1 and 1.0) is one run under two rows: it would train twice
+    and count twice; the sweep says so before it trains (a warning: a finished study may hold both)."""
+    monkeypatch.setenv("SURECL_CACHE", str(tiny_cache))
+    f = tmp_path / "p.yaml"
+    f.write_text("config: tiny\nmethods: [seq_lora]\ngrid: {train.epochs: [1, 1.0]}\n"
+                 "overrides: [data.n_train=8, data.n_test=4, 'data.tasks=[colors]']\n")
+    assert main(["sweep", "--plan", str(f), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert ("surecl: warning: seq_lora/train.epochs=1/orderdefault/seed0 and seq_lora/train.epochs=1.0/orderdefault/seed0 are "
+            "the same run under two names") in err
+    f.write_text("config: tiny\nmethods: [seq_lora]\ngrid: {train.epochs: [1, 2]}\noverrides: [data.n_train=8, data.n_test=4, 'data.tasks=[colors]']\n")
+    assert main(["sweep", "--plan", str(f), "--out", str(tmp_path / "out2"), "--quiet"]) == 0
+    assert "same run under two names" not in capsys.readouterr().err

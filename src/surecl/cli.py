@@ -242,6 +242,7 @@ def cmd_sweep(args) -> int:
     planned, todo = [], []
     streams: dict[str, set[str]] = {}
     lists: dict[tuple, str] = {}  # (row, seed, task list) -> the order that trains it
+    runs_of: dict[str, str] = {}  # a run's whole config (its row's name aside) -> the first planned path that trains it
     for r in expand(plan):
         cfg = build_config(f"{plan.config},{r.method}" if plan.config else r.method, r.overrides)
         if cfg.data.benchmark in ("tiny", "none") and not cfg.data.tasks:
@@ -251,6 +252,11 @@ def cmd_sweep(args) -> int:
             if seen != r.order:
                 raise SureclError(f"sweep: orders {seen} and {r.order} of row {r.row} train the same task list "
                                   f"({', '.join(cfg.data.tasks)}), so they would be one stream under two names; {ORDER_LISTS}")
+        same = json.dumps({**cfg.to_dict(), "preset": None}, sort_keys=True, default=str)  # the run itself, whatever its row is called
+        if same in runs_of:  # a warning: a finished study may hold both (a grid value equal to the method's default)
+            print(f"surecl: warning: {runs_of[same]} and {r.path} are the same run under two names (a grid value written two ways, "
+                  "e.g. 1 and 1.0, or equal to the method's default); it trains twice and counts as two rows", file=sys.stderr)
+        runs_of.setdefault(same, r.path)
         todo.append((cfg, root / r.path))
         planned.append({"row": r.row, "method": r.method, "grid": dict(p.split("=", 1) for p in r.point), "order": r.order,
                         "seed": r.seed, "dual": bool(cfg.dual.enabled and cfg.eval.fast), "path": r.path})
