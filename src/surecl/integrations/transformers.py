@@ -401,7 +401,7 @@ class SureTrainer(Trainer):
                 "SureTrainer: fp16_full_eval / bf16_full_eval are not supported: evaluate() would cast the whole model, the fp32 LoRA "
                 "adapters and the slow adapter's EMA with it, to half precision for good; evaluate under fp16=True / bf16=True autocast instead"
             )
-        if (kwargs.get("optimizers") or (None, None))[0] is not None or (kwargs.get("optimizers") or (None, None))[1] is not None:
+        if any(o is not None for o in kwargs.get("optimizers") or ()):
             # next_task builds a fresh optimizer and schedule per task (as the core does); an object given here would be dropped
             raise SureclError("SureTrainer: optimizers= is not supported (each task gets a fresh optimizer and schedule); choose one with "
                               "TrainingArguments(optim=..., lr_scheduler_type=...) or pass optimizer_cls_and_kwargs=(cls, kwargs)")
