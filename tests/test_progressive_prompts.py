@@ -327,6 +327,7 @@ def test_the_run_leaves_its_prompts_for_reuse(tmp_path, tiny_cache):
     meta = json.loads((folder / "prompts.json").read_text())
     prefix = load_file(str(folder / "prompts.safetensors"))["prefix"]
     assert meta["tasks"] == ["colors", "animals", "numbers"] and meta["length"] == L and prefix.shape == (3 * L, meta["embedding_dim"])
+    assert meta["eval"] == "all" and "goes before the input embeddings of every example" in meta["usage"]
     assert prefix.dtype == torch.float32 and torch.equal(prefix, r.method.module.frozen)
     for i, name in enumerate(meta["tasks"]):
         lo, hi = meta["prefix_rows"][name]
@@ -339,6 +340,55 @@ def test_the_run_leaves_its_prompts_for_reuse(tmp_path, tiny_cache):
             answers = [causal_greedy(model, tok, prefix, e, 2) for e in e_task]
             assert accuracy(answers, [e.label for e in e_task]) == res["accuracy_matrix"][2][j]
     assert (out / "adapters" / "prompts") in checkpoint.run_outputs(out)  # --fresh knows the folder as surecl's own
+
+
+def test_prompts_eval_own_exports_the_prefix_each_task_was_evaluated_with(tmp_path, tiny_cache):
+    """With prompts.eval=own task j was evaluated with [P_j; ...; P_1] alone: prompts.json and
+    prompt.json say so, and rows prefix_rows[task][0] to the end reproduce the final row (the
+    files used to describe every prompt before every example)."""
+    out = tmp_path / "run"
+    r = ContinualRun(build_config("tiny,progressive_prompts", SMALL + ["train.epochs=1", "prompts.eval=own"]), out, progress=False,
+                     cache_dir=tiny_cache)
+    res = r.run()
+    folder = out / "adapters" / "prompts"
+    meta = json.loads((folder / "prompts.json").read_text())
+    assert meta["eval"] == "own" and "prefix_rows[task][0] to the end" in meta["usage"]
+    assert "prefix_rows[task][0] to the end" in json.loads((folder / "prompt.json").read_text())["input_prefix"]
+    prefix = load_file(str(folder / "prompts.safetensors"))["prefix"]
+    model, tok = r.accelerator.unwrap_model(r.model), r.tokenizer
+    model.eval()
+    with torch.no_grad():
+        for j, (name, e_task) in enumerate(zip(meta["tasks"], r.test_sets.encoded)):
+            own = prefix[meta["prefix_rows"][name][0]:]
+            assert own.shape[0] == (j + 1) * L
+            answers = [causal_greedy(model, tok, own, e, 2) for e in e_task]
+            assert accuracy(answers, [e.label for e in e_task]) == res["accuracy_matrix"][2][j]
+
+
+def test_rows_with_every_tasks_prompt_must_fit_the_models_positions():
+    """The soft prompts of every task go before the last task's rows: with them a row can pass
+    the model's positions though it fits without (a GPT-2-style model stopped mid-run with an
+    index error). Checked before training; the probe's rows get no prompts."""
+    from types import SimpleNamespace
+
+    from surecl.run_setup import check_context
+    from surecl.run_state import InputSets
+
+    rows = [Encoded(list(range(20)), [7, 8, 1], "x")]  # 20 + 3 + 1 = 24 tokens
+
+    def run_of(config: str, *overrides: str):
+        tasks = [SimpleNamespace(name=n, kind="classify") for n in ("a", "b", "c")]
+        return SimpleNamespace(is_seq2seq=False, tasks=tasks, cfg=build_config(config, list(overrides)),
+                               train_sets=InputSets([rows] * 3, lambda t: ()), test_sets=InputSets([rows] * 3, lambda t: ()),
+                               label_answers=[{"x": [7, 8, 1]}] * 3, general=None, general_sets=[])
+
+    positions = SimpleNamespace(n_positions=48)
+    check_context(run_of("tiny,seq_lora"), positions)
+    check_context(run_of("tiny,progressive_prompts", "prompts.length=8"), positions)  # 3 x 8 + 24 = 48
+    with pytest.raises(SureclError, match=r"task a: rows of up to 54 tokens \(method progressive_prompts's 30 prefix tokens, prompt.* "
+                                          r"do not fit the model's 48 positions; lower model.max_length \(now \d+\) by at least 6 or the "
+                                          r"method's prefix \(prompts.length\)"):
+        check_context(run_of("tiny,progressive_prompts"), positions)  # 3 x 10 + 24
 
 
 def test_the_dual_learner_is_refused(tmp_path, tiny_cache):

@@ -210,7 +210,9 @@ def check_context(run, config) -> None:
     prompt + the tokens evaluation generates (:func:`~surecl.run_eval.new_token_budget`), for the
     stream's train and test rows and the general probe's. GPT-2's learned positions stop with an
     index error past 1,024, a rotary model's answers past its trained length mean little.
-    ``model.max_length`` bounds the prompt, not the answer after it."""
+    The method's longest input prefix (:meth:`~surecl.methods.Method.longest_prefix`: Progressive
+    Prompts' soft prompts) goes before the stream's rows. ``model.max_length`` bounds the prompt,
+    not the answer after it."""
     from surecl.run_eval import new_token_budget
 
     if run.is_seq2seq:
@@ -218,15 +220,22 @@ def check_context(run, config) -> None:
     context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
     if isinstance(context, bool) or not isinstance(context, int) or context <= 0:
         return
-    checked = [(f"task {t.name}", rows, 0) for t, rows in zip(run.tasks, run.train_sets.encoded)]
-    checked += [(f"task {t.name}", rows, new_token_budget(run.cfg, t, rows, answers))
+    # The method's input prefix (Progressive Prompts: every task's soft prompt) goes before the
+    # stream's rows, not the probe's: the rows as encoded do not hold it yet.
+    method = method_class(run.cfg.method)
+    prefix = method.longest_prefix(method_config(run.cfg), len(run.tasks))
+    checked = [(f"task {t.name}", rows, 0, prefix) for t, rows in zip(run.tasks, run.train_sets.encoded)]
+    checked += [(f"task {t.name}", rows, new_token_budget(run.cfg, t, rows, answers), prefix)
                 for t, rows, answers in zip(run.tasks, run.test_sets.encoded, run.label_answers)]
-    checked += [(f"the general-ability probe's {t.name} part", rows, new_token_budget(run.cfg, t, rows, None))
+    checked += [(f"the general-ability probe's {t.name} part", rows, new_token_budget(run.cfg, t, rows, None), 0)
                 for t, rows in zip(run.general.tasks, run.general_sets)] if run.general else []
-    for where, rows, budget in checked:
-        longest = max((len(e.prompt) + max(len(e.answer) + 1, budget) for e in rows), default=0)
+    for where, rows, budget, before in checked:
+        longest = max((before + len(e.prompt) + max(len(e.answer) + 1, budget) for e in rows), default=0)
         if longest > context:
-            raise SureclError(f"{where}: rows of up to {longest} tokens (prompt, then the answer and one generated token, or the "
+            raise SureclError(f"{where}: rows of up to {longest} tokens ("
+                              + (f"method {method.name}'s {before} prefix tokens, " if before else "")
+                              + f"prompt, then the answer and one generated token, or the "
                               f"{budget} tokens evaluation generates) do not fit the model's {context} positions; lower "
                               f"model.max_length (now {run.cfg.model.max_length}) by at least {longest - context}"
-                              + (" or eval.max_new_tokens" if budget else ""))
+                              + (" or eval.max_new_tokens" if budget else "")
+                              + (" or the method's prefix" + (" (prompts.length)" if method.name == "progressive_prompts" else "") if before else ""))

@@ -52,6 +52,9 @@ The hooks it may implement beyond a plugin's:
   method gives the model's input embedding itself (a hook on the input embedding module);
   no loss or surprise score ever predicts one (:mod:`surecl.nll`), and an encoder-decoder
   keeps them on its encoder side. Default: none.
+* ``longest_prefix(config, n_tasks)``  - (a class method) the most tokens ``input_prefix`` will
+  put before a prompt in a stream of ``n_tasks`` tasks, so the run can check before training
+  that its rows fit the model's positions. Default: 0.
 * ``sample_replay(ctx, stage, step, count)``  - (a plugin hook) the buffer entries replayed at
   a step: a method answers it before the replay policy, whose answer is ``count`` uniform draws
   from its buffer. Default: None (the policy decides).
@@ -131,6 +134,13 @@ class Method(Plugin):
 
     def stages(self, n_tasks: int) -> list[Stage]:
         return [Stage((t,), t, tuple(range(t + 1))) for t in range(n_tasks)]
+
+    @classmethod
+    def longest_prefix(cls, config, n_tasks: int) -> int:
+        """The most tokens ``input_prefix`` will put before a prompt in a stream of ``n_tasks``
+        tasks, for the method built with ``config`` (its options): the run checks before
+        training that rows with this prefix fit the model's positions. 0 by default."""
+        return 0
 
 
 def check_declarations(cls: type) -> None:

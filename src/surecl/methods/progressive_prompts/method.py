@@ -91,7 +91,15 @@ class ProgressivePrompts(Method):
     state = ("the learned prompts", "the prompt being trained (mid-task)")
     exports = ("adapters/prompts",)
     Config = PromptsConfig
-    prefix_note = "Progressive Prompts: the soft prompts of adapters/prompts go before every prompt (see its prompts.json)"
+
+    @property
+    def prefix_note(self) -> str:
+        """What goes before every prompt, in words, for the exported ``prompt.json``: every
+        prompt (``prompts.eval=all``) or each task's own and the earlier ones (``own``)."""
+        if self.config.eval == "own":
+            return ("Progressive Prompts: a task's soft prompt and the earlier tasks' (adapters/prompts, rows prefix_rows[task][0] "
+                    "to the end) go before its prompts (see its prompts.json)")
+        return "Progressive Prompts: the soft prompts of adapters/prompts go before every prompt (see its prompts.json)"
 
     def __init__(self, config: PromptsConfig | None = None) -> None:
         super().__init__(config)
@@ -171,6 +179,11 @@ class ProgressivePrompts(Method):
             self._prefixes[key] = tuple(-1 - s for s in range(first * n, (first + active) * n))
         return self._prefixes[key]
 
+    @classmethod
+    def longest_prefix(cls, config, n_tasks: int) -> int:
+        """Every task's prompt before the last task's rows: ``n_tasks * prompts.length``."""
+        return n_tasks * config.length
+
     @contextlib.contextmanager
     def eval_context(self, ctx, task: int) -> Iterator[None]:
         self.eval_task = task
@@ -235,6 +248,17 @@ class ProgressivePrompts(Method):
             for k, v in module.named_parameters():
                 v.copy_(tensors[f"current.{k}"])
 
+    def _usage(self) -> str:
+        """How the exported prefix is read, as the run evaluated (``prompts.eval``)."""
+        rest = ("(for an encoder-decoder: before the encoder input), with attention mask 1 and positions 0..rows-1; rows "
+                "prefix_rows[task] are that task's prompt (the MLP, if any, is already applied)")
+        if self.config.eval == "own":
+            return ("prompts.eval=own: an example of a task reads rows prefix_rows[task][0] to the end of tensor 'prefix' "
+                    "[tasks x length, embedding_dim] (its own prompt, then the earlier tasks', newest first) before its input "
+                    f"embeddings {rest}; the run evaluated each task so")
+        return ("tensor 'prefix' [tasks x length, embedding_dim] (newest task's prompt first) goes before the input embeddings "
+                f"of every example {rest}")
+
     def export(self, ctx, results: dict) -> None:
         """``adapters/prompts/`` in the run folder: ``prompts.safetensors`` (``prefix``: the vectors put before the
         input embeddings at test time, newest prompt first, fp32), ``prompts.json`` and ``prompt.json`` (the text template, :func:`surecl.card.prompt_spec`)."""
@@ -260,12 +284,8 @@ class ProgressivePrompts(Method):
             "embedding_dim": int(self.module.frozen.shape[1]),
             "prefix_rows": {name: [(k - 1 - i) * n, (k - i) * n] for i, name in enumerate(names)},
             "reparameterised": bool(self.config.mlp),
-            "usage": (
-                "tensor 'prefix' [tasks x length, embedding_dim] goes before the input embeddings of every example "
-                "(for an encoder-decoder: before the encoder input), newest task's prompt first, with attention "
-                "mask 1 and positions 0..rows-1; rows prefix_rows[task] are that task's prompt "
-                "(the MLP, if any, is already applied)"
-            ),
+            "eval": self.config.eval,
+            "usage": self._usage(),
             "surecl_version": __version__,
         })
         checkpoint.write_text(out / "prompt.json", prompt_spec(ctx, "prompts", base_model))  # the text template, labels, decoding
