@@ -82,3 +82,26 @@ def test_lr_warms_up_then_decays_linearly_to_zero_per_task(scheduled):
     steps = [b - a for a, b in zip(decay, decay[1:])]
     assert all(d < 0 for d in steps) and steps == pytest.approx([steps[0]] * len(steps), rel=1e-9)  # linear
     assert decay[-1] + steps[0] == pytest.approx(0.0, abs=1e-12)  # ...reaching 0 right after the last step
+
+
+def test_mtl_trains_each_task_its_own_epochs_and_its_share_of_the_cap(tmp_path, tiny_cache):
+    """MTL's one stage holds every task: train.epochs_per_task gives the named task its own
+    epochs (the later epochs mix only tasks with epochs left), not every task the largest; the
+    per-task step cap is the cap times the tasks (it used to cap the whole stream)."""
+    from surecl.plan import planned_steps
+
+    tasks = ["data.tasks=[colors,animals,numbers]", "data.n_train=16", "data.n_test=4", "train.batch_size=4", "train.epochs=1"]
+    cfg = build_config("tiny,mtl", [*tasks, "train.epochs_per_task=[colors:3]"])
+    run = trainer.ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    (stage,) = run.stages
+    pool = run._pool(stage)
+    batches = run.plan_batches(stage)
+    names = [[run.tasks[pool[k][0]].name for k in batch] for batch in batches]
+    assert len(batches) == run.steps_in_stage(stage) == 12 + 4 + 4  # 48 examples, then colors' 16 twice
+    assert sorted(k for batch in batches[:12] for k in batch) == list(range(48))  # the first epoch: every example once
+    assert all(n == "colors" for batch in names[12:] for n in batch)
+    assert sorted(k for batch in batches[12:] for k in batch) == sorted([k for k, (t, _) in enumerate(pool) if run.tasks[t].name == "colors"] * 2)
+    # a sequential run of the same tasks trains as many steps
+    assert planned_steps([16, 16, 16], cfg, ["colors", "animals", "numbers"]) == sum(planned_steps(16, cfg, [n]) for n in ("colors", "animals", "numbers"))
+    capped = build_config("tiny,mtl", [*tasks, "train.max_steps_per_task=2"])
+    assert planned_steps([16, 16, 16], capped, ["colors", "animals", "numbers"]) == 6 == 3 * planned_steps(16, capped, ["colors"])

@@ -440,6 +440,9 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
         if isinstance(value, bool):  # YAML 1.1 reads yes/no/on/off/true/false unquoted as booleans: "no" would become "False"
             raise SureclError(f"{key}: expected a string, got the boolean {value!r} (YAML reads yes, no, on, off, true and false "
                               "as booleans): quote it, e.g. \"no\"")
+        if value is None:  # YAML reads a key with nothing after it, null and ~ as no value: "None" would become the text
+            raise SureclError(f"{key}: expected a string, got no value (YAML reads an empty value, null and ~ as none): give a "
+                              "value, or remove the key for its default")
         return str(value)
     raise SureclError(f"{key}: unsupported type {typ}")
 

@@ -50,35 +50,58 @@ def check_task_names(cfg: RunConfig, names: list[str]) -> list[str]:
     return warnings
 
 
-def stage_epochs(cfg: RunConfig, names: list[str] | None = None) -> int:
-    """Epochs of a stage over the tasks ``names``: ``train.epochs``, or the most that
-    ``train.epochs_per_task`` gives one of them."""
+def task_epochs(cfg: RunConfig, names: list[str]) -> list[int]:
+    """Epochs of each task ``names`` trains: its ``train.epochs_per_task`` value, else ``train.epochs``."""
     table = per_task_values(cfg.train.epochs_per_task, "train.epochs_per_task", 1)
-    own = [int(table[n][0]) for n in names or [] if n in table]
-    return max(own) if own else cfg.train.epochs
+    return [int(table[n][0]) if n in table else cfg.train.epochs for n in names]
 
 
-def planned_steps(n_examples: int, cfg: RunConfig, names: list[str] | None = None) -> int:
-    """Optimizer steps a stage over ``n_examples`` (of the tasks ``names``) takes (epochs x batches, capped)."""
-    steps = math.ceil(n_examples / cfg.train.batch_size) * stage_epochs(cfg, names)
-    cap = cfg.train.max_steps_per_task
+def epoch_members(cfg: RunConfig, names: list[str]) -> list[list[int]]:
+    """Which of a stage's tasks ``names`` (their positions) each epoch of the stage holds: a
+    task trains its own number of epochs (:func:`task_epochs`), so in a stage of several tasks
+    (MTL) a later epoch holds only the tasks with epochs left. One epoch, every task: ``[[0, ...]]``."""
+    epochs = task_epochs(cfg, names) if names else [cfg.train.epochs]
+    return [[k for k, e in enumerate(epochs) if e > epoch] for epoch in range(max(epochs))]
+
+
+def stage_cap(cfg: RunConfig, names: list[str] | None = None) -> int:
+    """``train.max_steps_per_task`` for a stage of the tasks ``names``: the cap times its number
+    of tasks (MTL's one stage gets every task's share); 0 = no cap."""
+    return cfg.train.max_steps_per_task * max(1, len(names or []))
+
+
+def _epoch_sizes(sizes: int | list[int], cfg: RunConfig, names: list[str] | None) -> list[int]:
+    """New examples in each epoch of a stage whose tasks ``names`` hold ``sizes`` examples (a
+    list, one per task; an int for a stage of one task)."""
+    names = names or []
+    if isinstance(sizes, int):
+        if len(names) > 1:
+            raise ValueError("a stage of several tasks needs their sizes one by one")
+        sizes = [sizes]
+    return [sum(sizes[k] for k in members) for members in epoch_members(cfg, names if len(names) == len(sizes) else [])]
+
+
+def planned_steps(sizes: int | list[int], cfg: RunConfig, names: list[str] | None = None) -> int:
+    """Optimizer steps a stage takes over tasks ``names`` of ``sizes`` examples (each epoch's
+    batches, capped by :func:`stage_cap`)."""
+    steps = sum(math.ceil(n / cfg.train.batch_size) for n in _epoch_sizes(sizes, cfg, names))
+    cap = stage_cap(cfg, names)
     return min(steps, cap) if cap else steps
 
 
-def planned_examples(n_examples: int, cfg: RunConfig, names: list[str] | None = None) -> int:
-    """New examples a stage over ``n_examples`` trains on (every epoch's batches, capped at
-    ``train.max_steps_per_task`` steps)."""
+def planned_examples(sizes: int | list[int], cfg: RunConfig, names: list[str] | None = None) -> int:
+    """New examples a stage over tasks ``names`` of ``sizes`` examples trains on (every epoch's
+    batches, capped by :func:`stage_cap`)."""
     b = cfg.train.batch_size
-    per_epoch = [b] * (n_examples // b) + ([n_examples % b] if n_examples % b else [])
-    sizes = per_epoch * stage_epochs(cfg, names)
-    cap = cfg.train.max_steps_per_task
-    return sum(sizes[:cap] if cap else sizes)
+    batches = [size for n in _epoch_sizes(sizes, cfg, names) for size in [b] * (n // b) + ([n % b] if n % b else [])]
+    cap = stage_cap(cfg, names)
+    return sum(batches[:cap] if cap else batches)
 
 
-def ema_units(n_examples: int, cfg: RunConfig, names: list[str] | None = None) -> int:
-    """EMA updates a stage over ``n_examples`` makes: its optimizer steps, or its new examples
-    with ``dual.unit=example``."""
-    return planned_examples(n_examples, cfg, names) if cfg.dual.unit == "example" else planned_steps(n_examples, cfg, names)
+def ema_units(sizes: int | list[int], cfg: RunConfig, names: list[str] | None = None) -> int:
+    """EMA updates a stage over tasks ``names`` of ``sizes`` examples makes: its optimizer
+    steps, or its new examples with ``dual.unit=example``."""
+    return planned_examples(sizes, cfg, names) if cfg.dual.unit == "example" else planned_steps(sizes, cfg, names)
 
 
 def replay_count(step: int, batch_sizes: list[int], cfg: RunConfig) -> int:
@@ -176,7 +199,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     steps_all = []
     for k, stage in enumerate(stages):
         n = sum(n_train[t] for t in stage.tasks)
-        steps = planned_steps(n, cfg, [tasks[t].name for t in stage.tasks])
+        steps = planned_steps([n_train[t] for t in stage.tasks], cfg, [tasks[t].name for t in stage.tasks])
         steps_all.append(steps)
         has_buffer = policy != "none" and (k > 0 or policy_cls.online or cfg.replay.insert_time == "before")
         if not has_buffer:
@@ -204,7 +227,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     if cfg.dual.enabled:
         from surecl.adapters import beta_per_step, resolve_beta
 
-        beta = resolve_beta(cfg.dual, ema_units(sum(n_train[t] for t in stages[0].tasks), cfg, [tasks[t].name for t in stages[0].tasks]))
+        beta = resolve_beta(cfg.dual, ema_units([n_train[t] for t in stages[0].tasks], cfg, [tasks[t].name for t in stages[0].tasks]))
         step_beta = beta_per_step(beta, cfg.dual, cfg.train.batch_size)
         window = 1.0 / (1.0 - step_beta) if step_beta < 1 else math.inf
         per_task = sum(steps_all) / len(steps_all)

@@ -181,7 +181,7 @@ def build_run(
             run.state.general_fast = [None] * len(run.tasks)
     run.stages = run.method.stages(len(run.tasks))
     first = run.stages[0].tasks
-    run.adapters.beta = resolve_beta(cfg.dual, ema_units(sum(len(run.train_sets[t]) for t in first), cfg, [run.tasks[t].name for t in first]))
+    run.adapters.beta = resolve_beta(cfg.dual, ema_units([len(run.train_sets[t]) for t in first], cfg, [run.tasks[t].name for t in first]))
     warn_slow_window(run)
     warning = stream_quota_warning(type(run.policy), run.policy.capacity, run.tasks)
     if warning:

@@ -49,8 +49,13 @@ class HFTaskConfig:
     path: str = ""
     """A folder written by ``save_to_disk`` (a ``DatasetDict``, or one ``Dataset``: its rows are
     the ``train`` split), a data file (``.parquet``, ``.csv``, ``.json``, ``.jsonl``: one
-    ``train`` split), a folder of such files (split names from the file names, e.g.
-    ``train.csv`` and ``test.csv``), or a hub id (``owner/name``) where the hub is reachable."""
+    ``train`` split), a folder of such files (each file is the split its name names:
+    ``train.csv``, ``test.parquet``, the hub's shards ``train-00000-of-00002.parquet``; a file
+    of a split the entry does not read, such as ``validation.csv`` or ``train_extra.csv``, is left
+    out with a warning; one split in two formats is refused), or a hub id (``owner/name``) where the hub is reachable. A CSV
+    field is its text (``01``, ``True``, ``42`` stay those words; only an empty field is missing).
+    A ``split`` column marking rows ``test`` in a split read for training is refused (a surecl
+    JSONL file goes in ``data.jsonl``, which honours it)."""
     name: str = ""
     """The dataset's configuration name (``load_dataset(path, name)``), for hub datasets that have several."""
     task: str = ""
@@ -60,8 +65,10 @@ class HFTaskConfig:
     """The column holding the input text (strings)."""
     label_column: str = "label"
     """The column holding the answer: strings, or integers, which are the column's
-    ``ClassLabel`` names where it has them, else the i-th of ``labels`` (from 0) where those are
-    given, else the number as a string. Not read for ``data.kind=text``."""
+    ``ClassLabel`` names where it has them (stripped and NFC-composed as every label), else the
+    i-th of ``labels`` (from 0) where those are given as names, else the number as a string. In
+    a CSV file a field that writes a whole number is such an integer only where it is a position
+    (``labels`` given as names); else it is its text. Not read for ``data.kind=text``."""
     train_split: str = "train"
     test_split: str = "test"
     test_fraction: float = 0.0
@@ -70,8 +77,9 @@ class HFTaskConfig:
     not read. For sources with one split (a data file, one saved ``Dataset``)."""
     labels: list[str] = field(default_factory=list)
     """The task's label set, in order (the options of its prompt); default: the column's
-    ``ClassLabel`` names, else the sorted distinct labels of both splits. A row whose label is
-    not among them is an error (or dropped with ``data.invalid_labels=drop``)."""
+    ``ClassLabel`` names, else the sorted distinct labels of both splits (a run warns of a label
+    seen only in the test split). A row whose label is not among them is an error (or dropped
+    with ``data.invalid_labels=drop``)."""
     instruction: str = ""
     """The task's instruction; default: the generic one of ``data.jsonl`` tasks (none for a
     generation task)."""
@@ -95,13 +103,15 @@ class DataConfig:
     tasks: list[str] = field(default_factory=list)
     """Explicit task names in training order; overrides ``order``. With a benchmark it chooses
     among the benchmark's tasks (``jsonl`` / ``hf`` tasks follow them); with ``none`` among the
-    ``jsonl`` / ``hf`` tasks. A name not in the stream is refused."""
+    ``jsonl`` / ``hf`` tasks; from Python, among the tasks passed in (``tasks=``). A name not in
+    the stream is refused."""
     jsonl: list[str] = field(default_factory=list)
-    """User tasks, one JSONL file each (see README); appended after benchmark tasks."""
+    """User tasks, one JSONL file each (see README); appended after benchmark tasks. Refused
+    beside tasks passed in from Python (``tasks=``), which the run reads instead."""
     hf: list[HFTaskConfig] = field(default_factory=list)
     """User tasks read with Hugging Face ``datasets`` (``pip install surecl[hf]``), one per
     entry: a path or hub id, or a mapping of :class:`HFTaskConfig` fields (column names,
-    splits, labels); appended after the JSONL tasks."""
+    splits, labels); appended after the JSONL tasks. Refused beside ``tasks=`` as ``jsonl`` is."""
     kind: str = "classify"
     """``classify`` (instruction + options -> label), ``generate`` (free-form answers:
     ``data.jsonl`` files and ``data.hf`` entries are read as generation tasks, prompt -> target
@@ -122,7 +132,8 @@ class DataConfig:
     """Test examples kept per task (0 = all)."""
     train_sampling: str = "balanced"
     """How ``n_train`` rows are drawn: ``balanced`` (round-robin over labels; the default, so a
-    small sample holds every class) or ``random`` (uniform, keeping the class priors: the
+    sample of at least as many rows as classes holds every class, their counts within one of each
+    other; with fewer rows than classes each seed holds its own draw of classes) or ``random`` (uniform, keeping the class priors: the
     paper's protocol, "randomly select")."""
     test_sampling: str = "balanced"
     """How ``n_test`` rows are drawn: ``balanced`` or ``random`` (the paper's; class priors
@@ -312,10 +323,12 @@ class TrainConfig:
     batches (README, bench/mtl_check.py)."""
     epochs_per_task: list[str] = field(default_factory=list)
     """Per-task epochs, ``"<task>:<epochs>"`` each (e.g. ``MNLI:2``, as O-LoRA's ``long.sh``
-    trains MNLI); a task not named trains ``epochs``."""
+    trains MNLI); a task not named trains ``epochs``. In MTL's one stage too: its later epochs
+    mix only the tasks with epochs left."""
     grad_clip: float = 1.0
     max_steps_per_task: int = 0
-    """Cap on optimizer steps per task (0 = no cap)."""
+    """Cap on optimizer steps per task (0 = no cap); MTL's one stage of every task gets the cap
+    times the number of tasks."""
     checkpoint_every: int = 50
     """Also checkpoint every this many steps inside a task (0 = only between tasks)."""
     keep_checkpoints: int = 2

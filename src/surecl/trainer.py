@@ -45,7 +45,7 @@ from surecl.config import RunConfig
 from surecl.data.encode import Encoded, bucketed_batches, collate, uniform_batches
 from surecl.data.task import Task
 from surecl.logs import logger
-from surecl.plan import planned_steps, replay_count, stage_epochs
+from surecl.plan import epoch_members, planned_steps, replay_count
 from surecl.plugins.base import Plugin, Stage
 from surecl.plugins.faults import fault_point
 from surecl.replay.policies import check_scores
@@ -94,7 +94,7 @@ class ContinualRun:
         self.train_step.reset()
 
     def steps_in_stage(self, stage: Stage) -> int:
-        return planned_steps(sum(len(self.train_sets[t]) for t in stage.tasks), self.cfg, [self.tasks[t].name for t in stage.tasks])
+        return planned_steps([len(self.train_sets[t]) for t in stage.tasks], self.cfg, [self.tasks[t].name for t in stage.tasks])
 
     def log(self, message: str) -> None:
         """A message for the user on the ``surecl`` logger (main process only): ``warning: ...``
@@ -242,13 +242,18 @@ class ContinualRun:
     def plan_batches(self, stage: Stage) -> list[list[int]]:
         """The stage's batches (indices into its example pool), fixed at stage start so a
         resumed run replays exactly the same order."""
-        lengths = [len(self.train_sets[t][i]) for t, i in self._pool(stage)]
+        pool = self._pool(stage)
         batches: list[list[int]] = []
-        for _ in range(stage_epochs(self.cfg, [self.tasks[t].name for t in stage.tasks])):
+        # Each epoch over the tasks with epochs left (train.epochs_per_task; a stage of one task,
+        # or of tasks that train alike, shuffles its whole pool every epoch)
+        for members in epoch_members(self.cfg, [self.tasks[t].name for t in stage.tasks]):
+            held = [stage.tasks[k] for k in members]
+            index = [k for k, (t, _) in enumerate(pool) if t in held]
             if self.cfg.train.batching == "uniform":
-                batches.extend(uniform_batches(len(lengths), self.cfg.train.batch_size, self.rng))
+                drawn = uniform_batches(len(index), self.cfg.train.batch_size, self.rng)
             else:
-                batches.extend(bucketed_batches(lengths, self.cfg.train.batch_size, self.rng))
+                drawn = bucketed_batches([len(self.train_sets[pool[k][0]][pool[k][1]]) for k in index], self.cfg.train.batch_size, self.rng)
+            batches.extend([[index[k] for k in batch] for batch in drawn])
         return batches[: self.steps_in_stage(stage)]
 
     def _pool(self, stage: Stage) -> list[tuple[int, int]]:

@@ -1,9 +1,10 @@
 """User tasks read with Hugging Face ``datasets`` (``data.hf``; ``pip install surecl[hf]``).
 
 Each ``data.hf`` entry (:class:`~surecl.config.HFTaskConfig`) is one task: a folder written by
-``save_to_disk``, a Parquet / CSV / JSON(L) file, a folder of such files (splits from the file
-names), or a hub id where the hub is reachable. The text and label columns, the split names (or
-a held-out fraction of the train split) and the label set are options. The task is built as a
+``save_to_disk``, a Parquet / CSV / JSON(L) file, a folder of such files (each file the split
+its name names: :func:`_folder_splits`), or a hub id where the hub is reachable. The text and
+label columns, the split names (or a held-out fraction of the train split) and the label set
+are options. The task is built as a
 ``data.jsonl`` task would be from the same rows: the generic instruction unless one is given,
 the labels in the given order, else the column's ``ClassLabel`` names, else sorted.
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from surecl.data.jsonl import GENERIC_INSTRUCTION
-from surecl.data.task import _SAFE_NAME, Example, Task, clean_label, user_instruction
+from surecl.data.task import _SAFE_NAME, Example, Task, clean_label, data_warning, user_instruction, warn_test_only_labels
 from surecl.errors import SureclError
 from surecl.sections import HFTaskConfig
 
@@ -31,12 +32,16 @@ DATA_FILES = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "
 """Data-file suffix -> the ``datasets`` builder that reads it."""
 _CSV_TEXT = {"keep_default_na": False, "na_values": [""]}
 """A CSV field is its text: "NA" (North America), "None", "null" stay words (pandas reads them
-as missing by default); only an empty field is missing."""
+as missing by default); only an empty field is missing. Every column is read as text
+(:func:`_load_files`): "01" stays "01", "True" a word, a column of numbers text."""
 HUB_TIMEOUT_S = 5.0
 """How long the hub may take to say whether a dataset id exists before it counts as unreachable."""
 _STRINGS = ("string", "large_string")
 _INT_TEXT = re.compile(r"[+-]?\d+")
 _INTS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+_SHARD = re.compile(r"(.+)-\d+-of-\d+(?:-[0-9a-fA-F]+)?")
+"""A hub shard's file name without its suffix: ``train-00000-of-00002`` (or, as older hub files
+are named, ``train-00000-of-00002-<hash>``) is part of ``train``."""
 
 
 def _import_datasets(key: str) -> Any:
@@ -109,42 +114,108 @@ def _hub(datasets: Any, spec: HFTaskConfig, key: str) -> Any:
         raise SureclError(f"{where}, and it cannot be loaded from the Hugging Face hub{mode} ({_why(exc, root=False)})") from None
 
 
-def _open(datasets: Any, spec: HFTaskConfig, key: str) -> dict[str, Any]:
-    """The source's splits, name -> ``datasets.Dataset``."""
+def _read_error(exc: BaseException, path: Path, what: str, key: str, split: str = "") -> SureclError:
+    """A failed read as one line: an empty split (which ``datasets`` refuses) by its name."""
+    empty = re.search(r'Instruction "([^"]+)" corresponds to no data', str(exc))
+    if empty:
+        return SureclError(f"{key}.path: {path} has an empty {split or empty.group(1)} split")
+    return SureclError(f"{key}.path: cannot read {path} as {what} ({_why(exc)})")
+
+
+def _load_files(datasets: Any, builder: str, files: list[Path]) -> Any:
+    """``files`` (one split) read by ``builder``; a CSV with every column as its text."""
+    extra: dict[str, Any] = {}
+    if builder == "csv":
+        import pandas as pd
+
+        header = pd.read_csv(files[0], nrows=0, **_CSV_TEXT).columns  # pandas would guess a type per column
+        extra = {**_CSV_TEXT, "features": datasets.Features({str(c): datasets.Value("string") for c in header})}
+    return datasets.load_dataset(builder, data_files={"train": [str(f) for f in files]}, **extra)["train"]
+
+
+def _folder_splits(path: Path, spec: HFTaskConfig, key: str) -> dict[str, list[Path]]:
+    """The data files of a folder by split: a file's split is its name without the suffix
+    (``test.csv``: ``test``), a hub shard's without its shard number
+    (``train-00000-of-00002.parquet``: ``train``), or for a file named by a number alone
+    (``train/0000.parquet``) its folder's name. Every file is its split: one of a split the entry
+    does not read is left out with a warning; a split whose files are in two folders or of two
+    formats, or a split named both plainly and as shards is refused (``datasets`` groups files
+    by keywords instead: ``eval.csv`` and ``test_old.csv`` into the test split, and skips the
+    fewer of two formats)."""
+    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in DATA_FILES
+                   and not any(part.startswith(".") for part in f.relative_to(path).parts))
+    if not files:
+        raise SureclError(f"{key}.path: cannot read {path} as a folder of data files (it holds no {', '.join(DATA_FILES)} file)")
+    splits: dict[str, list[Path]] = {}
+    for f in files:
+        stem = f.stem
+        shard = _SHARD.fullmatch(stem)
+        split = shard.group(1) if shard else f.parent.name if stem.isdigit() and f.parent != path else stem
+        splits.setdefault(split, []).append(f)
+    read = [spec.train_split] if spec.test_fraction > 0 else [spec.train_split, spec.test_split]
+    rel = lambda f: str(f.relative_to(path))  # noqa: E731
+    unread = [(split, f) for split, fs in splits.items() if split not in read for f in fs]
+    if unread:  # a hub snapshot's validation split is usual; a train_extra.csv may be a mistake: said, not skipped silently
+        split, f = unread[0]
+        more = f" and {len(unread) - 1} more" if len(unread) > 1 else ""
+        reads = f"splits {read[0]!r} and {read[1]!r}" if len(read) > 1 else f"split {read[0]!r}"
+        data_warning(f"{key}.path: {path} holds {rel(f)}{more}, which {'are' if more else 'is'} not read: a file's split is its name "
+                     f"({rel(f)}: split {split!r}), and this entry reads {reads}; name its split with {key}.train_split / test_split "
+                     "to read it")
+        splits = {split: fs for split, fs in splits.items() if split in read}
+    for split, fs in splits.items():
+        kinds = {DATA_FILES[f.suffix.lower()] for f in fs}
+        shown = ", ".join(rel(f) for f in fs[:3]) + (" ..." if len(fs) > 3 else "")
+        if len({f.parent for f in fs}) > 1:
+            raise SureclError(f"{key}.path: the {split!r} files of {path} are in more than one folder ({shown}); point {key}.path at one")
+        if len(kinds) > 1:
+            raise SureclError(f"{key}.path: the {split!r} files of {path} are of more than one format ({shown}); keep one")
+        if len(fs) > 1 and any(f.stem == split for f in fs):
+            raise SureclError(f"{key}.path: {path} holds {split!r} both as one file and as others ({shown}); keep the one or the shards")
+    return splits
+
+
+def _open(datasets: Any, spec: HFTaskConfig, key: str) -> tuple[dict[str, Any], set[str]]:
+    """The source's splits, name -> ``datasets.Dataset``, and the names of those read from CSV
+    files (whose fields are text)."""
     path = Path(spec.path).expanduser()
     if path.exists():
-        if path.is_dir():
-            if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
-                what, load = "a saved dataset", lambda: datasets.load_from_disk(str(path))
-            else:
-                suffixes = {f.suffix.lower() for f in path.rglob("*") if f.is_file() and f.suffix.lower() in DATA_FILES}
-                extra = _CSV_TEXT if suffixes == {".csv"} else {}
-                what, load = "a folder of data files", lambda: datasets.load_dataset(str(path), spec.name or None, **extra)
+        if path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file()):
+            try:
+                loaded = datasets.load_from_disk(str(path))
+            except Exception as exc:
+                raise _read_error(exc, path, "a saved dataset", key) from None
+        elif path.is_dir():
+            splits, csv = {}, set()
+            for split, files in _folder_splits(path, spec, key).items():
+                builder = DATA_FILES[files[0].suffix.lower()]
+                try:
+                    splits[split] = _load_files(datasets, builder, files)
+                except Exception as exc:
+                    raise _read_error(exc, path, "a folder of data files", key, split) from None
+                if builder == "csv":
+                    csv.add(split)
+            return splits, csv
         elif path.is_file():
             builder = DATA_FILES.get(path.suffix.lower())
             if builder is None:
                 raise SureclError(
                     f"{key}.path: {path} is not a data file datasets reads here (suffix {', '.join(DATA_FILES)}), nor a dataset folder"
                 )
-            extra = _CSV_TEXT if builder == "csv" else {}
-            what, load = f"{builder.upper()}", lambda: datasets.load_dataset(builder, data_files=str(path), **extra)
+            try:
+                return {"train": _load_files(datasets, builder, [path])}, {"train"} if builder == "csv" else set()
+            except Exception as exc:
+                raise _read_error(exc, path, builder.upper(), key) from None
         else:  # reading a FIFO would block: say what it is instead
             raise SureclError(f"{key}.path: {path} is not a regular file or folder (a FIFO, socket or device)")
-        try:
-            loaded = load()
-        except Exception as exc:
-            empty = re.search(r'Instruction "([^"]+)" corresponds to no data', str(exc))  # datasets refuses an empty split
-            if empty:
-                raise SureclError(f"{key}.path: {path} has an empty {empty.group(1)} split") from None
-            raise SureclError(f"{key}.path: cannot read {path} as {what} ({_why(exc)})") from None
     elif _looks_local(spec.path):
         raise SureclError(f"{key}.path: {path} does not exist")
     else:
         loaded = _hub(datasets, spec, key)
     if isinstance(loaded, datasets.Dataset):
-        return {"train": loaded}
+        return {"train": loaded}, set()
     if isinstance(loaded, datasets.DatasetDict):
-        return dict(loaded)
+        return dict(loaded), set()
     raise SureclError(f"{key}.path: {spec.path} holds a {type(loaded).__name__}, not a dataset with splits")
 
 
@@ -221,22 +292,39 @@ def _given_labels(spec: HFTaskConfig) -> list[str]:
     return [clean_label(x) for x in spec.labels]
 
 
-def _labels(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str) -> tuple[list[str], list[str] | None]:
-    """The split's labels as strings, and the column's ``ClassLabel`` names (None without)."""
+def _class_names(feature: Any, key: str, col: str, src: str) -> list[str] | None:
+    """A ``ClassLabel`` column's names as every reader takes a label (stripped, NFC); None
+    without. Two names that clean to one are refused: their rows would be one class."""
+    if type(feature).__name__ != "ClassLabel":
+        return None
+    names = [clean_label(str(n)) for n in feature.names]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SureclError(f"{key}.label_column: the ClassLabel names of column {col!r} of {src} name {', '.join(map(repr, twice))} "
+                          "twice when taken as every label is (stripped, in Unicode's composed form NFC)")
+    return names
+
+
+def _labels(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str, csv: bool = False) -> tuple[list[str], list[str] | None]:
+    """The split's labels as strings, and the column's ``ClassLabel`` names (None without).
+    ``csv``: the column was read from a CSV file, whose fields are text: a field that writes a
+    whole number is read as that integer where an integer means a position (given labels that
+    are names), else it is its text."""
     col = spec.label_column
     values = _column(ds, col, f"{key}.label_column", src, split)
     feature = ds.features[col]
-    names = list(feature.names) if type(feature).__name__ == "ClassLabel" else None
+    names = _class_names(feature, key, col, src)
     dtype = getattr(feature, "dtype", None)
     if names is None and dtype not in _STRINGS + _INTS:
-        if isinstance(dtype, str) and dtype.startswith("float"):  # a CSV column of integers with an empty field reads as floats
+        if isinstance(dtype, str) and dtype.startswith("float"):  # a column of integers with an empty field reads as floats
             missing = next((i for i, v in enumerate(values) if v is None or v != v), None)
             if missing is not None:
                 raise SureclError(f"{key}.label_column: {src} {split} row {missing}: no label (an empty field)")
         raise SureclError(f"{key}.label_column: column {col!r} of {src} holds {_describe(feature)}; labels must be strings or integers")
     given = _given_labels(spec)
     numbers = [bool(_INT_TEXT.fullmatch(x)) for x in given]
-    if names is None and dtype in _INTS and any(numbers) and not all(numbers):
+    integers = dtype in _INTS or (csv and any(isinstance(v, str) and _INT_TEXT.fullmatch(v.strip()) for v in values))
+    if names is None and integers and any(numbers) and not all(numbers):
         raise SureclError(f"{key}.labels: column {col!r} of {src} holds integers and the given labels mix numbers with names "
                           f"({', '.join(given)}), so an integer could be a position among them or the label itself; give "
                           "every label as a name (the integers are positions) or every label as a number (the integers are the labels)")
@@ -246,14 +334,28 @@ def _labels(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str) -> tupl
     out = []
     for i, v in enumerate(values):
         if v is None:
-            raise SureclError(f"{key}.label_column: {src} {split} row {i}: no label (null)")
-        if isinstance(v, str):
+            raise SureclError(f"{key}.label_column: {src} {split} row {i}: no label ({'an empty field' if csv else 'null'})")
+        if isinstance(v, str) and csv and index is not None and _INT_TEXT.fullmatch(v.strip()):
+            out.append(index[int(v)] if 0 <= int(v) < len(index) else clean_label(v))
+        elif isinstance(v, str):
             out.append(clean_label(v))
         elif index is not None and 0 <= v < len(index):
             out.append(index[v])
         else:  # no names, or outside them (-1 marks an unlabelled row in many hub datasets): Task.check names it
             out.append(str(v))
     return out, names
+
+
+def _marked_test(ds: Any, spec: HFTaskConfig, key: str, src: str, split: str) -> None:
+    """A ``split`` column (a surecl JSONL file's) that marks rows of a split read for training
+    ``test`` is refused: this reader does not honour it, so those rows would be trained on."""
+    if "split" not in ds.column_names or "split" in (spec.text_column, spec.label_column):
+        return
+    marked = [i for i, v in enumerate(ds.with_format("arrow")["split"].to_pylist()) if isinstance(v, str) and v.strip() == "test"]
+    if marked:
+        raise SureclError(f"{key}: {src} split {split!r} has a 'split' column marking {len(marked)} rows 'test' (row {marked[0]} first), "
+                          f"which this reader does not honour: they would be trained on{' or held out at random' if spec.test_fraction > 0 else ''}; "
+                          "give a surecl JSONL file as data.jsonl, which reads the column, or drop those rows or the column")
 
 
 def load_hf_task(spec: HFTaskConfig, key: str = "data.hf[0]", kind: str = "classify", invalid_labels: str = "error") -> Task:
@@ -263,8 +365,8 @@ def load_hf_task(spec: HFTaskConfig, key: str = "data.hf[0]", kind: str = "class
     if not _SAFE_NAME.match(name) or ".." in name:
         raise SureclError(f"{key}.task: task name {name!r} must be letters, digits, '.', '_', '+', '-' (set {key}.task)")
     with _quiet(datasets):
-        splits = _open(datasets, spec, key)
-    return splits_task(datasets, splits, spec, name, key, spec.path, kind, invalid_labels)
+        splits, csv = _open(datasets, spec, key)
+    return splits_task(datasets, splits, spec, name, key, spec.path, kind, invalid_labels, csv)
 
 
 def dataset_task(dataset: Any, spec: HFTaskConfig, key: str = "dataset", kind: str = "classify", invalid_labels: str = "error") -> Task:
@@ -286,10 +388,10 @@ def dataset_task(dataset: Any, spec: HFTaskConfig, key: str = "dataset", kind: s
 
 
 def splits_task(datasets: Any, splits: dict[str, Any], spec: HFTaskConfig, name: str, key: str, src: str, kind: str = "classify",
-                invalid_labels: str = "error") -> Task:
+                invalid_labels: str = "error", csv: set[str] | frozenset[str] = frozenset()) -> Task:
     """The task of a source's opened splits (name -> ``datasets.Dataset``): columns, split or
     held-out fraction, labels, as :class:`~surecl.config.HFTaskConfig` says; ``src`` names the
-    source in messages."""
+    source in messages, ``csv`` the splits read from CSV files (their fields are text)."""
     with _quiet(datasets):
         hold_out = spec.test_fraction > 0
         train_ds = _split(splits, spec.train_split, f"{key}.train_split", src)
@@ -305,6 +407,8 @@ def splits_task(datasets: Any, splits: dict[str, Any], spec: HFTaskConfig, name:
         class_names = None
         for split, ds in parts.items():
             label_of = getattr(spec, f"{split}_split")
+            if split == "train":
+                _marked_test(ds, spec, key, src, label_of)
             texts = _texts(ds, spec, key, src, label_of)
             if kind == "text":
                 rows[split] = [Example(sentence=t, label="") for t in texts]
@@ -312,7 +416,7 @@ def splits_task(datasets: Any, splits: dict[str, Any], spec: HFTaskConfig, name:
             if kind == "generate":
                 rows[split] = [Example(sentence=t, label=y) for t, y in zip(texts, _targets(ds, spec, key, src, label_of))]
                 continue
-            labels, names = _labels(ds, spec, key, src, label_of)
+            labels, names = _labels(ds, spec, key, src, label_of, label_of in csv)
             class_names = class_names or names
             rows[split] = [Example(sentence=t, label=lab) for t, lab in zip(texts, labels)]
     if hold_out:
@@ -344,6 +448,8 @@ def splits_task(datasets: Any, splits: dict[str, Any], spec: HFTaskConfig, name:
         metric=spec.metric,  # a generation metric on a classification task: Task.check refuses it
     )
     task.check(where, invalid_labels)
+    if not (_given_labels(spec) or class_names):
+        warn_test_only_labels(name, task.train, task.test, f"give {'labels=' if key == 'Task.from_hf' else key + '.labels'}")
     return task
 
 

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from surecl.data.cl_benchmark import parse_rows
-from surecl.data.task import Example, Task, clean_label, user_instruction
+from surecl.data.task import Example, Task, clean_label, user_instruction, warn_test_only_labels
 from surecl.errors import SureclError
 
 GENERIC_INSTRUCTION = "Classify the following text. Choose one from the option.\n"
@@ -101,7 +101,7 @@ def read_jsonl(path: str | Path, what: str = "data.jsonl") -> tuple[dict, list[t
     """The header (``{}`` without one) and every other line, as (line number, object), of a
     task file; a missing, unreadable or malformed file is one line naming it (``what``: the
     option that names the file)."""
-    path = Path(path)
+    path = Path(path).expanduser()
     if not path.exists():
         raise SureclError(f"{what}: file {path} does not exist")
     if path.is_dir():
@@ -147,9 +147,19 @@ def read_jsonl(path: str | Path, what: str = "data.jsonl") -> tuple[dict, list[t
     return header, rows
 
 
+def _task_name(header: dict, path: Path) -> str:
+    """The header's ``task`` (a string), else the file's name."""
+    name = header.get("task", path.stem)
+    if not isinstance(name, str):
+        raise SureclError(f"{path}: header 'task' must be a string (the task's name), got {name!r}; give a name or remove the key "
+                          "(the task is then named after the file)")
+    return name
+
+
 def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: str = "error") -> Task:
-    path = Path(path)
+    path = Path(path).expanduser()
     header, lines = read_jsonl(path)
+    name = _task_name(header, path)
     rows: dict[str, list] = {"train": [], "test": []}
     for lineno, obj in lines:
         split = obj.get("split", "train")
@@ -170,7 +180,7 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
         if not isinstance(instruction, str):
             raise SureclError(f"{path}: header 'instruction' must be a string")
         task = Task(
-            name=str(header.get("task", path.stem)), instruction=user_instruction(instruction), labels=[], group="jsonl", kind="generate", metric=metric,
+            name=name, instruction=user_instruction(instruction), labels=[], group="jsonl", kind="generate", metric=metric,
             train=[generation_example(o, f"{path} line {n}") for n, o in rows["train"]],
             test=[generation_example(o, f"{path} line {n}") for n, o in rows["test"]],
         )
@@ -178,7 +188,7 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
         return task
     if kind == "text":
         task = Task(
-            name=str(header.get("task", path.stem)), instruction="", labels=[],
+            name=name, instruction="", labels=[],
             train=_text_rows(rows["train"], path), test=_text_rows(rows["test"], path), group="jsonl", kind="text",
         )
         task.check(str(path))
@@ -188,7 +198,8 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
         examples = parse_rows([o for _, o in items], str(path), [n for n, _ in items])
         splits[split] = examples
     labels = header.get("labels")
-    if labels is None:
+    seen = labels is None
+    if seen:
         labels = sorted({ex.label for ex in splits["train"] + splits["test"]})
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise SureclError(f"{path}: header 'labels' must be a list of strings")
@@ -197,7 +208,7 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
     if not isinstance(instruction, str):
         raise SureclError(f"{path}: header 'instruction' must be a string")
     task = Task(
-        name=str(header.get("task", path.stem)),
+        name=name,
         instruction=user_instruction(instruction),
         labels=labels,
         train=splits["train"],
@@ -206,4 +217,6 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
         metric=metric,
     )
     task.check(str(path), invalid_labels)
+    if seen:
+        warn_test_only_labels(name, task.train, task.test, "give the task's labels in a header line ({\"labels\": [...]})")
     return task

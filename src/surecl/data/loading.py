@@ -33,7 +33,7 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
 
             root = ensure_embedded_benchmark(cache_dir)
         else:
-            root = Path(data.benchmark)
+            root = Path(data.benchmark).expanduser()
         tasks = load_benchmark(root, data.order, data.tasks, data.allow_missing, data.invalid_labels)
     if data.kind == "text":
         tasks = [t.as_text() for t in tasks]
@@ -62,11 +62,24 @@ def _chosen(tasks: list[Task], names: list[str], source: str) -> list[Task]:
 
 
 def caller_stream(tasks: list[Task], cfg: RunConfig) -> list[Task]:
-    """Tasks the caller built (``ContinualRun(..., tasks=)``), checked like loaded ones and
-    sampled by the config (``data.n_train`` / ``n_test``, 0 = all; ``data.*_sampling``)."""
+    """Tasks the caller built (``ContinualRun(..., tasks=)``), chosen and ordered by
+    ``data.tasks`` where it is set, checked like loaded ones and sampled by the config
+    (``data.n_train`` / ``n_test``, 0 = all; ``data.*_sampling``). ``data.jsonl`` / ``data.hf``
+    set too are refused: the run reads the tasks passed in, never those files."""
+    files = [k for k, v in (("data.jsonl", cfg.data.jsonl), ("data.hf", cfg.data.hf)) if v]
+    if files:
+        raise SureclError(f"tasks: {' and '.join(files)} {'is' if len(files) == 1 else 'are'} set too, and a run given tasks= reads only "
+                          "those: add their tasks to tasks= (surecl.data.jsonl.load_jsonl_task, Task.from_hf) or leave tasks= out")
     tasks = caller_tasks(tasks, cfg)
     if not tasks:
         raise SureclError("tasks: the stream has no tasks")
+    names = [t.name for t in tasks]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SureclError(f"tasks: task named twice in the stream: {', '.join(twice)} (give each its own name, for a dataset with "
+                          "Task.from_hf(dataset, name=...))")
+    if cfg.data.tasks:
+        tasks = _chosen(tasks, cfg.data.tasks, "tasks=")
     # the caller's Task objects stay as given: checking with data.invalid_labels=drop removes
     # rows from (and marks) the copies the run reads
     tasks = [dataclasses.replace(t, labels=list(t.labels), train=list(t.train), test=list(t.test), meta=dict(t.meta)) for t in tasks]
@@ -101,14 +114,28 @@ def in_memory_task(dataset, index: int, cfg: RunConfig) -> Task:
     """The ``index``-th entry of ``tasks=`` given as a ``datasets.Dataset`` / ``DatasetDict``:
     :meth:`Task.from_hf` with the default columns (``text``, ``label``) and splits (``train``,
     ``test``; a lone ``Dataset`` is refused there: hold out a test split with ``Task.from_hf``),
-    named by its ``info.dataset_name`` where that is a valid task name, else ``task<index>``."""
+    named by its ``info.dataset_name`` where that is a valid task name and not the name of a
+    ``datasets`` file reader (``load_dataset("csv", ...)`` names every such dataset ``csv``),
+    else ``task<index>``."""
     first = next(iter(dataset.values()), None) if type(dataset).__name__ == "DatasetDict" else dataset
     name = str(getattr(getattr(first, "info", None), "dataset_name", None) or "")
     from surecl.data.task import _SAFE_NAME
 
-    if not _SAFE_NAME.match(name) or ".." in name:
+    if not _SAFE_NAME.match(name) or ".." in name or name in _readers():
         name = f"task{index}"
     return Task.from_hf(dataset, name, kind=cfg.data.kind, invalid_labels=cfg.data.invalid_labels)
+
+
+def _readers() -> set[str]:
+    """The names of ``datasets``' packaged file readers (``csv``, ``json``, ``parquet``, ...)."""
+    names = {"arrow", "csv", "json", "pandas", "parquet", "text", "imagefolder", "audiofolder", "videofolder", "webdataset", "xml", "sql"}
+    try:
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+        names |= set(_PACKAGED_DATASETS_MODULES)
+    except ImportError:  # a private name: the fixed list stands in
+        pass
+    return names
 
 
 def sampled(tasks: list[Task], cfg: RunConfig) -> list[Task]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import unicodedata
@@ -32,6 +33,31 @@ def clean_label(text: str) -> str:
     """A label as every reader takes it: surrounding whitespace stripped and Unicode in its
     composed form (NFC), so that "café" typed as e + combining accent is the same class as "café"."""
     return unicodedata.normalize("NFC", text.strip())
+
+
+def warn_test_only_labels(task: str, train: list[Example], test: list[Example], fix: str) -> None:
+    """Warn (on the ``surecl`` logger, from the first process only) where a task's label set is
+    taken from its rows and some label occurs in its test split alone: a class the model never
+    trains on, which a typo makes too. ``fix`` says how to give the labels (a given label set
+    makes such a row an error)."""
+    seen = {ex.label for ex in train}
+    only = sorted({ex.label for ex in test} - seen)
+    if not only:
+        return
+    shown = ", ".join(map(repr, only[:5])) + (f" and {len(only) - 5} more" if len(only) > 5 else "")
+    data_warning(f"task {task}: label{'s' if len(only) > 1 else ''} {shown} occur{'' if len(only) > 1 else 's'} only in its test "
+                 f"split, so {'they are classes' if len(only) > 1 else 'it is a class'} the model never trains on; if that is not "
+                 f"meant (a typo?), {fix} (a row whose label is not among them is then an error)")
+
+
+def data_warning(message: str) -> None:
+    """A warning about the data read, on the ``surecl`` logger, from the first process only
+    (every process reads the data: it is said once)."""
+    if os.environ.get("RANK", "0") not in ("", "0"):
+        return
+    from surecl.logs import logger
+
+    logger.warning(message)
 
 
 def user_instruction(text: str) -> str:
@@ -158,7 +184,13 @@ class Task:
 
 
 def subsample(rows: list[Example], n: int, rng: random.Random, balanced: bool) -> list[Example]:
-    """Keep ``n`` rows (all if n <= 0 or n >= len); class-balanced by round-robin over labels."""
+    """Keep ``n`` rows (all if n <= 0 or n >= len); class-balanced by round-robin over labels:
+    each round takes one more row of every label that has one left, so a sample of at least as
+    many rows as labels holds every label (a last round that cannot take one of every label
+    takes the labels first in sorted order: the counts differ by one at most). With fewer rows
+    than labels, which labels the sample holds is a draw from ``rng`` (it differs by seed; it
+    was the first labels in sorted order on every seed); only then is ``rng`` read for it, so
+    every other sample is the one drawn before."""
     if n <= 0 or n >= len(rows):
         out = list(rows)
         rng.shuffle(out)
@@ -174,9 +206,11 @@ def subsample(rows: list[Example], n: int, rng: random.Random, balanced: bool) -
     out: list[Example] = []
     depth = 0
     while len(out) < n:
-        for pool in pools:
-            if depth < len(pool) and len(out) < n:
-                out.append(pool[depth])
+        left = [pool for pool in pools if depth < len(pool)]
+        if depth == 0 and len(left) > n:  # fewer rows than labels: a random choice of the labels
+            chosen = {id(pool) for pool in rng.sample(left, n)}
+            left = [pool for pool in left if id(pool) in chosen]
+        out.extend(pool[depth] for pool in left[: n - len(out)])
         depth += 1
     rng.shuffle(out)
     return out
