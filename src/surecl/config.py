@@ -325,6 +325,18 @@ def validate(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+def config_warnings(cfg: RunConfig) -> list[str]:
+    """What a valid config runs, but not as it may be meant: ``eval.ahead`` without
+    ``eval.before`` evaluates the cells above the diagonal (results.json's matrix, report.md,
+    the heatmap) while forward transfer, which needs the before-training row as well, stays
+    null. The run logs each as a warning before it starts."""
+    warnings = []
+    if cfg.eval.ahead and not cfg.eval.before:
+        warnings.append("eval.ahead=true without eval.before: the cells above the diagonal are evaluated, but forward transfer "
+                        "(fwt) also needs the before-training row and stays null; set eval.before=true for it")
+    return warnings
+
+
 def _ages(policy: type) -> bool:
     """Whether a replay policy re-scores replayed entries: it overrides ``ReplayPolicy.age`` and
     its ``after_step`` (which calls it), as the built-in surprise policies do."""

@@ -1,7 +1,11 @@
 """Per-example negative log-likelihood: the one forward used for training, surprise and ranking.
 
 A causal batch may carry a shared prompt prefix (``prefix_ids``, see ``collate``): it then
-runs once and the rows attend to its KV cache; the result is the same as for the whole rows.
+runs once and the rows attend to its KV cache; the result is the same as for the whole rows,
+except under a sliding window shorter than the rows span: transformers places the window by
+index in the padded batch, where a row's left padding sits after the prefix, so a run turns
+``model.share_prefix`` off for a model whose window is shorter than its positions
+(:func:`surecl.run_setup.sliding_window_in_use`).
 Without one, on an accelerator in training, the left padding's positions attend to themselves
 (:func:`pad_self_mask`) rather than to nothing.
 
@@ -116,7 +120,8 @@ def prefixed(model, batch: dict[str, torch.Tensor], want_logits: bool, pads_self
 
     The rows' attention mask is the prefix's ones followed by their own (left-padded) mask.
     Gradients flow through the repeated cache back into the one prefix pass, so a training
-    step through a shared prefix computes the same gradient as running every row whole.
+    step through a shared prefix computes the same gradient as running every row whole (not
+    under a sliding window the rows outspan; see the module docstring).
     Without a prefix, ``pads_self`` (default :func:`pads_self_default`) gives a padded batch
     the 4D :func:`pad_self_mask` instead of its 2D mask (boolean for SDPA, additive in the
     embeddings' dtype for eager attention; other kernels, and rows longer than a sliding-window

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from surecl.config import RunConfig, per_task_values, replay_ratio
+from surecl.config import RunConfig, config_warnings, per_task_values, replay_ratio
 from surecl.errors import SureclError
 
 
@@ -223,7 +223,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     warning = stream_quota_warning(policy_cls, capacity, tasks)
     if warning:
         lines.append(f"warning: {warning}")
-    lines += [f"warning: {w}" for w in name_warnings]
+    lines += [f"warning: {w}" for w in name_warnings + config_warnings(cfg)]
     if cfg.dual.enabled:
         from surecl.adapters import beta_per_step, resolve_beta
 

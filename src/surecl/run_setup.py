@@ -20,7 +20,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
 from surecl.adapters import DualLoRA, beta_per_step, resolve_beta, task_seed
-from surecl.config import RunConfig
+from surecl.config import RunConfig, config_warnings
 from surecl.data.encode import TaskEncoder
 from surecl.data.general import load_general_probe
 from surecl.data.loading import caller_stream, caller_tasks, load_stream, streams_seed
@@ -100,6 +100,14 @@ def build_run(
     run.tokenizer, run.is_seq2seq, run.model_path = loaded.tokenizer, loaded.is_seq2seq, loaded.path
     run.base_dtype = loaded.dtype
     run.share_prefix = cfg.model.share_prefix and not run.is_seq2seq
+    sliding = sliding_window_in_use(loaded.model.config) if run.share_prefix else None
+    if sliding is not None:  # training, scoring and evaluation all read run.share_prefix
+        run.share_prefix = False
+        run.log(f"model.share_prefix: off for this model: its attention's sliding window ({sliding} tokens, shorter than its "
+                "positions) is placed by index in the padded batch, where a shared prefix puts each row's left padding between "
+                "the prefix and the row, so scores would depend on the batch; each row runs whole")
+    for warning in config_warnings(cfg):
+        run.log(f"warning: {warning}")
     if loaded.note:
         run.log(f"warning: {loaded.note}")
     if cfg.data.kind == "text" and run.is_seq2seq:
@@ -202,6 +210,37 @@ def warn_slow_window(run) -> None:
             "it will lag far behind the fast one early on (set dual.bias_correction=true or a smaller dual.beta)"
         )
 
+
+
+def sliding_window_in_use(config) -> int | None:
+    """The sliding window a causal model's attention uses where it is shorter than the model's
+    positions (``n_positions`` / ``max_position_embeddings``; or none known), else None: its
+    own config's ``sliding_window`` or its text model's (Gemma-3), unless ``use_sliding_window``
+    is false (Qwen2) or ``layer_types`` names no ``sliding_attention`` layer (Gemma-2/3 name
+    some; Mistral has no ``layer_types``: every layer).
+
+    transformers places that window by the keys' indices in the batch, not by ``position_ids``.
+    With ``model.share_prefix`` a row's left padding sits between the shared prefix and the
+    row's own tokens, so a row with k pads would see the prefix k positions further away than
+    it is, and once prefix and row span more than the window, prefix tokens inside the true
+    window would be masked by how many pads the row has (the batch it is in). :func:`build_run`
+    turns the shared prefix off for such a model (whole left-padded rows are batch-invariant).
+    A window no shorter than the positions never cuts a row that fits them (what
+    :func:`check_context` checks), so such a model keeps the shared prefix."""
+    for c in (config, getattr(config, "text_config", None)):
+        window = getattr(c, "sliding_window", None)
+        if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+            continue
+        if getattr(c, "use_sliding_window", True) is False:
+            continue
+        layer_types = getattr(c, "layer_types", None)
+        if layer_types is not None and "sliding_attention" not in layer_types:
+            continue
+        positions = getattr(c, "n_positions", None) or getattr(c, "max_position_embeddings", None)
+        if isinstance(positions, int) and not isinstance(positions, bool) and window >= positions:
+            continue
+        return window
+    return None
 
 
 def check_context(run, config) -> None:

@@ -38,7 +38,11 @@ class ModelConfig:
     per batch and let the rows attend to its KV cache, in scoring, training and evaluation of
     causal models: the same results for fewer tokens. Training slices are cut by task where a
     task's rows save enough prefix tokens to pay for a slice of their own. With
-    ``lora.dropout`` > 0 the shared tokens draw one dropout mask per slice, not one per row."""
+    ``lora.dropout`` > 0 the shared tokens draw one dropout mask per slice, not one per row.
+    Not for a model whose attention uses a sliding window shorter than its positions (Mistral,
+    Gemma-2/3): transformers places that window by index in the padded batch, where a row's
+    left padding sits after the shared prefix, so the run turns this off for such a model, with
+    a note in the log, and runs every row whole."""
 
 
 @dataclass
@@ -364,14 +368,16 @@ class EvalConfig:
     for long streams, where the full matrix costs more than training)."""
     batch_size: int = 32
     max_new_tokens: int = 0
-    """0 = longest label of the task plus one (a generation task: its longest target, in
-    tokens, plus one, at most ``eval.max_new_cap``)."""
+    """0 = the task's longest answer as encoded, what ends it included, plus one: a label's
+    tokens + 2 (the label's, its EOS and one more); a generation task's longest target with what
+    ends it (EOS, or the chat template's end of turn) plus one, at most ``eval.max_new_cap``."""
     max_new_cap: int = 256
     """The most new tokens a generation task's answers get when ``eval.max_new_tokens`` is 0."""
     ahead: bool = False
     """After each task also evaluate the next one, not yet trained (the matrix's cell above the
-    diagonal): with the before-training row, what forward transfer (``fwt`` in results.json)
-    is computed from. One more evaluation per task."""
+    diagonal): with the before-training row (``eval.before``, which forward transfer needs:
+    without it ``fwt`` in results.json is null and the run warns), what forward transfer is
+    computed from. One more evaluation per task."""
     general: str = "none"
     """The general-ability probe, measured before the first task and after every task under the
     evaluation adapter (and the fast one with ``eval.fast``), on data the stream never trains
