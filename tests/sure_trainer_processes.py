@@ -23,7 +23,9 @@ several batches per process it pairs batches across processes, and its value dep
 LoRA dropout is off (masks are drawn per process, so with dropout the runs would agree in
 distribution only). ``--stop TASK STEP`` stops every process after optimizer step STEP of task
 TASK (an exception from a callback, before any later checkpoint); ``--resume`` reruns the
-script with ``resume_from_checkpoint=True``.
+script with ``resume_from_checkpoint=True``. ``--save-only`` saves checkpoints without the
+optimizer (``save_only_model``); ``--slow-end S`` makes the main process take S seconds more to
+write each task's end state; ``--no-eval`` leaves out the evaluations between tasks.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--sft", action="store_true")
     parser.add_argument("--pair", action="store_true")
+    parser.add_argument("--save-only", action="store_true", help="checkpoints without the optimizer (save_only_model=True)")
+    parser.add_argument("--slow-end", type=float, default=0.0, help="the main process takes this many seconds more to write a task's end")
+    parser.add_argument("--no-eval", action="store_true", help="no evaluation between tasks (a collective that lines the processes up)")
     opts = parser.parse_args(argv)
     atexit.register(exit_record, Path(opts.out), os.environ.get("RANK", "0"))
 
@@ -104,6 +109,7 @@ def main(argv: list[str]) -> None:
         per_device_train_batch_size=MICRO // world, gradient_accumulation_steps=GA,
         per_device_eval_batch_size=N_TEST // world, learning_rate=5e-3, num_train_epochs=2, lr_scheduler_type="constant",
         report_to=[], use_cpu=True, save_strategy="steps", save_steps=2, seed=0, disable_tqdm=True, logging_strategy="no",
+        save_only_model=opts.save_only,
     )
     if opts.sft:
         from trl import SFTConfig
@@ -143,6 +149,10 @@ def main(argv: list[str]) -> None:
 
     def spied_write(folder, done):
         record["state_writes"].append(str(Path(folder).relative_to(opts.out)))
+        if done and opts.slow_end and rank == 0:
+            import time
+
+            time.sleep(opts.slow_end)
         return write(folder, done)
 
     trainer._write_state = spied_write
@@ -156,7 +166,7 @@ def main(argv: list[str]) -> None:
         trainer.add_callback(StopAt(*opts.stop, error=Stop))
     try:
         for t in range(TASKS):
-            if trainer.next_task(train[t], resume_from_checkpoint=True if opts.resume else None) is not None:
+            if trainer.next_task(train[t], resume_from_checkpoint=True if opts.resume else None) is not None and not opts.no_eval:
                 record["evals"].append([trainer.evaluate(d)["eval_loss"] for d in test] + [trainer.evaluate(test[t], adapter="fast")["eval_loss"]])
     except Stop:
         return

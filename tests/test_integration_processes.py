@@ -197,3 +197,16 @@ def test_two_processes_resume_as_an_uninterrupted_run(trainer_runs, resumed):
         assert res["evals"] == ref["evals"][1:]  # tasks 1 and 2, trained by the resumed run
         for k in ref_w:
             assert torch.equal(res_w[k], ref_w[k]), k
+
+
+def test_a_later_task_of_a_resuming_script_waits_for_the_main_processs_task_end(tiny_loaded, tiny_cache, tmp_path):
+    """A script passing resume_from_checkpoint=True at every task looks for a resume point again
+    at each later task. The main process chooses it, after it wrote the last task's end: the
+    other process used to look on its own, before that write, took the task's newest mid-task
+    checkpoint and, saved with save_only_model, refused alone while the main process went on
+    into a collective (a gloo traceback)."""
+    run_two(tmp_path / "two", tiny_cache, "--resume", "--save-only", "--slow-end", "3", "--no-eval")
+    for rank in (0, 1):
+        record, _ = outcome(tmp_path / "two", rank)
+        assert record["resumed_from"] is None and sorted(record["replay_counts"]) == [str(t) for t in range(TASKS)]  # every task trained
+        assert record["state_writes"][-1] == f"run/task-{TASKS - 1}/sure-end" if rank == 0 else "sure-end" not in str(record["state_writes"])

@@ -482,6 +482,28 @@ class SureTrainer(Trainer):
     def rank(self) -> int:
         return self.args.process_index
 
+    def _on_main(self, action):
+        """``action()`` on the main process alone; with several processes every process then
+        returns its result, or raises its error at the same point (one process refusing alone
+        would leave the others in the next collective)."""
+        if self.world == 1:
+            return action()
+        from accelerate.utils import broadcast_object_list
+
+        box, error = [None, None], None
+        if self.accelerator.is_main_process:
+            try:
+                box[0] = action()
+            except Exception as exc:
+                error = exc
+                box[1] = str(exc) if isinstance(exc, SureclError) else f"the main process stopped: {type(exc).__name__}: {exc}"
+        broadcast_object_list(box, from_process=0)
+        if error is not None:
+            raise error
+        if box[1] is not None:
+            raise SureclError(box[1])
+        return box[0]
+
     def _check_processes(self) -> None:
         """One-line errors for multi-process settings whose step would not be the one-process step."""
         if self.world == 1:
@@ -547,8 +569,8 @@ class SureTrainer(Trainer):
         self.sets.append(data)
         self.labels.append(labels)
         self.data_ids.append({"rows": len(data), "sha256": _data_digest(data)})
-        if resume_from_checkpoint and self._resume is None:
-            self._resume = self._find_resume(resume_from_checkpoint)
+        if resume_from_checkpoint and self._resume is None:  # the main process's choice (a task's end it may be writing now)
+            self._resume = self._on_main(lambda: self._find_resume(resume_from_checkpoint))
         resume = self._resume
         if resume is not None and t <= resume["task"]:
             self._check_same_data(t, resume["path"])
@@ -588,8 +610,12 @@ class SureTrainer(Trainer):
             self.args.output_dir = str(self.root)  # save_model(), save_state() and a model card go where the user said
         self.policy.at_task_end(t, len(data), self._scorer(data), *self._label_args(t))
         self.task += 1
-        if self.args.should_save:
-            self._write_state(self.root / f"task-{t}" / END_DIR, done=True)
+        # written by the main process (and another node's first with save_on_each_node); every
+        # process waits for it (a later resume scan reads it)
+        end = self.root / f"task-{t}" / END_DIR
+        if self.args.should_save and not self.accelerator.is_main_process:
+            self._write_state(end, done=True)
+        self._on_main(lambda: self._write_state(end, done=True) if self.args.should_save else None)
         return out
 
     def _check_fresh_root(self) -> None:
