@@ -180,3 +180,16 @@ def test_sft_accepts_trls_conversations_rows(tiny_loaded, tmp_path):
     rows = datasets.Dataset.from_dict({"conversations": [[{"from": "human", "value": "the red"}, {"from": "gpt", "value": "warm"}]] * 2})
     data, _ = trainer._prepared(rows)
     assert len(data) == 2 and "input_ids" in data.column_names
+
+
+@pytest.mark.parametrize("max_steps", [-1, 3])
+def test_a_task_smaller_than_a_dropped_micro_batch_is_one_line(tiny_loaded, tmp_path, max_steps):
+    """dataloader_drop_last drops a task smaller than one micro-batch whole: the Trainer's
+    max_steps ValueError (after the task was scored into the buffer), or a ZeroDivisionError
+    planning the EMA with max_steps. The micro-batch counts every process, so a task that
+    trains on one process can fail on two."""
+    _, sets = lm_sets(tiny_loaded.tokenizer, n_train=6)
+    trainer = make_trainer(tiny_loaded, tmp_path, SureArguments(buffer_size=4), dataloader_drop_last=True, max_steps=max_steps)
+    with pytest.raises(SureclError, match=r"task 0 has 6 training examples, fewer than one micro-batch .* \(8 per device x 1 process = 8\)") as err:
+        trainer.next_task(sets[0])
+    assert "\n" not in str(err.value) and len(trainer.policy) == 0  # refused before the buffer took anything

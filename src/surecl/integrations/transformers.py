@@ -560,6 +560,13 @@ class SureTrainer(Trainer):
         data, labels = self._prepared(train_dataset)
         if len(data) == 0:
             raise SureclError(f"SureTrainer.next_task: task {t} has no training examples")
+        micro = self.args.per_device_train_batch_size * self.world
+        if self.args.dataloader_drop_last and len(data) < micro:
+            raise SureclError(
+                f"SureTrainer.next_task: task {t} has {len(data)} training examples, fewer than one micro-batch of all processes "
+                f"({self.args.per_device_train_batch_size} per device x {self.world} process{'es' if self.world > 1 else ''} = {micro}), "
+                "which dataloader_drop_last=True drops: nothing would train; lower per_device_train_batch_size or unset dataloader_drop_last"
+            )
         if labels is not None and len(labels) != len(data):
             raise SureclError(f"SureTrainer.next_task: task {t} has {len(labels)} labels in {self.sure.label_column!r} for {len(data)} examples after preparation")
         if not self._root_checked and not resume_from_checkpoint:
