@@ -174,6 +174,7 @@ def main(argv: list[str]) -> None:
         buffer=trainer.policy.buffer.state_dict(), scores={str(k): v for k, v in trainer.scores.items()},
         replay_counts={str(k): v for k, v in trainer.replay_counts.items()}, ema=[trainer.dual.beta, trainer.dual.steps, trainer.dual.updates],
         resumed_from=trainer.resumed_from and str(Path(trainer.resumed_from).relative_to(opts.out)),
+        num_tokens=getattr(trainer, "_total_train_tokens", None),
     )
     out = Path(opts.out)
     (out / f"rank{rank}.json").write_text(json.dumps(record))

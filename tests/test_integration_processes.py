@@ -132,6 +132,8 @@ def test_two_processes_train_as_one(runs):
     # EMA update per new example of the whole step (not of one process's share)
     assert two["replay_counts"] == one["replay_counts"] == {str(t): [34, 17] for t in range(TASKS)}
     assert two["ema"] == one["ema"] == [0.9, 18, 102]
+    # TRL's count of trained tokens leaves out the padding row a process runs without a share
+    assert two["num_tokens"] == one["num_tokens"] and (one["num_tokens"] is None) == (not runs.name.startswith("sft"))
     # the same weights and eval losses (slow adapter on every task, fast on the current one)
     assert one_w.keys() == two_w.keys() and len(one_w) > 0
     for k in one_w:

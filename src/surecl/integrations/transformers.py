@@ -91,7 +91,7 @@ STATE_JSON = "sure_state.json"
 STATE_TENSORS = "sure_state.safetensors"
 END_DIR = "sure-end"
 FORMAT = 1
-NEW, REPLAYED, WEIGHT = "sure_new", "sure_replayed", "sure_pair_weight"
+NEW, REPLAYED, WEIGHT, PADDING_TOKENS = "sure_new", "sure_replayed", "sure_pair_weight", "sure_padding_tokens"
 _MARK, _WEIGHT = "_sure_replay", "_sure_weight"
 KINDS = (NEW_ROW, REPLAYED_ROW, PADDING_ROW) = (0, 1, 2)
 JOINT = -1.0
@@ -317,7 +317,8 @@ class _MarkedCollator:
     """The user's collator on the rows, plus the batch's counts of new and replayed rows and,
     in a ``pair`` step, each row's pair weight; a padding row (a process whose share of a
     micro-batch is empty runs one) has its labels masked and weight 0, so it adds no loss and
-    no token to the loss's denominator."""
+    no token to the loss's denominator; its token count goes along (``sure_padding_tokens``) for
+    the trainer to take out of TRL's count of trained tokens (``num_tokens``)."""
 
     def __init__(self, collate):
         self.collate = collate
@@ -331,6 +332,9 @@ class _MarkedCollator:
             for key in ("labels", "shift_labels"):
                 if torch.is_tensor(batch.get(key)):
                     batch[key][padding] = -100
+        mask = batch.get("attention_mask")
+        # the padding row's tokens, which TRL's token count would add to the trained ones
+        batch[PADDING_TOKENS] = mask[padding].sum() if padding and torch.is_tensor(mask) else torch.tensor(0)
         batch[NEW] = torch.tensor(kinds.count(NEW_ROW))
         batch[REPLAYED] = torch.tensor(kinds.count(REPLAYED_ROW))
         if weights and min(weights) >= 0:  # the rows of a micro-batch are all of one step
@@ -876,8 +880,11 @@ class SureTrainer(Trainer):
         self._local[0] += int(inputs.pop(NEW, 0))
         self._local[1] += int(inputs.pop(REPLAYED, 0))
         weights = inputs.pop(WEIGHT, None)
+        padding_tokens = inputs.pop(PADDING_TOKENS, None)
         if weights is None:
             loss = super().training_step(model, inputs, num_items_in_batch)
+            if hasattr(self, "_total_train_tokens") and padding_tokens is not None and self.world > 1:  # SFTTrainer's num_tokens
+                self._total_train_tokens -= int(self.accelerator.reduce(padding_tokens.to(loss.device), "sum").item())
             # after its backward but before the optimizer step: a NaN gradient never reaches the
             # fast adapter, nor through the EMA the slow one and a checkpoint
             self._check_finite(loss)
