@@ -30,6 +30,29 @@ def test_preset_carries_easycl_settings():
         build_config("tiny,ilora", ["ilora.layers=x"])
 
 
+def test_the_easycl_preset_replays_earlier_tasks_only(tmp_path, tiny_cache):
+    """EasyCL mixes the earlier tasks' data into the current task's: the first task trains
+    without replay and no task replays its own rows (insert_time after). The preset's buffer
+    took the task being trained before it (insert_time before), so every step of the first task
+    replayed that task's own rows."""
+    from surecl.plugins.base import Plugin
+
+    class Replayed(Plugin):
+        name = "replayed"
+
+        def __init__(self):
+            self.seen: list[tuple[int, int]] = []  # (stage, task of a replayed row)
+
+        def after_step(self, ctx, record):
+            self.seen += [(ctx.stage.row, t) for t, _ in ctx.step_items[ctx.step_new:]]
+
+    spy = Replayed()
+    cfg = build_config("tiny,ilora", [*SMALL, "replay.ratio=1:2", "replay.buffer_size=8"])
+    assert cfg.replay.insert_time == "after"
+    ContinualRun(cfg, tmp_path / "r", progress=False, cache_dir=tiny_cache, plugins=[spy]).run()
+    assert spy.seen and {task for stage, task in spy.seen} == {0} and {stage for stage, _ in spy.seen} == {1}
+
+
 def hidden(run: ContinualRun, adapter: str, items) -> tuple[torch.Tensor, ...]:
     """Hidden states of ``items`` under ``adapter``, by a plain forward of the PEFT model."""
     batch = run.batch([run.train_sets[t][i] for t, i in items])

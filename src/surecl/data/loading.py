@@ -10,7 +10,7 @@ from pathlib import Path
 from surecl.config import RunConfig
 from surecl.data.cl_benchmark import load_benchmark
 from surecl.data.jsonl import load_jsonl_task
-from surecl.data.task import Task, prepare_stream
+from surecl.data.task import Task, data_warning, prepare_stream
 from surecl.data.tiny import tiny_generation_stream, tiny_stream
 from surecl.errors import SureclError
 
@@ -35,6 +35,10 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
         else:
             root = Path(data.benchmark).expanduser()
         tasks = load_benchmark(root, data.order, data.tasks, data.allow_missing, data.invalid_labels)
+        short = [f"{t.name} {len(t.train)}" for t in tasks if 0 < len(t.train) < data.n_train]
+        if short:  # the protocol's sizes promise more: the run's steps and its buffer's S come out smaller
+            data_warning(f"data.n_train={data.n_train}: {'these tasks hold' if len(short) > 1 else 'this task holds'} fewer train rows, "
+                         f"taken whole: {', '.join(short)} (the run's steps and a fractional buffer follow the rows taken)")
     if data.kind == "text":
         tasks = [t.as_text() for t in tasks]
     tasks += [load_jsonl_task(p, data.kind, data.invalid_labels) for p in data.jsonl]
