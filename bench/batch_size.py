@@ -3,7 +3,9 @@ prompt prefix, task by task as the trainer runs them (SmolLM2-135M, embedded tas
 
 On a 2-core CPU a bigger batch is not automatically faster: one ~100-token sequence already
 fills both cores, and a batch's activations outgrow the caches. This prints the time per
-batch size so the defaults can be chosen from a measurement.
+batch size so the defaults can be chosen from a measurement. Every cell (batch size x path) is
+timed in rounds, all cells in turn in each round after one warm-up run each, median of 3
+rounds, so a drift of the machine's speed reaches every cell alike.
 Usage: cd bench && python batch_size.py [examples_per_task] [batch sizes ...]   (default 16; 4 8 16 32)
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from common import load, median_time, real_items_by_task
+from common import interleaved_medians, load, real_items_by_task
 
 from surecl.evaluate import generate_answers
 from surecl.replay.surprise import score_examples
@@ -35,12 +37,13 @@ def main() -> None:
             generate_answers(m.model, m.tokenizer, part, is_seq2seq=False, max_new_tokens=4, batch_size=bs, device="cpu", share_prefix=share)
 
     print(f"{len(by_task)} tasks x {n} examples: {tokens} tokens scored, {prompt_tokens} prompt tokens generated from; "
-          f"base {next(m.model.parameters()).dtype}; median of 3")
-    score(8, True)  # warm-up
+          f"base {next(m.model.parameters()).dtype}; median of 3 rounds, every cell in turn, one warm-up run each", flush=True)
+    cells = [lambda f=fn, b=bs, s=share: f(b, s) for bs in sizes for fn in (score, generate) for share in (False, True)]
+    medians = interleaved_medians(cells, 3, warmup=1)
     print(f"{'batch':>5s} {'score, whole rows':>18s} {'score, shared':>14s} {'generate, whole':>16s} {'generate, shared':>17s}")
-    for bs in sizes:
-        t = [median_time(lambda f=fn, b=bs, s=share: f(b, s), 3) for fn in (score, generate) for share in (False, True)]
-        print(f"{bs:5d} {t[0]:16.2f} s {t[1]:12.2f} s {t[2]:14.2f} s {t[3]:15.2f} s", flush=True)
+    for k, bs in enumerate(sizes):
+        t = medians[4 * k : 4 * k + 4]
+        print(f"{bs:5d} {t[0]:16.2f} s {t[1]:12.2f} s {t[2]:14.2f} s {t[3]:15.2f} s")
 
 
 if __name__ == "__main__":

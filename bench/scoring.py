@@ -7,7 +7,10 @@
    run once.
 
 Prints tokens/s, the ratios, and achieved FLOP/s as a fraction of a matmul rate measured in
-the same process. Run: ``python bench/scoring.py [n_examples]``.
+the same process. The four paths are timed in rounds, each once per round in turn after one
+warm-up run each (``common.interleaved_medians``), and their medians compared, so a drift of
+the machine's speed reaches all of them alike.
+Run: ``python bench/scoring.py [n_examples] [rounds]`` (default 96 examples, 3 rounds).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from common import load, matmul_rate, median_time, n_matmul_params, real_items_by_task
+from common import interleaved_medians, load, matmul_rate, n_matmul_params, real_items_by_task
 
 from surecl.data.encode import shared_prefix_len
 from surecl.replay.surprise import score_examples
@@ -47,6 +50,7 @@ def padded_batched(model, items, pad_id, bs=32):
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 96
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     fp32 = load("fp32")
     fast = load("auto")
     # scored task by task, as the trainer does (a task's examples share its prompt prefix)
@@ -71,21 +75,19 @@ def main() -> None:
     # the FLOPs per token are the layers' matmuls plus the (tied) 49 152 x 576 head
     flop_per_token = 2 * n_matmul_params(fp32.model) + 2 * fp32.model.get_output_embeddings().weight.numel()
     dtype = next(fast.model.parameters()).dtype
-    rows = [
-        ("per-example fp32 loop", median_time(lambda: per_example(fp32.model, items), 1)),
-        ("padded batched fp32 (bs 32)", median_time(lambda: padded_batched(fp32.model, items, pad), 2)),
-        (
-            f"surecl, no shared prefix ({dtype})",
-            median_time(lambda: surecl(False), 2),
-        ),
-        (
-            f"surecl score_examples ({dtype})",
-            median_time(lambda: surecl(True), 2),
-        ),
+    paths = [
+        ("per-example fp32 loop", lambda: per_example(fp32.model, items)),
+        ("padded batched fp32 (bs 32)", lambda: padded_batched(fp32.model, items, pad)),
+        (f"surecl, no shared prefix ({dtype})", lambda: surecl(False)),
+        (f"surecl score_examples ({dtype})", lambda: surecl(True)),
     ]
+    # one warm-up run each, then rounds of all four in turn: every ratio compares medians of
+    # runs seconds apart, the per-example baseline's included
+    medians = interleaved_medians([fn for _, fn in paths], rounds, warmup=1)
+    rows = [(name, t) for (name, _), t in zip(paths, medians)]
     peak = matmul_rate(dtype)
     peak32 = matmul_rate(torch.float32)
-    print(f"{n} examples, {tokens} tokens; matmul rate {peak / 1e9:.1f} GFLOP/s ({dtype}, 1024^3, same process), "
+    print(f"{n} examples, {tokens} tokens; median of {rounds} rounds (the paths in turn, one warm-up run each); matmul rate {peak / 1e9:.1f} GFLOP/s ({dtype}, 1024^3, same process), "
           f"fp32 {peak32 / 1e9:.1f} GFLOP/s")
     print(f"ceiling if every FLOP ran at the {dtype} matmul rate: x{peak / peak32:.2f} over an fp32 loop at the fp32 matmul rate")
     base = rows[0][1]

@@ -19,12 +19,19 @@ from pathlib import Path
 from statistics import fmean
 
 
+def order_name(folder: str) -> str:
+    """The order a run folder's parent names: ``order-s1`` -> ``s1``, ``order4`` -> ``4``."""
+    return folder.removeprefix("order-") if folder.startswith("order-") else folder.removeprefix("order")
+
+
 def per_task(root: Path, method: str, fast: bool, orders: list[str] | None = None) -> tuple[dict[str, list[float]], dict[str, list[float]], int]:
     final: dict[str, list[float]] = defaultdict(list)
     learned: dict[str, list[float]] = defaultdict(list)
     runs = 0
-    for f in sorted((root / method).glob("order-*/seed*/results.json")):
-        if orders is not None and f.parent.parent.name.removeprefix("order-") not in orders:
+    # the sweep names an order's folder order-<name> (order-s1) or, for a numbered order and
+    # the default one, order<name> (order4, orderdefault)
+    for f in sorted((root / method).glob("order*/seed*/results.json")):
+        if orders is not None and order_name(f.parent.parent.name) not in orders:
             continue
         r = json.loads(f.read_text())
         src = r.get("fast") if fast else r

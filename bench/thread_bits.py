@@ -1,7 +1,8 @@
 """Does torch's thread count change a run's numbers? The same short SuRe run on the embedded
 default (SmolLM2-135M, base in the machine's dtype) at 1 and at 2 threads (OMP_NUM_THREADS), then
 every step's loss, the score matrix, the buffer and the slow adapter's tensors compared bit for
-bit. ``surecl report`` leaves the thread count out of a run's host key on the strength of this.
+bit. ``surecl report`` keeps a CPU run's thread count in its host key: the bits were equal on an
+AVX2 host with an fp32 base (bench/RESULTS.md §15), which says nothing of the bf16 hosts.
 Run: ``python bench/thread_bits.py OUT`` (two runs of a few minutes each, one after the other)."""
 
 from __future__ import annotations

@@ -26,12 +26,13 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "cache"
-        for setting in args.settings:
+        for i, setting in enumerate(args.settings):
             acc = []
             for task in ("colors", "animals", "numbers"):
                 for seed in range(args.seeds):
                     cfg = build_config("tiny,seq_lora", [f"data.tasks=[{task}]", f"seed={seed}", *setting.split()])
-                    out = Path(tmp) / f"{task}-{seed}"
+                    # one folder per setting: a run folder holding another config's run is refused
+                    out = Path(tmp) / f"setting{i}" / f"{task}-{seed}"
                     acc.append(run(cfg, out, progress=False, cache_dir=cache)["accuracy_matrix"][0][0])
             low = sum(a < 90.0 for a in acc)
             print(f"{setting}: min {min(acc):.1f}, below 90 %: {low} of {len(acc)}; {[round(a) for a in acc]}", flush=True)
