@@ -227,6 +227,7 @@ def test_run_outputs_adopts_an_earlier_versions_exact_names(tmp_path):
     (tmp_path / "checkpoints" / "stage-notes.txt").write_text("mine")
     (tmp_path / "checkpoints" / "stage-0003.bak").mkdir()  # a user's copy of a checkpoint: never surecl's
     (tmp_path / "model" / "config.json").write_text("{}")  # a base model of the user's: no surecl card
+    (tmp_path / "adapters" / "fast" / "README.md").write_text("# surecl LoRA adapter: x (fast)\n")  # surecl's card: adopted
     found = [str(p.relative_to(tmp_path)) for p in run_outputs(tmp_path)]
     assert found[:2] == ["config.yaml", "results.json"]  # a cut-short removal never looks finished
     assert sorted(found) == sorted([

@@ -335,10 +335,13 @@ def test_a_split_column_marking_test_rows_is_refused_in_a_data_hf_entry(tmp_path
     assert len(load_hf_task(HFTaskConfig(path=str(path), text_column="sentence", test_fraction=0.25)).test) == 2
 
 
-def test_a_benchmark_task_with_fewer_train_rows_than_asked_is_named(tmp_path, caplog):
+def test_a_benchmark_task_with_fewer_train_rows_than_asked_is_named(tmp_path):
     """O-LoRA's CL_Benchmark holds 250 train rows for CB where lnt asks 1,000: the task is taken
     whole and the run (and its fractional buffer) comes out smaller than the protocol says; the
-    stream names such tasks once."""
+    run and the dry run name such tasks once (tasks given in other ways are not counted)."""
+    from surecl.data.loading import short_tasks_warning
+    from surecl.plan import describe
+
     bench = tmp_path / "bench"
     (bench / "TC").mkdir(parents=True)
     (bench / "instruction_config.json").write_text(json.dumps({"TC": [{"instruction": "Topic? "}]}))
@@ -347,12 +350,11 @@ def test_a_benchmark_task_with_fewer_train_rows_than_asked_is_named(tmp_path, ca
         for split in ("train", "test"):
             (bench / "TC" / name / f"{split}.json").write_text(json.dumps([{"sentence": f"{name}{i}", "label": "xy"[i % 2]} for i in range(n)]))
         (bench / "TC" / name / "labels.json").write_text(json.dumps(["x", "y"]))
-    with caplog.at_level(logging.WARNING, logger="surecl"):
-        tasks = load_stream(build_config("tiny", [f"data.benchmark={bench}", "data.tasks=[small,large]", "data.n_train=20"]))
+    cfg = build_config("tiny,seq_lora", [f"data.benchmark={bench}", "data.tasks=[small,large]", "data.n_train=20"])
+    tasks = load_stream(cfg)
     assert [len(t.train) for t in tasks] == [6, 20]
-    assert [r.getMessage() for r in caplog.records] == [
-        "data.n_train=20: this task holds fewer train rows, taken whole: small 6 (the run's steps and a fractional buffer follow the rows taken)"]
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="surecl"):
-        load_stream(build_config("tiny", [f"data.benchmark={bench}", "data.tasks=[small,large]", "data.n_train=6"]))
-    assert not caplog.records
+    said = "data.n_train=20: this task holds fewer train rows, taken whole: small 6 (the run's steps and a fractional buffer follow the rows taken)"
+    assert short_tasks_warning(tasks, 20) == said
+    assert short_tasks_warning(load_stream(build_config("tiny", [f"data.benchmark={bench}", "data.tasks=[small,large]", "data.n_train=6"])), 6) is None
+    assert short_tasks_warning(load_stream(build_config("tiny")), 240) is None  # the tiny stream's 96 rows: not a benchmark folder's
+    assert f"warning: {said}" in describe(cfg).splitlines()

@@ -62,12 +62,12 @@ def test_fresh_removes_exactly_the_manifest(finished, tmp_path, capsys):
     (out / "model").mkdir()
     (out / "model" / "config.json").write_text("{}")
     # a temporary an atomic write left when killed goes too
-    (out / "checkpoints" / ".stage-0002.abc").mkdir()
+    (out / "checkpoints" / ".stage-0002.surecl-abcd1234").mkdir()
     assert main(["run", *TINY, "--out", str(out), *SMALL, "train.epochs=2", "--fresh"]) == 0
     assert (out / "adapters" / "fast-run1" / "adapter_model.safetensors").read_bytes() == b"kept"
     assert (out / "checkpoints" / "stage-notes.txt").read_text() == "mine"
     assert (out / "model" / "config.json").read_text() == "{}"
-    assert not (out / "checkpoints" / ".stage-0002.abc").exists()
+    assert not (out / "checkpoints" / ".stage-0002.surecl-abcd1234").exists()
     assert json.loads((out / "results.json").read_text())["config"]["train"]["epochs"] == 2
 
 
@@ -150,7 +150,7 @@ def test_an_interrupted_finish_is_completed_by_the_rerun(finished, tmp_path, cap
     assert not (out / "results.json").exists() and (out / "adapters" / "slow").is_dir()
     assert "rerun the same command to resume" in capsys.readouterr().err
     monkeypatch.setattr(surecl.report, "write_run_report", real)
-    (out / "checkpoints" / ".stage-0002.k1ll3d").mkdir()  # and a temporary a kill left
+    (out / "checkpoints" / ".stage-0002.surecl-k1ll3d00").mkdir()  # and a temporary a kill left
     assert main(["run", *TINY, "--out", str(out), *SMALL]) == 0
     assert "already finished" not in capsys.readouterr().err
     assert final_outputs(out) == final_outputs(finished)
@@ -208,8 +208,9 @@ def test_sigterm_is_a_clean_resumable_stop(finished, tmp_path, cache):
 
 def test_a_refused_run_leaves_the_users_files_the_users(tmp_path, cache):
     """A run refused for a user's file in its folder (through the Python API, whose refusal comes
-    after the lock is taken) leaves a manifest listing nothing, so the rerun refuses again and
-    ``--fresh`` removes nothing of the user's: the folder never reads as an earlier version's."""
+    after the lock is taken) leaves the folder as it found it, no lock file or manifest, so the
+    rerun refuses again and ``--fresh`` removes nothing of the user's: the folder never reads as
+    an earlier version's."""
     from surecl.config import build_config
     from surecl.errors import SureclError
     from surecl.trainer import run
@@ -221,7 +222,7 @@ def test_a_refused_run_leaves_the_users_files_the_users(tmp_path, cache):
     for _ in range(2):
         with pytest.raises(SureclError, match="config.yaml was not written by surecl"):
             run(cfg, out, progress=False, cache_dir=cache)
-    assert json.loads((out / MANIFEST).read_text())["paths"] == []
+    assert not (out / MANIFEST).exists() and not (out / ".surecl-lock").exists()  # the folder as it was found
     assert main(["run", *TINY, "--out", str(out), "--fresh", *SMALL]) == 2
     assert (out / "config.yaml").read_text() == "mine: true\n"
 

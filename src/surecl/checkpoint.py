@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from surecl.files import follow_umask, temp_dir, temp_file
+from surecl.files import file_mode, follow_umask, temp_dir, temp_file
 from surecl.plugins.faults import fault_point
 
 try:
@@ -161,22 +161,32 @@ LOCK = ".surecl-lock"
 def lock_holder(out: Path) -> str | None:
     """Who holds ``out``'s run lock now ("another surecl process (host H, pid P)"), or None:
     no lock file, or nobody holds it (a finished run, or a killed one: the kernel releases a
-    dead process's ``flock``). Takes and drops the lock to find out; holds nothing after."""
+    dead process's ``flock``), or its file system takes no locks (the run itself then says so
+    in one line). Takes and drops the lock to find out; holds nothing after. A lock file this
+    process may only read (another user's) is locked for reading: ``flock`` takes either."""
     path = Path(out) / LOCK
     if fcntl is None or not path.is_file():
         return None
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError:
+    fd = None
+    for flags in (os.O_RDWR, os.O_RDONLY):
+        try:
+            fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
+            break
+        except OSError:
+            continue
+    if fd is None:
         return None
     try:
         return _try_lock(fd)
+    except OSError:  # no flock on this file system: run_lock says so in one line
+        return None
     finally:
         os.close(fd)  # closing the descriptor releases a lock taken here
 
 
 def _try_lock(fd: int) -> str | None:
-    """Take the exclusive ``flock`` on ``fd`` without waiting: None when taken, else who holds it."""
+    """Take the exclusive ``flock`` on ``fd`` without waiting: None when taken, else who holds it.
+    A file system without locks raises its ``OSError`` (``ENOSYS``, ``EOPNOTSUPP``, ``ENOLCK``)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -190,6 +200,32 @@ def _try_lock(fd: int) -> str | None:
         return "another surecl process"  # it holds the lock and has not written its name yet
 
 
+def _open_lock(path: Path) -> tuple[int, bool]:
+    """The lock file's descriptor, read-write, never through a symbolic link, and whether this
+    call created it (``O_EXCL``: then only this call may remove it); mode 0666 less the umask,
+    as every file surecl writes, so a group's members can lock one another's folders."""
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    while True:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | nofollow, file_mode()), True
+        except FileExistsError:
+            pass
+        try:
+            return os.open(path, os.O_RDWR | nofollow), False
+        except FileNotFoundError:
+            continue  # removed between the two (a refused run's lock file): create it again
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` is still the file ``fd`` has open (a refused run removes the lock file it
+    made while holding its lock: a process that opened it before then locks a file nobody else sees)."""
+    try:
+        a, b = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 @contextlib.contextmanager
 def run_lock(out: Path, enabled: bool = True, agree: Callable[[str | None], str | None] | None = None) -> Iterator[None]:
     """Hold ``out/.surecl-lock`` while a run writes ``out``, so two processes never write one run
@@ -198,31 +234,51 @@ def run_lock(out: Path, enabled: bool = True, agree: Callable[[str | None], str 
     ``flock`` (``fcntl``), which the kernel releases when its process ends however it ends
     (``kill -9`` included), so a killed run's folder is free again at once and two processes
     can never both take it; the file stays, unlocked, after the run (its content is the last
-    holder). ``enabled`` False (the other ranks of a multi-process run) takes nothing;
-    ``agree`` hands the main process's outcome (None, or the holder) to every rank, so all of
-    them stop when the folder is busy. Without ``fcntl`` (not POSIX) no lock is taken."""
-    from surecl.errors import RunBusy
+    holder). A lock file this call created is removed again when the run leaves no manifest
+    (refused before writing anything, or a full disk at its first write): the folder is left
+    as it was found. A file system without ``flock`` is one line. ``enabled`` False (the other
+    ranks of a multi-process run) takes nothing; ``agree`` hands the main process's outcome
+    (None, or the holder) to every rank, so all of them stop when the folder is busy. Without
+    ``fcntl`` (not POSIX) no lock is taken."""
+    from surecl.errors import RunBusy, SureclError
 
     fd = None
+    created = False
     holder = None
+    path = Path(out) / LOCK
     if enabled and fcntl is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        try:  # never through a symbolic link: the lock's content would replace its target's
-            fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        except OSError:
-            if (out / LOCK).is_symlink():
-                from surecl.errors import SureclError
-
-                raise SureclError(f"{out / LOCK} is a symbolic link; surecl does not write through links in a run folder: remove it or choose another --out") from None
-            raise
-        holder = _try_lock(fd)
-        if holder is not None:
-            os.close(fd)
-            fd = None
-        else:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode("utf-8"), 0)
+        while True:
+            try:  # never through a symbolic link: the lock's content would replace its target's
+                fd, created = _open_lock(path)
+            except OSError:
+                if path.is_symlink():
+                    raise SureclError(f"{path} is a symbolic link; surecl does not write through links in a run folder: remove it or choose another --out") from None
+                raise
+            try:
+                holder = _try_lock(fd)
+            except OSError as exc:  # Lustre without flock, some FUSE and network mounts
+                if created:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                os.close(fd)
+                raise SureclError(f"{out}: its file system does not support file locks (flock on {LOCK}: {exc.strerror or exc}), "
+                                  "which surecl takes so that two runs never write one folder; choose an --out on another file system") from None
+            if holder is not None:
+                os.close(fd)
+                fd = None
+                break
+            if _same_file(fd, path):
+                break
+            os.close(fd)  # locked a lock file a refused run removed meanwhile: open the one there now
+        if fd is not None:
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode("utf-8"), 0)
+            except BaseException:
+                _release_lock(fd, path, created)
+                raise
     if agree is not None:
         holder = agree(holder)
     try:
@@ -231,7 +287,19 @@ def run_lock(out: Path, enabled: bool = True, agree: Callable[[str | None], str 
         yield
     finally:
         if fd is not None:
-            os.close(fd)  # releases the flock
+            _release_lock(fd, path, created)
+
+
+def _release_lock(fd: int, path: Path, created: bool) -> None:
+    """Close the lock's descriptor (which releases the ``flock``), first removing the lock file
+    when this call created it and the run left no manifest: nothing of the run is in the folder,
+    and a lock file alone must not stay (before manifests, the lock file marked a run folder)."""
+    try:
+        if created and not os.path.lexists(path.parent / MANIFEST):
+            with contextlib.suppress(OSError):
+                path.unlink()
+    finally:
+        os.close(fd)
 
 
 _LEGACY_CHECKPOINT = re.compile(r"stage-\d{4}(-step-\d{6})?|\.stage-\d{4}(-step-\d{6})?(\..*)?")
@@ -242,12 +310,20 @@ CHECKPOINT_NAME = re.compile(r"stage-\d{4}(-step-\d{6})?")
 any other ``stage-*`` name there (a user's ``stage-0003.bak``) is neither."""
 _LEGACY_TEMP_TAIL = re.compile(r"[a-z0-9_]{8}|old")
 """The tail an earlier version's temporaries had (no :data:`TEMP_MARK`): read only in a folder
-adopted from such a version (no manifest)."""
+adopted from such a version (no manifest). A checkpoint's temporary had it too until
+checkpoints took the mark (``checkpoints/.stage-0003.k2x9_q0a``): one a kill left in a folder
+with a manifest stays, as a user's ``.stage-0002.20240101`` does (neither is ever read as a
+checkpoint: :data:`CHECKPOINT_NAME` has no leading dot)."""
 _TEMP_TAIL = re.compile(r"surecl-([a-z0-9_]{8}|old)")
 """The tail after a temporary's prefix ``.<name>.``: :data:`TEMP_MARK` and the random part
 ``tempfile.mkstemp`` / ``mkdtemp`` put there, or ``old`` (a folder an atomic replace swapped
-out): what tells an atomic write's leftover from a user's ``.results.json.original`` or
-``.config.yaml.swp``, which stay."""
+out): what tells an atomic write's leftover from a user's ``.results.json.original``,
+``.config.yaml.swp`` or ``checkpoints/.stage-0001.backup``, which stay."""
+ADAPTER_CARD = "# surecl LoRA adapter"
+"""The heading of the model card in every adapter folder surecl writes (``surecl.card``): an
+earlier version's ``adapters/fast`` is adopted only with it (a user's adapter there has none)."""
+MODEL_CARD = "# surecl fine-tuned model"
+"""The heading of the card in the ``model/`` folder ``seq_ft`` writes."""
 
 
 class Manifest:
@@ -262,8 +338,9 @@ class Manifest:
     following a symbolic link; a path the run would write that is a symbolic link, or that
     exists without being listed (a file of the user's), stops the run with one line before
     anything is written. A folder written by a surecl version before manifests (it holds a
-    ``.surecl-lock`` or a checkpoint but no manifest) is adopted once, by the exact names that
-    version wrote (read before the run takes its lock)."""
+    checkpoint, or a ``.surecl-lock`` beside a file every run writes, but no manifest) is
+    adopted once, by the exact names that version wrote, an adapter or model folder only with
+    surecl's card in it (read before the run takes its lock)."""
 
     def __init__(self, out: Path) -> None:
         self.out = Path(out)
@@ -300,15 +377,19 @@ class Manifest:
         return rel in self.paths
 
     def _legacy(self) -> bool:
-        """A run folder written before manifests: its lock file or a checkpoint (read before
-        this run takes the lock)."""
+        """A run folder written before manifests: a checkpoint, or its lock file beside a file
+        every run writes (read before this run takes the lock). An earlier version wrote
+        config.yaml and log.jsonl as soon as it held the lock; a lock file alone is no run's
+        (this version removes the one it made when it leaves no manifest, and a kill in between
+        leaves nothing else of it), and the user's adapters beside it are never taken for one."""
         out = self.out
         if not out.is_dir():
             return False
-        if (out / LOCK).is_file() and not (out / LOCK).is_symlink():
-            return True
         ck = out / "checkpoints"
-        return ck.is_dir() and not ck.is_symlink() and any((p / "meta.json").is_file() for p in ck.glob("stage-*"))
+        if ck.is_dir() and not ck.is_symlink() and any((p / "meta.json").is_file() for p in ck.glob("stage-*")):
+            return True
+        return ((out / LOCK).is_file() and not (out / LOCK).is_symlink()
+                and any((out / n).is_file() and not (out / n).is_symlink() for n in RUN_FILES))
 
     def _adopt(self) -> None:
         """Take over the exact names an earlier version wrote (never a symbolic link)."""
@@ -319,18 +400,15 @@ class Manifest:
         if ck.is_dir() and not ck.is_symlink():
             found += [f"checkpoints/{p.name}" for p in sorted(ck.iterdir()) if _LEGACY_CHECKPOINT.fullmatch(p.name) and not p.is_symlink()]
         ad = out / "adapters"
-        if ad.is_dir() and not ad.is_symlink():
-            found += [f"adapters/{n}" for n in ("fast", "slow", "prompts") if (ad / n).is_dir() and not (ad / n).is_symlink()]
+        if ad.is_dir() and not ad.is_symlink():  # each with what surecl writes in it: a user's adapter there has none
+            found += [f"adapters/{n}" for n in ("fast", "slow") if not (ad / n).is_symlink() and _says(ad / n / "README.md", ADAPTER_CARD)]
+            if not (ad / "prompts").is_symlink() and _says(ad / "prompts" / "prompts.json", '"surecl_version"'):
+                found.append("adapters/prompts")
         tb = out / "tensorboard" / "surecl"
         if tb.is_dir() and not tb.is_symlink() and not tb.parent.is_symlink():
             found.append("tensorboard/surecl")
-        card = out / "model" / "README.md"
-        if card.is_file() and not (out / "model").is_symlink():
-            try:
-                if "# surecl fine-tuned model" in card.read_text(encoding="utf-8", errors="replace")[:4096]:
-                    found.append("model")
-            except OSError:
-                pass
+        if not (out / "model").is_symlink() and _says(out / "model" / "README.md", MODEL_CARD):
+            found.append("model")
         self.paths = found
         self.dirs = [d for d in CONTAINERS if any(p.startswith(d + "/") for p in found)]
         if "results.json" in found:
@@ -403,8 +481,10 @@ class Manifest:
 
     def temporaries(self) -> list[Path]:
         """The ``.``-prefixed temporaries an atomic write of a listed path leaves beside it
-        when the process is killed (``.results.json.XXXX``, ``checkpoints/.stage-0003.XXXX``,
-        ``.model.old``), and those of the manifest itself."""
+        when the process is killed (``.results.json.surecl-XXXXXXXX``,
+        ``checkpoints/.stage-0003.surecl-XXXXXXXX``, ``.model.surecl-old``), and those of the
+        manifest itself: the same tail rule everywhere, so a user's ``checkpoints/.stage-0002.notes``
+        stays as their ``.results.json.original`` does."""
         found = []
         by_parent: dict[str, set[str]] = {}
         for rel in [*self.paths, MANIFEST]:
@@ -416,11 +496,9 @@ class Manifest:
                 continue
             for entry in folder.iterdir():
                 n = entry.name
-                # a checkpoint's temporary under checkpoints/ (a name only surecl writes there) with
-                # whatever tail; beside any other file, only tempfile's random one
+                # tempfile's random tail after the mark (an adopted earlier version's folder: its own tail)
                 tail = _LEGACY_TEMP_TAIL if getattr(self, "adopted", False) else _TEMP_TAIL
-                if n.startswith(".") and any(n.startswith(f".{name}.") and (parent == "checkpoints" or tail.fullmatch(n[len(name) + 2 :]))
-                                             for name in names):
+                if n.startswith(".") and any(n.startswith(f".{name}.") and tail.fullmatch(n[len(name) + 2 :]) for name in names):
                     found.append(entry)
         return sorted(found)
 
@@ -464,6 +542,16 @@ class Manifest:
         if self.out.is_dir():
             self.save()
         return removed
+
+
+def _says(path: Path, mark: str) -> bool:
+    """Whether file ``path`` (not a link) holds ``mark`` in its first 4096 characters."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        return mark in path.read_text(encoding="utf-8", errors="replace")[:4096]
+    except OSError:
+        return False
 
 
 def _safe_rel(rel: str) -> bool:
@@ -536,7 +624,7 @@ def save(root: Path, name: str, components: dict[str, ComponentState], meta: dic
     folder is this run folder's (its manifest lists it); only those are ever removed (None: all)."""
     root.mkdir(parents=True, exist_ok=True)
     tensors = {f"{key}/{k}": v.detach().cpu().contiguous() for key, (_, part) in components.items() for k, v in part.items()}
-    tmp = temp_dir(f".{name}.", root)
+    tmp = temp_dir(f".{name}.{TEMP_MARK}", root)  # marked, as every atomic write's: what remove_temporaries takes
     try:
         save_file(tensors, str(tmp / "tensors.safetensors"))
         full = {

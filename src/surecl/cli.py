@@ -125,8 +125,10 @@ def cmd_run(args) -> int:
         print("surecl: --no-resume is deprecated; it now means --fresh", file=sys.stderr)
         args.fresh = True
     from surecl.checkpoint import check_outputs
+    from surecl.run_folder import config_outputs
 
-    check_outputs(out, fresh=args.fresh)  # a link or a user's file where the run writes: refused before any compute
+    # a link or a user's file where the run writes (its adapters, model/, checkpoints too): refused before any compute
+    check_outputs(out, fresh=args.fresh, extra=tuple(config_outputs(cfg, out, log_with)))
     if not args.fresh and _finished(out, cfg):
         print(f"surecl: {out} already finished (results.json); nothing to do", file=sys.stderr)
         return 0

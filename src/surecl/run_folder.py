@@ -6,6 +6,7 @@ with the run's own progress (:class:`~surecl.run_state.RunState`) and random str
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -25,10 +26,12 @@ def planned_outputs(run) -> list[str]:
     return [*checkpoint.CONTAINERS, *checkpoint.RUN_FILES, *run.plugins.outputs(run), *extra]
 
 
-def open_folder(run, resume: bool, fresh: bool) -> None:
+def open_folder(run, resume: bool, fresh: bool) -> dict | None:
     """Ready ``run.out_dir`` for the run (inside its lock): refuse a link or a user's file where
     it writes, remove a killed run's temporaries, clear it with ``fresh``, restore the newest
-    valid checkpoint with ``resume``, write ``config.yaml``, add this machine to ``state.hosts``."""
+    valid checkpoint with ``resume``, write ``config.yaml``, add this machine to ``state.hosts``.
+    Returns the saved results of this very run, finished with every final output in place and
+    its checkpoints removed (nothing to do), else None."""
     main = run.accelerator.is_main_process
     agreed(run, lambda: _refusals(run, resume, fresh))
     if fresh:
@@ -44,7 +47,12 @@ def open_folder(run, resume: bool, fresh: bool) -> None:
         if restored:
             run.log(f"resumed from {restored} at stage {run.state.next_stage}/{len(run.stages)}")
         else:
-            agreed(run, lambda: _finished_without_checkpoint(run))
+            box: dict = {}
+            agreed(run, lambda: box.update(done=_finished_without_checkpoint(run)))
+            done = from_main(box.get("done")) if getattr(run, "world", 1) > 1 else box.get("done")
+            if done is not None:
+                run.log(f"{run.out_dir}: already holds this finished run (its checkpoints were removed): its results.json is returned")
+                return done
     if main:  # after the checkpoint check: another run's config stays
         run.outputs.claim("config.yaml")
         checkpoint.write_config(run.out_dir, run.cfg, header=config_header(run))
@@ -72,13 +80,44 @@ def planned_checkpoints(run) -> list[str]:
     return names
 
 
+def config_outputs(cfg, out: Path, log_with: list[str] = ()) -> list[str]:
+    """What a run of ``cfg`` would write in ``out`` beyond every run's files, known before the
+    model or the data are loaded (``surecl run``'s pre-flight, :func:`checkpoint.check_outputs`):
+    the learner's adapters (``adapters/fast``, ``adapters/slow`` if dual; none for a method that
+    trains the base or its own modules), the method class's ``exports``, the trackers' files and,
+    only where ``out/checkpoints`` holds a checkpoint-named entry the manifest does not list (the
+    stream is loaded for it then), the planned checkpoint names among those."""
+    from surecl.registry import method_class
+
+    cls = method_class(cfg.method)
+    rels = ([f"adapters/{name}" for name in ("fast", "slow")[: 2 if cfg.dual.enabled else 1]] if cls.trains == "fast" else [])
+    rels += [*cls.exports, *(["tensorboard/surecl"] if "tensorboard" in log_with else []), *([MARK] if log_with else [])]
+    root = Path(out) / "checkpoints"
+    if not root.is_dir() or root.is_symlink():
+        return rels
+    manifest = checkpoint.Manifest(out)
+    theirs = sorted(f"checkpoints/{p.name}" for p in root.iterdir()
+                    if checkpoint.CHECKPOINT_NAME.fullmatch(p.name) and not manifest.owns(f"checkpoints/{p.name}"))
+    if theirs:
+        from types import SimpleNamespace
+
+        from surecl.data.loading import load_stream
+        from surecl.plan import planned_steps
+        from surecl.registry import method_config
+
+        tasks = load_stream(cfg)
+        stages = cls(method_config(cfg)).stages(len(tasks))
+        steps = lambda stage: planned_steps([len(tasks[t].train) for t in stage.tasks], cfg, [tasks[t].name for t in stage.tasks])  # noqa: E731
+        plan = SimpleNamespace(cfg=cfg, general=True if cfg.eval.general != "none" else None, stages=stages, steps_in_stage=steps)
+        planned = {f"checkpoints/{n}" for n in planned_checkpoints(plan)}
+        rels += [rel for rel in theirs if rel in planned]
+    return rels
+
+
 def _refusals(run, resume: bool, fresh: bool) -> None:
-    """The main process's part of opening the folder: refuse what the run must not overwrite,
-    remove what a killed run's writes left."""
-    if not run.outputs.exists:
-        # at once, before any check can refuse the run: a folder with this run's lock file but no
-        # manifest would read as an earlier version's on the rerun, and the user's files in it as surecl's
-        run.outputs.save()
+    """The main process's part of opening the folder: refuse what the run must not overwrite
+    (before the manifest is written: a refused run leaves the folder as it found it, its lock
+    file removed by :func:`checkpoint.run_lock`), remove what a killed run's writes left."""
     if not resume and not fresh:
         # starting over beside an earlier run's outputs would mix them: its results.json stays
         # "finished" over this run's log and checkpoints, which replace its own as they come
@@ -91,6 +130,10 @@ def _refusals(run, resume: bool, fresh: bool) -> None:
         # checkpoint's name too, which was found only when that checkpoint came, after the training before it)
         if not (fresh and run.outputs.owns(rel)):
             run.outputs.check(rel)
+    if not run.outputs.exists:
+        # once nothing is refused, before anything else is written: a full disk here stops the run with
+        # nothing of it in the folder (run_lock removes the lock file it made when no manifest follows)
+        run.outputs.save()
     if not fresh:
         left = run.outputs.remove_temporaries()  # what a killed write left (checkpoints/.stage-*, .results.json.*)
         if left:
@@ -98,11 +141,27 @@ def _refusals(run, resume: bool, fresh: bool) -> None:
                     + (" ..." if len(left) > 4 else ""))
 
 
-def _finished_without_checkpoint(run) -> None:
+def _finished_without_checkpoint(run) -> dict | None:
+    """A finished run (results.json) that no checkpoint can resume: its results when they are
+    this run's (the same config) with every final output in place (nothing to do), else one
+    line (another run's folder, or final outputs missing that none can write again). None when
+    the folder holds no results.json."""
     if (run.out_dir / "results.json").is_file():
-        missing = ", ".join(run.outputs.missing_final() or []) or "an output"
-        raise SureclError(f"{run.out_dir}: a finished run whose {missing} is missing and no checkpoint remains to "
-                          "write it again; rerun with --fresh to train it again, or choose another --out")
+        missing = run.outputs.missing_final()
+        if not missing:
+            from surecl.config import same_config
+
+            try:
+                results = json.loads((run.out_dir / "results.json").read_text(encoding="utf-8"))
+                saved = results["config"]
+            except (OSError, ValueError, KeyError, TypeError):
+                results, saved = None, None
+            if not isinstance(saved, dict) or not same_config(saved, run.cfg):
+                raise SureclError(f"{run.out_dir}: already holds a finished run with a different config (results.json); choose another --out")
+            return results
+        raise SureclError(f"{run.out_dir}: a finished run whose final output{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                          f"{'are' if len(missing) > 1 else 'is'} missing and no checkpoint remains to write "
+                          f"{'them' if len(missing) > 1 else 'it'} again; rerun with --fresh to train it again, or choose another --out")
 
 
 def agreed(run, action) -> None:

@@ -168,7 +168,9 @@ class ContinualRun:
         self.outputs = None
         run_folder.agreed(self, lambda: setattr(self, "outputs", checkpoint.Manifest(self.out_dir)))
         with checkpoint.run_lock(self.out_dir, self.accelerator.is_main_process, agree):
-            run_folder.open_folder(self, resume, fresh)
+            finished = run_folder.open_folder(self, resume, fresh)
+            if finished is not None:  # this run, finished, its checkpoints removed: nothing to do
+                return finished
             self.wall = time.perf_counter()
             # a run resumed from a checkpoint written before CPU time was counted leaves it out
             seconds = self.state.seconds

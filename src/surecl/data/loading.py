@@ -10,7 +10,7 @@ from pathlib import Path
 from surecl.config import RunConfig
 from surecl.data.cl_benchmark import load_benchmark
 from surecl.data.jsonl import load_jsonl_task
-from surecl.data.task import Task, data_warning, prepare_stream
+from surecl.data.task import Task, prepare_stream
 from surecl.data.tiny import tiny_generation_stream, tiny_stream
 from surecl.errors import SureclError
 
@@ -35,10 +35,8 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
         else:
             root = Path(data.benchmark).expanduser()
         tasks = load_benchmark(root, data.order, data.tasks, data.allow_missing, data.invalid_labels)
-        short = [f"{t.name} {len(t.train)}" for t in tasks if 0 < len(t.train) < data.n_train]
-        if short:  # the protocol's sizes promise more: the run's steps and its buffer's S come out smaller
-            data_warning(f"data.n_train={data.n_train}: {'these tasks hold' if len(short) > 1 else 'this task holds'} fewer train rows, "
-                         f"taken whole: {', '.join(short)} (the run's steps and a fractional buffer follow the rows taken)")
+        for t in tasks:  # a benchmark's train rows before sampling, for short_tasks_warning
+            t.meta["benchmark_train_rows"] = len(t.train)
     if data.kind == "text":
         tasks = [t.as_text() for t in tasks]
     tasks += [load_jsonl_task(p, data.kind, data.invalid_labels) for p in data.jsonl]
@@ -54,6 +52,18 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
     if data.benchmark == "none" and data.tasks:  # the user's own tasks, chosen and ordered by name
         tasks = _chosen(tasks, data.tasks, "data.jsonl / data.hf")
     return sampled(tasks, cfg)
+
+
+def short_tasks_warning(tasks: list[Task], n_train: int) -> str | None:
+    """A benchmark folder's tasks with fewer train rows than ``data.n_train`` asks, which are
+    taken whole (O-LoRA's CL_Benchmark: CB 250, COPA 400 where ``lnt`` asks 1,000; agnews 4,000
+    where ``standard-cl`` asks 5,000): the run's steps and a fractional buffer come out smaller
+    than the protocol's sizes say. None when there is none."""
+    short = [f"{t.name} {t.meta['benchmark_train_rows']}" for t in tasks if 0 < t.meta.get("benchmark_train_rows", n_train) < n_train]
+    if not short:
+        return None
+    return (f"data.n_train={n_train}: {'these tasks hold' if len(short) > 1 else 'this task holds'} fewer train rows, taken whole: "
+            f"{', '.join(short)} (the run's steps and a fractional buffer follow the rows taken)")
 
 
 def _chosen(tasks: list[Task], names: list[str], source: str) -> list[Task]:

@@ -28,7 +28,11 @@ task's (tokenised) training set. Each call is one task boundary:
 Checkpoints are the Trainer's: each task trains under ``output_dir/task-<t>/`` and every
 ``checkpoint-N`` folder also holds ``sure_state.json`` (task index, buffer, EMA clock, policy
 random state) and ``sure_state.safetensors`` (fast and slow adapters); the end of a task is
-written to ``task-<t>/sure-end/``. Rerunning the same script with
+written to ``task-<t>/sure-end/``. The Trainer's ``save_total_limit`` applies to the running
+task's folder; once a task's ``sure-end`` is written, which every later resume starts from, its
+``checkpoint-N`` folders are removed where ``save_total_limit`` is set (so at most that many lie
+on disk, in the running task's folder); only complete checkpoints this SureTrainer wrote for
+that task are removed. Rerunning the same script with
 ``next_task(ds, resume_from_checkpoint=True)`` skips the finished tasks (their datasets are
 still needed: the buffer indexes them), and resumes the interrupted one from its last
 complete checkpoint (one a kill left half-written is passed over) with the same batches,
@@ -67,6 +71,7 @@ import json
 import math
 import random
 import re
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -378,7 +383,9 @@ class SureTrainer(Trainer):
 
     ``model`` is the frozen base (a transformers model); the trainer wraps it in the core's
     :class:`~surecl.adapters.DualLoRA` (``fast`` adapter trained, ``slow`` = its EMA), so
-    ``trainer.model`` is a PEFT model. Every other argument is ``Trainer``'s."""
+    ``trainer.model`` is a PEFT model. Every other argument is ``Trainer``'s; ``save_total_limit``
+    counts the running task's ``checkpoint-N`` folders, and a finished task's are removed once its
+    ``sure-end`` is written (see the module docstring)."""
 
     def __init__(self, model=None, args=None, *trainer_args, sure: SureArguments | None = None, **kwargs):
         if model is None or args is None:
@@ -625,9 +632,20 @@ class SureTrainer(Trainer):
         # process waits for it (a later resume scan reads it)
         end = self.root / f"task-{t}" / END_DIR
         if self.args.should_save and not self.accelerator.is_main_process:
-            self._write_state(end, done=True)
-        self._on_main(lambda: self._write_state(end, done=True) if self.args.should_save else None)
+            self._end_task(end, t)
+        self._on_main(lambda: self._end_task(end, t) if self.args.should_save else None)
         return out
+
+    def _end_task(self, end: Path, t: int) -> None:
+        """Write task ``t``'s end state to ``end``; then, with ``save_total_limit`` set, remove the
+        task's ``checkpoint-N`` folders: nothing resumes from them once its end state is there
+        (:meth:`_find_resume` takes a task's ``sure-end`` first), and the Trainer's limit counts
+        only the running task's folder. Only complete checkpoints of task ``t`` this SureTrainer
+        wrote (its SuRe state, ``done`` false); never a link, nor anything else in the folder."""
+        self._write_state(end, done=True)
+        limit = self.args.save_total_limit
+        if limit and limit > 0:
+            _drop_task_checkpoints(end.parent, t)
 
     def _check_fresh_root(self) -> None:
         """One line when a run that does not resume starts in an ``output_dir`` that already holds
@@ -1110,6 +1128,23 @@ def _checkpoints(folder: Path) -> list[Path]:
     """The Trainer's ``checkpoint-N`` folders in ``folder``, newest (largest N) first."""
     found = [(int(m.group(1)), p) for p in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.is_dir() and (m := re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", p.name))]
     return [p for _, p in sorted(found, key=lambda x: x[0], reverse=True)]
+
+
+def _drop_task_checkpoints(folder: Path, task: int) -> None:
+    """Remove the Trainer's ``checkpoint-N`` folders in ``folder`` (``task-<task>``) once the task's
+    end state is there: only complete checkpoints (:func:`_complete`) whose SuRe state is task
+    ``task``'s, inside it; never a link, another task's state, a half-written one or anything else."""
+    if not (folder / END_DIR / STATE_JSON).is_file():
+        return
+    for checkpoint in _checkpoints(folder):
+        if checkpoint.is_symlink() or not _complete(checkpoint):
+            continue
+        try:
+            meta = json.loads((checkpoint / STATE_JSON).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and meta.get("task") == task and meta.get("done") is False:
+            shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 def _complete(folder: Path) -> bool:
