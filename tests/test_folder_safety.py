@@ -368,3 +368,19 @@ def test_a_finished_run_without_checkpoints_through_the_python_api(finished, tmp
     shutil.rmtree(out / "adapters" / "fast")
     with pytest.raises(SureclError, match=r"final outputs adapters/fast, adapters/slow are missing .* write them again"):
         run(cfg, out, progress=False, cache_dir=cache)
+
+
+def test_a_run_that_finished_while_another_waited_for_its_lock_is_not_finished_again(finished, tmp_path, cache):
+    """`surecl run` twice on one folder: the second checks for a finished run before it loads
+    (none yet), waits for the lock, then found the first run's last checkpoint and finished the
+    run again (results.json rewritten with its own host and time). Inside the lock, a folder
+    whose results.json and final outputs are in place is finished: its results are returned."""
+    from surecl.config import build_config
+    from surecl.trainer import run
+
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    assert any((out / "checkpoints").iterdir())
+    before = listing(out)
+    res = run(build_config("tiny,slow_surprise", SMALL), out, progress=False, cache_dir=cache)
+    assert res == json.loads((out / "results.json").read_text()) and listing(out) == before

@@ -451,3 +451,17 @@ def test_a_subclass_with_the_old_hook_signature_still_runs_unbalanced(tiny_cache
     kept = json.loads((tmp_path / "run" / "buffer.json").read_text())["entries"]
     assert sorted((e["task"], e["index"]) for e in kept) == [(0, 6), (0, 7), (1, 6), (1, 7)], kept
     assert res["buffer"]["per_task"] == {"colors": 2, "animals": 2}
+
+
+def test_the_dry_run_counts_no_replay_step_where_the_buffer_holds_nothing():
+    """A buffer of 0 entries, or a quota floor(S/d) of 0 (S = 3 at the fourth task), replays
+    nothing: the dry run's table counted replay steps there beside its own warning."""
+    from surecl.plan import describe
+
+    def replay_steps(*overrides: str) -> list[int]:
+        text = describe(build_config("tiny,surprise", ["data.n_train=16", *overrides]))
+        return [int(line.split("|")[6]) for line in text.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+
+    assert replay_steps("replay.buffer_size=0") == [0, 0, 0, 0]
+    assert replay_steps("replay.buffer_size=3") == [16, 16, 16, 0]
+    assert replay_steps("replay.buffer_size=3", "replay.insert_time=after") == [0, 16, 16, 16]  # floor(3/3) = 1 while the fourth trains

@@ -481,8 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--fresh", action="store_true",
                    help="start over in a used --out: remove exactly what the earlier run wrote there (the paths its manifest "
                         ".surecl-manifest.json lists: config.yaml, results.json, checkpoints/stage-*, adapters/fast, ...) once the new "
-                        "run has loaded its data and model; anything else there stays, and a symbolic link or a file of yours where the "
-                        "run writes stops it, removing nothing. Without it a rerun continues from the newest checkpoint, or does "
+                        "run has loaded its data and model (a symbolic link found at one of those paths is removed, never followed); anything "
+                        "else there stays, and a symbolic link or a file of yours at another path where the run writes stops it, "
+                        "removing nothing. Without it a rerun continues from the newest checkpoint, or does "
                         "nothing if the run finished")
     r.add_argument("--no-resume", action="store_true", help=argparse.SUPPRESS)  # deprecated alias of --fresh
     r.add_argument("--quiet", action="store_true", help="no progress bars")

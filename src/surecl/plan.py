@@ -201,7 +201,8 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         n = sum(n_train[t] for t in stage.tasks)
         steps = planned_steps([n_train[t] for t in stage.tasks], cfg, [tasks[t].name for t in stage.tasks])
         steps_all.append(steps)
-        has_buffer = policy != "none" and (k > 0 or policy_cls.online or cfg.replay.insert_time == "before")
+        held = k + 1 if cfg.replay.insert_time == "before" else k  # the tasks whose share the buffer holds during this stage
+        has_buffer = policy != "none" and capacity > 0 and (policy_cls.online or (held > 0 and (not quota or capacity // held > 0)))
         if not has_buffer:
             replay_steps = 0
         elif cfg.replay.ratio:

@@ -44,6 +44,15 @@ def open_folder(run, resume: bool, fresh: bool) -> dict | None:
     run.continuing = resume and not fresh
     if resume and not fresh:
         restored = restore(run)
+        if restored and run.state.next_stage >= len(run.stages):
+            # the last checkpoint: a run that finished while this one waited for the lock (its
+            # results.json and every final output in place) is not finished again
+            box = {}
+            agreed(run, lambda: box.update(done=_complete_results(run)))
+            done = from_main(box.get("done")) if getattr(run, "world", 1) > 1 else box.get("done")
+            if done is not None:
+                run.log(f"{run.out_dir}: already holds this finished run: its results.json is returned")
+                return done
         if restored:
             run.log(f"resumed from {restored} at stage {run.state.next_stage}/{len(run.stages)}")
         else:
@@ -139,6 +148,18 @@ def _refusals(run, resume: bool, fresh: bool) -> None:
         if left:
             run.log(f"removed {len(left)} temporary file(s) a killed run left: {', '.join(str(p.relative_to(run.out_dir)) for p in left[:4])}"
                     + (" ..." if len(left) > 4 else ""))
+
+
+def _complete_results(run) -> dict | None:
+    """The folder's results, where its results.json and every final output are in place (a
+    finished run, its finish complete), else None."""
+    if not (run.out_dir / "results.json").is_file() or run.outputs.missing_final():
+        return None
+    try:
+        results = json.loads((run.out_dir / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return results if isinstance(results, dict) else None
 
 
 def _finished_without_checkpoint(run) -> dict | None:
