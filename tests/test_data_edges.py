@@ -358,3 +358,13 @@ def test_a_benchmark_task_with_fewer_train_rows_than_asked_is_named(tmp_path):
     assert short_tasks_warning(load_stream(build_config("tiny", [f"data.benchmark={bench}", "data.tasks=[small,large]", "data.n_train=6"])), 6) is None
     assert short_tasks_warning(load_stream(build_config("tiny")), 240) is None  # the tiny stream's 96 rows: not a benchmark folder's
     assert f"warning: {said}" in describe(cfg).splitlines()
+
+
+def test_a_folder_of_one_file_named_after_no_split_is_the_train_split(tmp_path, caplog):
+    """A folder holding only reviews.csv: datasets read it as the train split, and so it stays
+    (the per-file split rule had warned it away and then found no train split)."""
+    fold = tmp_path / "f1"
+    csv(fold / "reviews.csv", [("a", "neg"), ("b", "pos"), ("c", "neg"), ("d", "pos")])
+    with caplog.at_level(logging.WARNING, logger="surecl"):
+        task = load_hf_task(HFTaskConfig(path=str(fold), test_fraction=0.5))
+    assert len(task.train) == 2 and len(task.test) == 2 and task.labels == ["neg", "pos"] and not caplog.records

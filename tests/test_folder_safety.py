@@ -190,6 +190,29 @@ def test_a_file_system_without_flock_is_one_line_and_leaves_no_lock_file(tmp_pat
     assert lock_holder(out) is None
 
 
+def test_the_main_processs_lock_failure_stops_every_process_with_its_line(tmp_path, monkeypatch):
+    """With several processes the others wait in the lock's agreement for the main process's
+    outcome: a failure taking the lock is handed to them as its one line (they waited for a
+    main process that had already exited: a distributed traceback or a hang)."""
+    def no_locks(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(checkpoint.fcntl, "flock", no_locks)
+    sent = []
+
+    def agree(value):  # the main process's side of from_main: what it hands the others
+        sent.append(value)
+        return value
+
+    with pytest.raises(SureclError, match="does not support file locks"):
+        with run_lock(tmp_path / "run", True, agree):
+            pass
+    assert len(sent) == 1 and "does not support file locks" in sent[0]["error"]
+    with pytest.raises(SureclError, match="does not support file locks"):  # another rank, given that outcome
+        with run_lock(tmp_path / "run", False, lambda value: sent[0]):
+            pass
+
+
 def test_the_lock_file_follows_the_umask(tmp_path):
     out = tmp_path / "run"
     old = os.umask(0o002)
@@ -345,9 +368,10 @@ def test_only_a_tasks_complete_checkpoints_are_removed(tmp_path):
 
 
 def test_a_finished_run_without_checkpoints_through_the_python_api(finished, tmp_path, cache):
-    """Every final output in place: the saved results, the folder untouched (it said "an output"
-    was missing and advised --fresh, which would have trained it again); one missing: named, in
-    a sentence that reads; another config: one line."""
+    """Every final output in place: one line saying it is finished, the folder untouched (it said
+    "an output" was missing); one missing: named, in a sentence that reads; another config: one
+    line. No checkpoint restores the trained learner or checks the data, so no results are
+    returned beside an untrained peft_model."""
     from surecl.config import build_config
     from surecl.trainer import run
 
@@ -356,8 +380,9 @@ def test_a_finished_run_without_checkpoints_through_the_python_api(finished, tmp
     shutil.copytree(finished, out)
     shutil.rmtree(out / "checkpoints")
     before = listing(out)
-    res = run(cfg, out, progress=False, cache_dir=cache)
-    assert res == json.loads((out / "results.json").read_text()) and res["accuracy_matrix"]
+    with pytest.raises(SureclError, match=r"already holds this finished run, its final outputs in place .* load its adapters/") as err:
+        run(cfg, out, progress=False, cache_dir=cache)
+    assert "missing" not in str(err.value) and "an output" not in str(err.value)
     assert listing(out) == before
     with pytest.raises(SureclError, match=r"already holds a finished run with a different config"):
         run(build_config("tiny,slow_surprise", [*SMALL, "train.lr=0.001"]), out, progress=False, cache_dir=cache)
@@ -375,12 +400,21 @@ def test_a_run_that_finished_while_another_waited_for_its_lock_is_not_finished_a
     (none yet), waits for the lock, then found the first run's last checkpoint and finished the
     run again (results.json rewritten with its own host and time). Inside the lock, a folder
     whose results.json and final outputs are in place is finished: its results are returned."""
+    from safetensors.torch import load_file
+
     from surecl.config import build_config
-    from surecl.trainer import run
+    from surecl.trainer import ContinualRun
 
     out = tmp_path / "run"
     shutil.copytree(finished, out)
     assert any((out / "checkpoints").iterdir())
     before = listing(out)
-    res = run(build_config("tiny,slow_surprise", SMALL), out, progress=False, cache_dir=cache)
+    r = ContinualRun(build_config("tiny,slow_surprise", SMALL), out, progress=False, cache_dir=cache)
+    res = r.run()
     assert res == json.loads((out / "results.json").read_text()) and listing(out) == before
+    # the last checkpoint restored the trained learner: peft_model is the run's, not a fresh LoRA
+    saved = load_file(str(out / "adapters" / "slow" / "adapter_model.safetensors"))
+    slow_b = {k: v for k, v in r.adapters.state_dict()[1].items() if "slow" in k and "lora_B" in k}
+    assert slow_b and all(v.abs().max() > 0 for v in slow_b.values())  # a fresh LoRA's B is zero
+    total = sum(float(v.abs().sum()) for k, v in saved.items() if "lora_B" in k)
+    assert abs(sum(float(v.abs().sum()) for v in slow_b.values()) - total) <= 1e-4 * total  # the saved slow adapter

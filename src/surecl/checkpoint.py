@@ -246,41 +246,53 @@ def run_lock(out: Path, enabled: bool = True, agree: Callable[[str | None], str 
     created = False
     holder = None
     path = Path(out) / LOCK
-    if enabled and fcntl is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        while True:
-            try:  # never through a symbolic link: the lock's content would replace its target's
-                fd, created = _open_lock(path)
-            except OSError:
-                if path.is_symlink():
-                    raise SureclError(f"{path} is a symbolic link; surecl does not write through links in a run folder: remove it or choose another --out") from None
-                raise
-            try:
-                holder = _try_lock(fd)
-            except OSError as exc:  # Lustre without flock, some FUSE and network mounts
-                if created:
-                    with contextlib.suppress(OSError):
-                        path.unlink()
-                os.close(fd)
-                raise SureclError(f"{out}: its file system does not support file locks (flock on {LOCK}: {exc.strerror or exc}), "
-                                  "which surecl takes so that two runs never write one folder; choose an --out on another file system") from None
-            if holder is not None:
-                os.close(fd)
-                fd = None
-                break
-            if _same_file(fd, path):
-                break
-            os.close(fd)  # locked a lock file a refused run removed meanwhile: open the one there now
-        if fd is not None:
-            try:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode("utf-8"), 0)
-            except BaseException:
-                _release_lock(fd, path, created)
-                raise
+    error: BaseException | None = None
+    try:
+        if enabled and fcntl is not None:
+            out = Path(out)
+            out.mkdir(parents=True, exist_ok=True)
+            while True:
+                try:  # never through a symbolic link: the lock's content would replace its target's
+                    fd, created = _open_lock(path)
+                except OSError:
+                    if path.is_symlink():
+                        raise SureclError(f"{path} is a symbolic link; surecl does not write through links in a run folder: remove it or choose another --out") from None
+                    raise
+                try:
+                    holder = _try_lock(fd)
+                except OSError as exc:  # Lustre without flock, some FUSE and network mounts
+                    if created:
+                        with contextlib.suppress(OSError):
+                            path.unlink()
+                    os.close(fd)
+                    raise SureclError(f"{out}: its file system does not support file locks (flock on {LOCK}: {exc.strerror or exc}), "
+                                      "which surecl takes so that two runs never write one folder; choose an --out on another file system") from None
+                if holder is not None:
+                    os.close(fd)
+                    fd = None
+                    break
+                if _same_file(fd, path):
+                    break
+                os.close(fd)  # locked a lock file a refused run removed meanwhile: open the one there now
+            if fd is not None:
+                try:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode("utf-8"), 0)
+                except BaseException:
+                    _release_lock(fd, path, created)
+                    raise
+    except BaseException as exc:  # with other ranks waiting in agree: they stop with this line too
+        if agree is None:
+            raise
+        error = exc
     if agree is not None:
-        holder = agree(holder)
+        message = None if error is None else str(error) if isinstance(error, SureclError) else f"the main process stopped: {type(error).__name__}: {error}"
+        shared = agree({"error": message} if error is not None else holder)
+        if error is not None:
+            raise error
+        if isinstance(shared, dict):
+            raise SureclError(shared["error"])
+        holder = shared
     try:
         if holder is not None:
             raise RunBusy(f"{out}: {holder} is running there; wait for it to finish or choose another --out", holder)

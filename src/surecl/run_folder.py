@@ -30,8 +30,10 @@ def open_folder(run, resume: bool, fresh: bool) -> dict | None:
     """Ready ``run.out_dir`` for the run (inside its lock): refuse a link or a user's file where
     it writes, remove a killed run's temporaries, clear it with ``fresh``, restore the newest
     valid checkpoint with ``resume``, write ``config.yaml``, add this machine to ``state.hosts``.
-    Returns the saved results of this very run, finished with every final output in place and
-    its checkpoints removed (nothing to do), else None."""
+    Returns the saved results where the restored checkpoint is the run's last and its
+    results.json and final outputs are in place (it finished while this run waited for the
+    lock: nothing to do; the checkpoint restored the trained learner and checked the data),
+    else None."""
     main = run.accelerator.is_main_process
     agreed(run, lambda: _refusals(run, resume, fresh))
     if fresh:
@@ -56,12 +58,7 @@ def open_folder(run, resume: bool, fresh: bool) -> dict | None:
         if restored:
             run.log(f"resumed from {restored} at stage {run.state.next_stage}/{len(run.stages)}")
         else:
-            box: dict = {}
-            agreed(run, lambda: box.update(done=_finished_without_checkpoint(run)))
-            done = from_main(box.get("done")) if getattr(run, "world", 1) > 1 else box.get("done")
-            if done is not None:
-                run.log(f"{run.out_dir}: already holds this finished run (its checkpoints were removed): its results.json is returned")
-                return done
+            agreed(run, lambda: _finished_without_checkpoint(run))
     if main:  # after the checkpoint check: another run's config stays
         run.outputs.claim("config.yaml")
         checkpoint.write_config(run.out_dir, run.cfg, header=config_header(run))
@@ -162,24 +159,25 @@ def _complete_results(run) -> dict | None:
     return results if isinstance(results, dict) else None
 
 
-def _finished_without_checkpoint(run) -> dict | None:
-    """A finished run (results.json) that no checkpoint can resume: its results when they are
-    this run's (the same config) with every final output in place (nothing to do), else one
-    line (another run's folder, or final outputs missing that none can write again). None when
-    the folder holds no results.json."""
+def _finished_without_checkpoint(run) -> None:
+    """A finished run (results.json) that no checkpoint can resume: one line, whether its final
+    outputs are in place (nothing to do: no checkpoint restores the learner, so the run's
+    ``peft_model`` would be untrained beside its results, and its data cannot be checked
+    against this run's), another config's, or missing where none can write them again."""
     if (run.out_dir / "results.json").is_file():
         missing = run.outputs.missing_final()
         if not missing:
             from surecl.config import same_config
 
             try:
-                results = json.loads((run.out_dir / "results.json").read_text(encoding="utf-8"))
-                saved = results["config"]
+                saved = json.loads((run.out_dir / "results.json").read_text(encoding="utf-8"))["config"]
             except (OSError, ValueError, KeyError, TypeError):
-                results, saved = None, None
+                saved = None
             if not isinstance(saved, dict) or not same_config(saved, run.cfg):
                 raise SureclError(f"{run.out_dir}: already holds a finished run with a different config (results.json); choose another --out")
-            return results
+            raise SureclError(f"{run.out_dir}: already holds this finished run, its final outputs in place and its checkpoints "
+                              "removed: read its results.json and load its adapters/ (no checkpoint remains to restore the "
+                              "trained model here), or pass fresh=True (--fresh) to train it again")
         raise SureclError(f"{run.out_dir}: a finished run whose final output{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
                           f"{'are' if len(missing) > 1 else 'is'} missing and no checkpoint remains to write "
                           f"{'them' if len(missing) > 1 else 'it'} again; rerun with --fresh to train it again, or choose another --out")

@@ -154,6 +154,9 @@ def _folder_splits(path: Path, spec: HFTaskConfig, key: str) -> dict[str, list[P
         splits.setdefault(split, []).append(f)
     read = [spec.train_split] if spec.test_fraction > 0 else [spec.train_split, spec.test_split]
     rel = lambda f: str(f.relative_to(path))  # noqa: E731
+    if len(splits) == 1 and not set(splits) & set(read) and spec.train_split == "train":
+        # one split, named after no split the entry reads (reviews.csv): the train split, as datasets reads such a folder
+        splits = {"train": next(iter(splits.values()))}
     unread = [(split, f) for split, fs in splits.items() if split not in read for f in fs]
     if unread:  # a hub snapshot's validation split is usual; a train_extra.csv may be a mistake: said, not skipped silently
         split, f = unread[0]

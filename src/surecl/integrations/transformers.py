@@ -903,6 +903,8 @@ class SureTrainer(Trainer):
             loss = super().training_step(model, inputs, num_items_in_batch)
             if hasattr(self, "_total_train_tokens") and padding_tokens is not None and self.world > 1:  # SFTTrainer's num_tokens
                 self._total_train_tokens -= int(self.accelerator.reduce(padding_tokens.to(loss.device), "sum").item())
+                if isinstance(getattr(self, "_metrics", None), dict) and "train" in self._metrics:  # the value the next log reports
+                    self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
             # after its backward but before the optimizer step: a NaN gradient never reaches the
             # fast adapter, nor through the EMA the slow one and a checkpoint
             self._check_finite(loss)
