@@ -17,6 +17,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import test_run_folder as shared
 import torch
 
 import surecl.checkpoint as checkpoint
@@ -24,29 +25,9 @@ from surecl.checkpoint import LOCK, MANIFEST, Manifest, lock_holder, run_lock
 from surecl.cli import main
 from surecl.errors import SureclError
 
-TINY = ["--config", "tiny,slow_surprise", "--quiet"]
-SMALL = ["data.tasks=[colors,animals]", "data.n_train=16", "data.n_test=8", "train.epochs=1"]
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SURECL_CACHE", str(path))
-        yield path
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory, cache) -> Path:
-    out = tmp_path_factory.mktemp("finished") / "run"
-    assert main(["run", *TINY, "--out", str(out), *SMALL]) == 0
-    return out
-
-
-def one_error_line(capsys) -> str:
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(err) == 1 and err[0].startswith("surecl: error: "), err
-    return err[0]
+# the CLI's tiny dual run, its cache and one finished run of it, as tests/test_run_folder.py has them
+SMALL, TINY, one_error_line = shared.SMALL, shared.TINY, shared.one_error_line
+cache, finished = shared.cache, shared.finished  # fixtures
 
 
 def listing(folder: Path) -> dict[str, bytes | None]:
