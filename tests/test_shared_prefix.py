@@ -253,10 +253,12 @@ def test_pads_self_is_on_off_the_cpu_only(tiny_loaded, monkeypatch):
 def test_a_run_with_pads_attending_to_themselves_ends_as_the_plain_run(preset, tmp_path, tiny_cache, monkeypatch):
     """The accelerator's path, forced on the CPU: a replay run without shared prefixes (every
     training slice left-padded with no prefix; I-LoRA's consistency forwards too) trains,
-    scores and evaluates as the plain-mask run does: the same matrix, and for slow_surprise the
+    scores and evaluates as the plain-mask run does: for slow_surprise the same matrix and the
     same step losses to rounding. I-LoRA's consistency term averages over pad positions too,
-    whose hidden states depend on what the pads attend to, so its losses part a little (1.6 %
-    at most here); both of its forwards take the same mask."""
+    whose hidden states depend on what the pads attend to, so its losses part a little (a few
+    % at most here) and an answer near its margin may flip: its cells agree to one test row of
+    8 (the plain and pad-self runs of the preset's earlier replay timing happened to agree
+    exactly); both of its forwards take the same mask."""
     import surecl.nll as nll
 
     args = ["data.tasks=[colors,animals]", "data.n_train=24", "data.n_test=8", "model.share_prefix=false", "eval.before=false"]
@@ -268,7 +270,11 @@ def test_a_run_with_pads_attending_to_themselves_ends_as_the_plain_run(preset, t
     monkeypatch.setattr(nll, "pad_self_mask", lambda *a, **k: calls.append(1) or real(*a, **k))
     selfed = run(cfg, tmp_path / "selfed", progress=False, cache_dir=tiny_cache)
     assert calls, "the pad-self mask was never used"
-    assert selfed["accuracy_matrix"] == plain["accuracy_matrix"]
+    if preset == "slow_surprise":
+        assert selfed["accuracy_matrix"] == plain["accuracy_matrix"]
+    else:
+        pairs = [(x, y) for rx, ry in zip(selfed["accuracy_matrix"], plain["accuracy_matrix"]) for x, y in zip(rx, ry)]
+        assert all((x is None) == (y is None) and (x is None or abs(x - y) <= 100 / 8) for x, y in pairs), pairs
     a, b = _losses(tmp_path / "plain"), _losses(tmp_path / "selfed")
     assert len(a) == len(b) > 0 and b[0] == pytest.approx(a[0], rel=1e-5)
     assert b == pytest.approx(a, rel=1e-4 if preset == "slow_surprise" else 0.05, abs=1e-6)
