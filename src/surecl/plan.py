@@ -74,11 +74,10 @@ def _epoch_sizes(sizes: int | list[int], cfg: RunConfig, names: list[str] | None
     """New examples in each epoch of a stage whose tasks ``names`` hold ``sizes`` examples (a
     list, one per task; an int for a stage of one task)."""
     names = names or []
-    if isinstance(sizes, int):
-        if len(names) > 1:
-            raise ValueError("a stage of several tasks needs their sizes one by one")
-        sizes = [sizes]
-    return [sum(sizes[k] for k in members) for members in epoch_members(cfg, names if len(names) == len(sizes) else [])]
+    sizes = [sizes] if isinstance(sizes, int) else sizes
+    if names and len(names) != len(sizes):
+        raise ValueError("a stage of several tasks needs their sizes one by one")
+    return [sum(sizes[k] for k in members) for members in epoch_members(cfg, names)]
 
 
 def planned_steps(sizes: int | list[int], cfg: RunConfig, names: list[str] | None = None) -> int:

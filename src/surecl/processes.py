@@ -1,4 +1,8 @@
-"""Leaving a several-process run cleanly.
+"""Several processes: one outcome for all of them, and leaving cleanly.
+
+:func:`agreed` runs a step on the main process alone (a file written or read, a choice made)
+and hands its result, or its error, to every process at the same point: a process that stopped
+alone would leave the others in the next collective, hung or failing with a traceback.
 
 A process that exits with its ``torch.distributed`` process group still up can abort
 (``terminate called without an active exception``, SIGABRT, exit code -6) after its work is done:
@@ -21,7 +25,40 @@ from __future__ import annotations
 
 import atexit
 
+from surecl.errors import SureclError
+
 _registered = False
+
+
+def agreed(run, action):
+    """``action()`` on the main process only (``run.accelerator.is_main_process``); with
+    several processes (``run.world``) every process then returns its result, or stops with the
+    main process's error (the main process raises its own; the others a ``SureclError`` of its
+    line), at the same point."""
+    if getattr(run, "world", 1) == 1:
+        return action()
+    box, error = [None, None], None
+    if run.accelerator.is_main_process:
+        try:
+            box[0] = action()
+        except Exception as exc:
+            error = exc
+            box[1] = str(exc) if isinstance(exc, SureclError) else f"the main process stopped: {type(exc).__name__}: {exc}"
+    box = from_main(box)
+    if error is not None:
+        raise error
+    if box[1] is not None:
+        raise SureclError(box[1])
+    return box[0]
+
+
+def from_main(value):
+    """The main process's ``value``, on every process."""
+    from accelerate.utils import broadcast_object_list
+
+    box = [value]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
 
 
 def release_at_exit() -> None:

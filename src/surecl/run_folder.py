@@ -16,6 +16,7 @@ import surecl.checkpoint as checkpoint
 from surecl.errors import SureclError
 from surecl.model import host_info
 from surecl.plugins.tracking import MARK
+from surecl.processes import agreed, from_main
 from surecl.run_results import config_header, fingerprints, probe_fingerprints
 from surecl.run_state import RunState
 
@@ -49,9 +50,7 @@ def open_folder(run, resume: bool, fresh: bool) -> dict | None:
         if restored and run.state.next_stage >= len(run.stages):
             # the last checkpoint: a run that finished while this one waited for the lock (its
             # results.json and every final output in place) is not finished again
-            box = {}
-            agreed(run, lambda: box.update(done=_complete_results(run)))
-            done = from_main(box.get("done")) if getattr(run, "world", 1) > 1 else box.get("done")
+            done = agreed(run, lambda: _complete_results(run))
             if done is not None:
                 run.log(f"{run.out_dir}: already holds this finished run: its results.json is returned")
                 return done
@@ -181,34 +180,6 @@ def _finished_without_checkpoint(run) -> None:
         raise SureclError(f"{run.out_dir}: a finished run whose final output{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
                           f"{'are' if len(missing) > 1 else 'is'} missing and no checkpoint remains to write "
                           f"{'them' if len(missing) > 1 else 'it'} again; rerun with --fresh to train it again, or choose another --out")
-
-
-def agreed(run, action) -> None:
-    """Run ``action`` on the main process only; with several processes, every process then
-    stops with the main process's error at the same point (the others would otherwise go on
-    into the next collective and hang, or fail there with a traceback)."""
-    world = getattr(run, "world", 1)
-    if run.accelerator.is_main_process:
-        try:
-            action()
-        except Exception as e:
-            if world == 1:
-                raise
-            from_main(str(e) if isinstance(e, SureclError) else f"the main process stopped: {type(e).__name__}: {e}")
-            raise  # the others learned of it; the main process raises its own
-    if world > 1:
-        error = from_main(None)  # the main process's error message, or None when its action went through
-        if error is not None:
-            raise SureclError(error)
-
-
-def from_main(value):
-    """The main process's ``value``, on every process (the lock's agreement between ranks)."""
-    from accelerate.utils import broadcast_object_list
-
-    box = [value]
-    broadcast_object_list(box, from_process=0)
-    return box[0]
 
 
 def save(run) -> None:

@@ -48,6 +48,7 @@ from surecl.logs import logger
 from surecl.plan import epoch_members, planned_steps, replay_count
 from surecl.plugins.base import Plugin, Stage
 from surecl.plugins.faults import fault_point
+from surecl.processes import agreed, from_main
 from surecl.replay.policies import check_scores
 from surecl.replay.surprise import score_examples
 from surecl.run_setup import build_run
@@ -163,10 +164,10 @@ class ContinualRun:
         ``fresh`` first remove what an earlier run wrote there (only files surecl writes). The
         main process holds the folder's lock throughout (:func:`checkpoint.run_lock`): a second
         process there stops with :class:`~surecl.errors.RunBusy` before it touches anything."""
-        agree = run_folder.from_main if self.world > 1 else None
+        agree = from_main if self.world > 1 else None
         # read before the lock file is made: a folder an earlier version wrote is known by its lock file
         self.outputs = None
-        run_folder.agreed(self, lambda: setattr(self, "outputs", checkpoint.Manifest(self.out_dir)))
+        agreed(self, lambda: setattr(self, "outputs", checkpoint.Manifest(self.out_dir)))
         with checkpoint.run_lock(self.out_dir, self.accelerator.is_main_process, agree):
             finished = run_folder.open_folder(self, resume, fresh)
             if finished is not None:  # this run, finished, its checkpoints removed: nothing to do
@@ -268,7 +269,7 @@ class ContinualRun:
         # every process's own generator states (dropout masks are drawn per process, and their
         # streams part as each process draws for its own rows), gathered for the main process to save
         self.rank_rng = run_folder.gather_rng(self) if self.world > 1 else None
-        run_folder.agreed(self, lambda: run_folder.save(self))  # also the processes' barrier after a save
+        agreed(self, lambda: run_folder.save(self))  # also the processes' barrier after a save
 
     def restore(self) -> Path | None:
         return run_folder.restore(self)  # the newest valid checkpoint, into the run and its components

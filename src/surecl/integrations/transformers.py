@@ -87,7 +87,7 @@ from surecl.config import DualConfig, LoraConfig, ReplayConfig, replay_ratio
 from surecl.data.encode import uniform_batches
 from surecl.errors import SureclError
 from surecl.plan import replay_count
-from surecl.processes import release_at_exit
+from surecl.processes import agreed, release_at_exit
 from surecl.registry import policy_class, policy_spec
 from surecl.replay.policies import check_scores
 from surecl.step import pair_weights
@@ -493,28 +493,6 @@ class SureTrainer(Trainer):
     def rank(self) -> int:
         return self.args.process_index
 
-    def _on_main(self, action):
-        """``action()`` on the main process alone; with several processes every process then
-        returns its result, or raises its error at the same point (one process refusing alone
-        would leave the others in the next collective)."""
-        if self.world == 1:
-            return action()
-        from accelerate.utils import broadcast_object_list
-
-        box, error = [None, None], None
-        if self.accelerator.is_main_process:
-            try:
-                box[0] = action()
-            except Exception as exc:
-                error = exc
-                box[1] = str(exc) if isinstance(exc, SureclError) else f"the main process stopped: {type(exc).__name__}: {exc}"
-        broadcast_object_list(box, from_process=0)
-        if error is not None:
-            raise error
-        if box[1] is not None:
-            raise SureclError(box[1])
-        return box[0]
-
     def _check_processes(self) -> None:
         """One-line errors for multi-process settings whose step would not be the one-process step."""
         if self.world == 1:
@@ -588,7 +566,7 @@ class SureTrainer(Trainer):
         self.labels.append(labels)
         self.data_ids.append({"rows": len(data), "sha256": _data_digest(data)})
         if resume_from_checkpoint and self._resume is None:  # the main process's choice (a task's end it may be writing now)
-            self._resume = self._on_main(lambda: self._find_resume(resume_from_checkpoint))
+            self._resume = agreed(self, lambda: self._find_resume(resume_from_checkpoint))
         resume = self._resume
         if resume is not None and t <= resume["task"]:
             self._check_same_data(t, resume["path"])
@@ -633,7 +611,7 @@ class SureTrainer(Trainer):
         end = self.root / f"task-{t}" / END_DIR
         if self.args.should_save and not self.accelerator.is_main_process:
             self._end_task(end, t)
-        self._on_main(lambda: self._end_task(end, t) if self.args.should_save else None)
+        agreed(self, lambda: self._end_task(end, t) if self.args.should_save else None)
         return out
 
     def _end_task(self, end: Path, t: int) -> None:
