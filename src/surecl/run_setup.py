@@ -236,11 +236,18 @@ def sliding_window_in_use(config) -> int | None:
         layer_types = getattr(c, "layer_types", None)
         if layer_types is not None and "sliding_attention" not in layer_types:
             continue
-        positions = getattr(c, "n_positions", None) or getattr(c, "max_position_embeddings", None)
-        if isinstance(positions, int) and not isinstance(positions, bool) and window >= positions:
+        positions = model_positions(c)
+        if positions is not None and window >= positions:
             continue
         return window
     return None
+
+
+def model_positions(config) -> int | None:
+    """The positions a model config gives (``n_positions`` / ``max_position_embeddings``), or
+    None where it names no positive whole number."""
+    positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    return positions if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0 else None
 
 
 def check_context(run, config) -> None:
@@ -256,8 +263,8 @@ def check_context(run, config) -> None:
 
     if run.is_seq2seq:
         return
-    context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-    if isinstance(context, bool) or not isinstance(context, int) or context <= 0:
+    context = model_positions(config)
+    if context is None:
         return
     # The method's input prefix (Progressive Prompts: every task's soft prompt) goes before the
     # stream's rows, not the probe's: the rows as encoded do not hold it yet.
