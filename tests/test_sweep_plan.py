@@ -89,6 +89,20 @@ def test_an_order_named_as_a_number_yaml_would_rewrite_stays_itself(tmp_path):
     assert len({r.path for r in runs}) == 2
 
 
+def test_unquoted_numbers_in_a_plan_are_the_names_and_ratios_as_written(tmp_path):
+    """YAML 1.1 reads an unquoted ``010`` as 8 and ``1:2`` as 62: an order, a task or a grid value
+    written that way is its text (order ``010`` in folder order010, ratio 1:2), seeds stay numbers."""
+    f = tmp_path / "p.yaml"
+    f.write_text("orders: {010: [colors, animals]}\nseeds: [0, 1]\nmethods: [slow_surprise]\n"
+                 "grid: {replay.ratio: [1:2, 1:4]}\n")
+    plan = load_plan(str(f))
+    assert list(plan.orders) == ["010"] and plan.seeds == [0, 1]
+    runs = expand(plan)
+    assert {r.path.split("/")[-2] for r in runs} == {"order010"}
+    cfgs = [build_config("tiny,slow_surprise", r.overrides) for r in runs]
+    assert sorted({c.replay.ratio for c in cfgs}) == ["1:2", "1:4"] and {c.data.order for c in cfgs} == {"010"}
+
+
 def test_an_unknown_metric_stops_the_sweep_before_any_run_trains(tmp_path, capsys):
     out = tmp_path / "sw"
     assert main(["sweep", "--metric", "bogus", "--config", "tiny", "--methods", "seq_lora", "--out", str(out), "--quiet",

@@ -107,6 +107,28 @@ def test_a_yaml_boolean_where_a_string_is_meant_is_refused(override):
     assert quoted.data.hf[0].labels == ["no", "yes"]
 
 
+def test_an_unquoted_yaml_number_where_a_string_is_meant_is_its_text(tmp_path):
+    """YAML 1.1 reads an unquoted 010 as 8, 0x1F as 31, 1.50 as 1.5 and 1:30 as 90: labels and
+    task names written that way are the text as written (they were "8", "31", "1.5", "90")."""
+    f = tmp_path / "c.yaml"
+    f.write_text("data:\n  tasks: [010, 0x1F]\n  hf:\n  - {path: x.csv, labels: [010, 1.50, 1:30, 7], test_fraction: 0.2}\n"
+                 "replay:\n  ratio: 1:2\n")
+    cfg = build_config(f"tiny,{f}")
+    assert cfg.data.tasks == ["010", "0x1F"] and cfg.data.hf[0].labels == ["010", "1.50", "1:30", "7"]
+    assert cfg.replay.ratio == "1:2"
+    assert build_config("tiny", ["data.hf=[{path: x.csv, labels: [010, 020], test_fraction: 0.2}]"]).data.hf[0].labels == ["010", "020"]
+    # a number where a number is declared reads as YAML reads it; config.yaml writes it back
+    cfg = build_config("tiny", ["seed=010", "train.lr=1.50e-3"])
+    assert cfg.seed == 8 and cfg.train.lr == 1.5e-3 and type(cfg.seed) is int
+    assert build_config(_saved(tmp_path, cfg)).seed == 8
+
+
+def _saved(folder: Path, cfg) -> str:
+    path = folder / "saved.yaml"
+    path.write_text(cfg.to_yaml())
+    return str(path)
+
+
 @pytest.mark.parametrize("line, words", [
     ('{"sentence": "x", "label": "warm", "split": ["test"]}', "split must be 'train' or 'test'"),
     ("[" * 100000 + "]" * 100000, "nested too deeply"),

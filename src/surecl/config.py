@@ -455,7 +455,7 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
         if value is None:  # YAML reads a key with nothing after it, null and ~ as no value: "None" would become the text
             raise SureclError(f"{key}: expected a string, got no value (YAML reads an empty value, null and ~ as none): give a "
                               "value, or remove the key for its default")
-        return str(value)
+        return written(value)  # 010 is the label "010", not "8"
     raise SureclError(f"{key}: unsupported type {typ}")
 
 
@@ -560,10 +560,52 @@ YAML_NODES = 100_000
 config or plan is a few hundred; an alias bomb (a few lines expanding to billions) stops at once."""
 
 
+class _WrittenInt(int):
+    """An unquoted YAML integer whose text is not its decimal form (``010`` is 8, ``0x1F`` 31,
+    ``1_000`` 1000): where a string is declared, the text as written is meant (a label ``010``)."""
+
+    text: str
+
+
+class _WrittenFloat(float):
+    """An unquoted YAML float whose text is not its Python form (``1.50`` is 1.5): as :class:`_WrittenInt`."""
+
+    text: str
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` keeping the text of a number written in a form its value does not print
+    back (:class:`_WrittenInt`, :class:`_WrittenFloat`); every other value is as safe_load builds it."""
+
+
+def _written(kind: type, construct):
+    def build(loader: yaml.SafeLoader, node: yaml.ScalarNode):
+        value = construct(loader, node)
+        if isinstance(value, bool) or str(value) == node.value or not math.isfinite(value):
+            return value
+        out = kind(value)
+        out.text = node.value
+        return out
+    return build
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _written(_WrittenInt, yaml.SafeLoader.construct_yaml_int))
+_Loader.add_constructor("tag:yaml.org,2002:float", _written(_WrittenFloat, yaml.SafeLoader.construct_yaml_float))
+yaml.SafeDumper.add_representer(_WrittenInt, yaml.SafeDumper.represent_int)
+yaml.SafeDumper.add_representer(_WrittenFloat, yaml.SafeDumper.represent_float)
+
+
+def written(value: Any) -> str:
+    """``str(value)``, or a YAML number's text as written where it differs (``010``, ``1:2``)."""
+    return value.text if isinstance(value, (_WrittenInt, _WrittenFloat)) else str(value)
+
+
 def safe_yaml(text: str, source: str) -> Any:
     """``yaml.safe_load(text)``, refusing (one line naming ``source``) a document whose aliases
-    expand beyond :data:`YAML_NODES` nodes, before anything is built from it."""
-    loader = yaml.SafeLoader(text)
+    expand beyond :data:`YAML_NODES` nodes, before anything is built from it. A number written
+    in a form its value does not print back (``010``, ``0x1F``, ``1.50``) keeps its text, which a
+    key declared as a string reads (the number is the same for every other use)."""
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from surecl.config import safe_yaml
+from surecl.config import safe_yaml, written
 from surecl.errors import SureclError
 
 PLAN_KEYS = {"description", "config", "overrides", "orders", "order_benchmark", "seeds", "methods", "grid", "groups", "layout"}
@@ -95,11 +95,13 @@ def _strings(value: Any, where: str) -> list[str]:
         value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
         raise SureclError(f"{where}: expected a list of names or numbers")
-    return [str(v) for v in value]
+    return [written(v) for v in value]  # a name 010 or a ratio 1:2 as written, not 8 or 62
 
 
 def _seeds(value: Any, where: str) -> list[int]:
     out = []
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return [int(v) for v in value]  # seeds read as YAML reads them, like the config's seed
     for v in _strings(value, where):
         try:
             out.append(int(v))
@@ -132,7 +134,8 @@ def _orders(value: Any, where: str) -> dict[str, list[str] | None]:
     if isinstance(value, dict):
         out = {}
         for name, tasks in value.items():
-            _order_name(str(name), where)
+            name = written(name)
+            _order_name(name, where)
             if tasks is None:
                 out[str(name)] = None
             else:
@@ -169,7 +172,7 @@ def load_plan(name_or_path: str) -> Plan:
     if "order_benchmark" in data:
         if not isinstance(data["order_benchmark"], dict):
             raise SureclError(f"{source}: order_benchmark must map order names to benchmark names")
-        plan.order_benchmark = {str(k): str(v) for k, v in data["order_benchmark"].items()}
+        plan.order_benchmark = {written(k): str(v) for k, v in data["order_benchmark"].items()}
     if "seeds" in data:
         plan.seeds = _seeds(data["seeds"], f"{source}: seeds")
     if "methods" in data:
