@@ -25,8 +25,8 @@ distribution only). ``--stop TASK STEP`` stops every process after optimizer ste
 TASK (an exception from a callback, before any later checkpoint); ``--resume`` reruns the
 script with ``resume_from_checkpoint=True``. ``--save-only`` saves checkpoints without the
 optimizer (``save_only_model``); ``--slow-end S`` makes the main process take S seconds more to
-write each task's end state; ``--no-eval`` leaves out the evaluations between tasks.
-"""
+write each task's end state; ``--no-eval`` leaves out the evaluations between tasks. Every optimizer step
+logs (``logging_steps=1``); what each log says of the trained tokens is kept."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> None:
     settings = dict(
         per_device_train_batch_size=MICRO // world, gradient_accumulation_steps=GA,
         per_device_eval_batch_size=N_TEST // world, learning_rate=5e-3, num_train_epochs=2, lr_scheduler_type="constant",
-        report_to=[], use_cpu=True, save_strategy="steps", save_steps=2, seed=0, disable_tqdm=True, logging_strategy="no",
+        report_to=[], use_cpu=True, save_strategy="steps", save_steps=2, seed=0, disable_tqdm=True, logging_steps=1,
         save_only_model=opts.save_only,
     )
     if opts.sft:
@@ -127,7 +127,7 @@ def main(argv: list[str]) -> None:
         trainer = SureTrainer(model=loaded.model, args=args, data_collator=DataCollatorForLanguageModeling(tok, mlm=False), sure=sure)
     trainer.remove_callback(PrinterCallback)
     rank = trainer.args.process_index
-    record = {"world": trainer.world, "scored": [], "rows": [], "padding_rows": 0, "state_writes": [], "evals": [], "grad_norms": []}
+    record = {"world": trainer.world, "scored": [], "rows": [], "padding_rows": 0, "state_writes": [], "evals": [], "grad_norms": [], "logged_tokens": []}
 
     surprise = trainer._surprise
 
@@ -161,7 +161,13 @@ def main(argv: list[str]) -> None:
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             record["grad_norms"].append(float(torch.cat([p.grad.flatten() for p in trainer.dual.fast_params]).norm()))
 
+    class Logged(TrainerCallback):  # what every step's log says (TRL's num_tokens with --sft)
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                record["logged_tokens"].append(logs.get("num_tokens"))
+
     trainer.add_callback(GradNorm())
+    trainer.add_callback(Logged())
     if opts.stop:
         trainer.add_callback(StopAt(*opts.stop, error=Stop))
     try:

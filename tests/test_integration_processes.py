@@ -134,6 +134,9 @@ def test_two_processes_train_as_one(runs):
     assert two["ema"] == one["ema"] == [0.9, 18, 102]
     # TRL's count of trained tokens leaves out the padding row a process runs without a share
     assert two["num_tokens"] == one["num_tokens"] and (one["num_tokens"] is None) == (not runs.name.startswith("sft"))
+    # and so does every step's log, the one right after the padding row included
+    assert two["logged_tokens"] == one["logged_tokens"] and len(one["logged_tokens"]) == 6 * TASKS
+    assert (None in one["logged_tokens"]) == (not runs.name.startswith("sft"))
     # the same weights and eval losses (slow adapter on every task, fast on the current one)
     assert one_w.keys() == two_w.keys() and len(one_w) > 0
     for k in one_w:
