@@ -328,3 +328,40 @@ def test_resume_refuses_what_would_silently_be_another_run(tiny_loaded, tmp_path
     with pytest.raises(SureclError, match="without the optimizer's state") as err:
         trainer.next_task(sets[0], resume_from_checkpoint=True)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_rows_surprise_does_not_depend_on_its_batch(tiny_loaded, tmp_path, arch):
+    """With the left padding surecl's tokenizers use and DataCollatorForLanguageModeling, a
+    padded row was scored one token more (its first real token, predicted from padding) and, on
+    a model with learned positions, from shifted positions: scores moved with the batch. Each
+    row's score is now the one it has alone (a hand computation on the unpadded row)."""
+    from types import SimpleNamespace
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = tiny_loaded.tokenizer
+    assert tok.padding_side == "left"
+    model, targets = tiny_loaded.model, ["q_proj", "v_proj"]
+    if arch == "gpt2":  # learned absolute positions: a shifted row reads other position embeddings
+        config = GPT2Config(vocab_size=len(tok), n_positions=128, n_embd=64, n_layer=2, n_head=4, initializer_range=0.5,
+                            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model, targets = GPT2LMHeadModel(config), ["c_attn"]
+    loaded = SimpleNamespace(model=model, tokenizer=tok)
+    _, sets = lm_sets(tok, n_train=12)
+    ds = sets[0]
+    assert len({len(r) for r in ds["input_ids"]}) > 1  # rows of several lengths: the batch pads
+    trainer = make_trainer(loaded, tmp_path, SureArguments(buffer_size=4, target_modules=targets, lora_dropout=0.0))
+    alone, together = [], []
+    for size, out in ((1, alone), (len(ds), together)):
+        trainer.args.per_device_eval_batch_size = size
+        out += trainer.surprise(ds)
+    hand = []
+    with trainer.dual.evaluating(FAST) as m, torch.no_grad():
+        for ids in ds["input_ids"]:
+            logp = torch.log_softmax(m(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+            hand.append(float(-logp.gather(1, torch.tensor(ids[1:])[:, None]).mean()))
+    assert alone == pytest.approx(hand, rel=1e-5, abs=0)
+    assert together == pytest.approx(hand, rel=1e-5, abs=0)

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import math
 import random
@@ -307,6 +308,17 @@ class _PlannedBatches:
 
     def __iter__(self):
         yield from self.epochs[min(self.epoch, len(self.epochs) - 1)]
+
+
+def _takes_position_ids(model) -> bool:
+    """Whether the (PEFT-, DDP-wrapped) model's forward takes ``position_ids``."""
+    while hasattr(model, "module"):
+        model = model.module
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "position_ids" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class _PlannedLoader(torch.utils.data.DataLoader):
@@ -745,7 +757,12 @@ class SureTrainer(Trainer):
         return out
 
     def _row_nll(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's summed NLL (fp32) over the tokens its ``labels`` mark, and their count."""
+        """Each row's summed NLL (fp32) over the tokens its ``labels`` mark, and their count.
+        A causal row's value does not depend on its batch: a left-padded row's positions count
+        from its first real token (where the batch brings no ``position_ids`` and the model takes
+        them), and a token is scored only after a real one (the first real token of a left-padded
+        row, which a collator such as ``DataCollatorForLanguageModeling`` labels, would be
+        predicted from padding)."""
         batch = dict(batch)
         if not torch.is_tensor(batch.get("labels")):
             raise SureclError(
@@ -757,8 +774,14 @@ class SureTrainer(Trainer):
         if self.is_seq2seq:
             logits = model(**batch, labels=labels).logits
         else:
+            mask = batch.get("attention_mask")
+            left_padded = torch.is_tensor(mask) and mask.dim() == 2 and bool((mask[:, 0] == 0).any())
+            if left_padded and "position_ids" not in batch and _takes_position_ids(model):
+                batch["position_ids"] = (mask.long().cumsum(1) - 1).clamp(min=0)
             logits = model(**batch).logits[:, :-1]
             labels = labels[:, 1:]
+            if left_padded:
+                labels = labels.masked_fill(mask[:, :-1] == 0, -100)
         valid = labels != -100
         lse = torch.logsumexp(logits.float(), dim=-1)
         target = logits.gather(2, labels.clamp(min=0).unsqueeze(2)).squeeze(2).float()
