@@ -12,6 +12,7 @@ EMA's rate. Nothing here trains or writes a file."""
 from __future__ import annotations
 
 import math
+import os
 import random
 from pathlib import Path
 
@@ -42,6 +43,21 @@ from surecl.run_state import InputSets, RunState
 from surecl.step import TrainStep
 
 
+def accelerate_mixed_precision() -> str:
+    """The mixed precision accelerate would apply (``accelerate launch --mixed_precision``, its
+    config file, ``ACCELERATE_MIXED_PRECISION``): a run sets ``mixed_precision="no"``, as its
+    precision is ``model.dtype`` and results.json records that, never an autocast beside it.
+    One line where this process's accelerate state already holds another setting (an
+    ``Accelerator(mixed_precision=...)`` made before the run), which cannot change."""
+    from accelerate.state import AcceleratorState
+
+    held = AcceleratorState._shared_state.get("_mixed_precision")
+    if held not in (None, "no"):
+        raise SureclError(f"accelerate: this process already set mixed_precision={held}, which cannot change; surecl runs "
+                          "with mixed_precision='no' (model.dtype sets the precision): run it in a process of its own")
+    return (os.environ.get("ACCELERATE_MIXED_PRECISION") or "no").lower()
+
+
 def build_run(
     run, cfg: RunConfig, out_dir: Path, *, progress: bool = True, cache_dir: Path | None = None, plugins: list[Plugin] = (),
     log_with: list[str] = (), model=None, tokenizer=None, tasks: list[Task] | None = None,
@@ -58,11 +74,15 @@ def build_run(
     # the gradient all-reduce of its last slice's backward.
     ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
     trackers = run.trackers = check_trackers(list(log_with))
+    asked = accelerate_mixed_precision()
     run.accelerator = Accelerator(
-        cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp], log_with=trackers or None,
+        cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp], log_with=trackers or None, mixed_precision="no",
         project_config=ProjectConfiguration(project_dir=str(run.out_dir), logging_dir=str(run.out_dir / "tensorboard")),
     )
     run.device = run.accelerator.device
+    if asked != "no":
+        run.log(f"note: accelerate's mixed_precision={asked} is not used: model.dtype sets the precision (here "
+                f"{cfg.model.dtype}; model.dtype=bf16 runs the base in bf16), and results.json records it")
     run.world, run.rank = run.accelerator.num_processes, run.accelerator.process_index
     if run.world > 1:
         release_at_exit()
