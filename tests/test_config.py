@@ -201,6 +201,20 @@ def test_buffer_fraction_and_counts_are_never_confused():
     assert buffer_capacity(config_from_dict(saved).replay, 10_000) == 300
     with pytest.raises(SureclError, match="buffer_fraction"):
         build_config("tiny,surprise", ["replay.buffer_size=1.0"])
+    # from Python too: a float at or above 1 was one example (1.0) or a count (300.0), silently
+    from surecl.config import RunConfig, validate
+    from surecl.sections import ReplayConfig
+
+    for value in (1.0, 300.0):
+        cfg = build_config("tiny,surprise")
+        cfg.replay.buffer_size = value
+        with pytest.raises(SureclError, match=r"buffer_size: .* is ambiguous.*buffer_fraction") as err:
+            validate(cfg)
+        assert "\n" not in str(err.value)
+    with pytest.raises(SureclError, match="ambiguous"):
+        RunConfig(replay=ReplayConfig(policy="surprise", buffer_size=1.0))
+    cfg.replay.buffer_size = 300
+    validate(cfg)
 
 
 def test_dry_run_names_the_buffer_fraction_it_uses(capsys):

@@ -291,8 +291,11 @@ def validate(cfg: RunConfig) -> RunConfig:
     for name, (epochs,) in per_task_values(cfg.train.epochs_per_task, "train.epochs_per_task", 1).items():
         if epochs < 1 or epochs != int(epochs) or epochs > 1000:
             raise SureclError(f"train.epochs_per_task: {name}:{epochs:g} must be a whole number of epochs from 1 to 1000")
-    if cfg.replay.buffer_size > 0 and cfg.replay.buffer_size >= 1 and cfg.replay.buffer_size != int(cfg.replay.buffer_size):
+    if cfg.replay.buffer_size >= 1 and cfg.replay.buffer_size != int(cfg.replay.buffer_size):
         raise SureclError(f"replay.buffer_size: {cfg.replay.buffer_size!r} must be a fraction below 1 or a whole count")
+    if isinstance(cfg.replay.buffer_size, float) and cfg.replay.buffer_size >= 1:  # set from Python: 1.0 meant one example
+        raise SureclError(f"replay.buffer_size: {cfg.replay.buffer_size!r} is ambiguous (a count or a fraction?); give a count "
+                          f"as an int ({int(cfg.replay.buffer_size)}) or a fraction as replay.buffer_fraction (1.0 = every example)")
     for i, entry in enumerate(cfg.data.hf):
         key = f"data.hf[{i}]"
         if not entry.path.strip():
