@@ -169,6 +169,25 @@ def test_a_finished_run_missing_an_output_writes_it_again(finished, tmp_path, ca
     assert "already finished" in capsys.readouterr().err
 
 
+def test_completing_a_finished_run_keeps_the_users_files_in_its_adapter_folders(finished, tmp_path, capsys):
+    """A missing heatmap.png has the rerun export every output again: a note the user kept in
+    adapters/slow (and a folder of their own there) went with the folder it replaced."""
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    (out / "heatmap.png").unlink()
+    (out / "adapters" / "slow" / "NOTES.md").write_text("mine\n")
+    (out / "adapters" / "fast" / "evals").mkdir()
+    (out / "adapters" / "fast" / "evals" / "mmlu.json").write_text("{}\n")
+    assert main(["run", *TINY, "--out", str(out), *SMALL]) == 0
+    assert "heatmap.png missing" in capsys.readouterr().err
+    assert (out / "adapters" / "slow" / "NOTES.md").read_text() == "mine\n"
+    assert (out / "adapters" / "fast" / "evals" / "mmlu.json").read_text() == "{}\n"
+    mine = {"adapters/slow/NOTES.md", "adapters/fast/evals/mmlu.json"}
+    outputs = final_outputs(out)
+    outputs["adapters"] = {k: v for k, v in outputs["adapters"].items() if k not in mine}
+    assert outputs == final_outputs(finished)
+
+
 def test_a_finished_run_missing_an_output_and_its_checkpoints_says_so(finished, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(finished, out)

@@ -82,12 +82,30 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _keep_others(old: Path, new: Path) -> None:
+    """Copy into ``new`` (the folder about to replace ``old``) every entry of ``old`` that ``new``
+    does not hold: a file a user keeps in an exported folder (notes, an evaluation) outlives
+    the export written again (a finished run completing a missing output rewrites them all);
+    the files the export writes are its own, replaced. Copied, not moved: until the swap the
+    old folder stays whole, so a failure on the way loses nothing."""
+    if not old.is_dir() or old.is_symlink():
+        return
+    for entry in old.iterdir():
+        if os.path.lexists(new / entry.name) or TEMP_MARK in entry.name:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.copytree(entry, new / entry.name, symlinks=True)
+        else:
+            shutil.copy2(entry, new / entry.name, follow_symlinks=False)
+
+
 def save_adapter(adapters, folder: Path, name: str, base_model: str | None = None, card: str | None = None,
                  files: dict[str, str] | None = None) -> None:
     """PEFT-format adapter folder ``folder/name``, replaced atomically; ``base_model`` replaces
     the ``base_model_name_or_path`` PEFT records (the folder the base was loaded from),
     ``card`` is written as the folder's ``README.md`` and ``files`` (name -> text, e.g.
-    ``prompt.json``) beside it."""
+    ``prompt.json``) beside it. Entries of an earlier ``folder/name`` that this export does
+    not write are kept (:func:`_keep_others`)."""
     folder.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir(f".{name}.{TEMP_MARK}", folder)
     try:
@@ -105,6 +123,7 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
         follow_umask(written)
         target = folder / name
         old = None
+        _keep_others(target, written)
         if target.exists():
             old = folder / f".{name}.{TEMP_MARK}old"
             shutil.rmtree(old, ignore_errors=True)
@@ -121,7 +140,8 @@ def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tenso
     tokenizer, ``card`` as ``README.md``), loadable with ``AutoModel*.from_pretrained(folder)``,
     replaced atomically: built beside ``folder`` under a ``.``-prefixed temporary name and
     swapped in. ``model`` gives the config; ``state_dict`` the weights, under transformers'
-    names (tied weights once: transformers ties them again on load)."""
+    names (tied weights once: transformers ties them again on load). Entries of an earlier
+    ``folder`` that this export does not write are kept (:func:`_keep_others`)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir(f".{folder.name}.{TEMP_MARK}", folder.parent)
@@ -133,6 +153,7 @@ def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tenso
         for file, text in (files or {}).items():
             (tmp / file).write_text(text, encoding="utf-8")
         follow_umask(tmp)
+        _keep_others(folder, tmp)
         if folder.exists():
             shutil.rmtree(old, ignore_errors=True)
             os.replace(folder, old)
