@@ -12,9 +12,10 @@ Without one, on an accelerator in training, the left padding's positions attend 
 Returns, for each row of a collated batch, the summed NLL and the number of tokens scored, so
 callers choose the reduction (mean = the paper's surprise, sum = its ablation) and scope
 (``label``: answer tokens only, those its ``answer_mask`` marks where the batch has one (a
-chat row's assistant turns); ``sequence``: every real token after the first). Virtual
-tokens (negative ids: a method's soft prompt, see :meth:`surecl.methods.Method.input_prefix`)
-are read, never scored.
+chat row's assistant turns; on a seq2seq model the ``-100`` of its ``labels``, the decoder
+still reading the unscored turns, :func:`seq2seq_inputs`); ``sequence``: every real token
+after the first). Virtual tokens (negative ids: a method's soft prompt, see
+:meth:`surecl.methods.Method.input_prefix`) are read, never scored.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_se
     §9); the CPU keeps the plain mask, and so the results its runs had."""
     if is_seq2seq:
         labels = batch["labels"]
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels, use_cache=False)
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels, use_cache=False,
+                    **seq2seq_inputs(model, batch))
         return _rows_nll(out.logits, labels.clamp(min=0), (labels != -100).float())
     if scope == "label":
         ids = batch["input_ids"]
@@ -72,6 +74,27 @@ def token_nll(model, batch: dict[str, torch.Tensor], scope: str = "label", is_se
             nll, count = _rows_nll(logits, targets, valid)
             return nll + own + edge, count + pairs.sum() + at_edge
     return _rows_nll(logits, targets, valid)
+
+
+def seq2seq_inputs(model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The decoder's input for a seq2seq batch whose ``labels`` hide read-only tokens (a
+    conversation's user turns, -100 in ``labels``): ``decoder_input_ids``, the batch's
+    ``decoder_targets`` (every answer token) shifted right by the model's own shift (its
+    ``decoder_start_token_id`` first, -100 padding read as its pad token), so the decoder reads
+    those turns while the loss skips them. {} for a batch without ``decoder_targets``: the model
+    then shifts ``labels`` itself, as it always did."""
+    targets = batch.get("decoder_targets")
+    if targets is None:
+        return {}
+    inner = getattr(model, "module", model)  # DDP's wrapper forwards no attributes; PEFT's does
+    shift = getattr(inner, "prepare_decoder_input_ids_from_labels", None)
+    if shift is not None:
+        return {"decoder_input_ids": shift(labels=targets)}
+    config = inner.config
+    out = targets.new_full(targets.shape, config.pad_token_id)
+    out[:, 1:] = targets[:, :-1].masked_fill(targets[:, :-1] == -100, config.pad_token_id)
+    out[:, 0] = config.decoder_start_token_id
+    return {"decoder_input_ids": out}
 
 
 def pad_self_mask(mask: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

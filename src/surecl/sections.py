@@ -27,12 +27,20 @@ class ModelConfig:
     more memory, but none of the fused kernels' numerics; the check to make when a run on an
     accelerator stops on a non-finite gradient from a finite loss)."""
     max_length: int = 128
-    """Prompt tokens kept per example (the sentence is truncated, the answer never)."""
+    """Tokens kept per example. Classification: the prompt's (its sentence is cut, at least one
+    token kept; instruction, options and the answer never, the answer coming on top). Generation
+    and chat: prompt + target; a target longer than the prompt leaves is cut to
+    ``max(max_length - prompt tokens, max_length // 2)`` tokens and the prompt then cut to the
+    rest (a prompt / response row's input at its end, a conversation from its start). Text: the
+    start token and the document's first ``max_length - 1`` tokens. Cut targets and inputs are
+    counted and logged per task; a cut end is neither trained nor scored."""
     encoder_eos: bool = False
     """Encoder-decoder models: end the encoder input (the prompt) with the end-of-sequence
     token, as the T5 tokenizer does by default and the reference code of the paper and of
-    O-LoRA do (``tokenizer(source)``). The ``paper-t5`` preset sets it; off by default so
-    earlier T5 runs keep their inputs. Not read for causal models."""
+    O-LoRA do (``tokenizer(source)``): every prompt, classification, generation and chat,
+    training and test rows, the EOS counted in ``max_length`` (the prompt's text is cut to make
+    room, never that EOS). The ``paper-t5`` preset sets it; off by default so earlier T5 runs
+    keep their inputs. Not read for causal models."""
     share_prefix: bool = True
     """Run the prompt prefix that a batch's rows share (a task's instruction and options) once
     per batch and let the rows attend to its KV cache, in scoring, training and evaluation of

@@ -3,6 +3,8 @@
 Prompt (O-LoRA): ``instruction + "Option: " + ", ".join(labels) + " \\n" + sentence + "\\nAnswer:"``.
 For a causal model a training sequence is prompt + " " + label + EOS and the loss is on the
 answer; for a seq2seq model the prompt is the encoder input and label + EOS the target.
+With ``end_eos`` (``model.encoder_eos``) every prompt, of every task kind, ends with the EOS
+token (inside ``max_length``: the prompt's text is cut, never that EOS).
 A ``generate`` task's prompt is the same without options (``instruction + prompt +
 "\nAnswer:"``, the target after a space, then EOS), or, through the tokenizer's chat template,
 the conversation up to the assistant's answer (``data.template``; chat rows always): a chat
@@ -65,7 +67,10 @@ class Encoded:
 
 
 class TaskEncoder:
-    """Tokenises a task's examples once; truncates the sentence, never the instruction or answer."""
+    """Tokenises a task's examples once. A classification row's sentence is cut to fit
+    ``max_length``, never its instruction, options or answer; a generation, chat or text row
+    also has its target cut where prompt + target would exceed ``max_length`` (keeping at least
+    ``max_length // 2`` of it, :meth:`_fit_answer`), the prompt then cut to the rest."""
 
     def __init__(self, tokenizer, max_length: int, end_eos: bool = False, task_prefix: bool = False, template: str = "auto"):
         self.tok = tokenizer
@@ -76,7 +81,9 @@ class TaskEncoder:
         self.task_prefix = task_prefix
         """Put O-LoRA's ``Task:...\nDataset:...\n`` before every prompt (``data.task_prefix``)."""
         self.end_eos = end_eos
-        """End every prompt with the EOS token (an encoder-decoder's input, ``model.encoder_eos``)."""
+        """End every prompt with the EOS token (an encoder-decoder's input, ``model.encoder_eos``):
+        classification, plain generation and chat prompts alike, training and test rows, the
+        EOS counted in ``max_length`` (the prompt's text is cut to make room for it)."""
         self._answers: dict[str, list[int]] = {}
         self.cut: dict[tuple[str, str], tuple[int, int]] = {}
         """(task, split) -> (rows whose target or text was cut to ``max_length``, rows): what the
@@ -100,7 +107,7 @@ class TaskEncoder:
     def prompt_ids(self, task: Task, sentence: str) -> list[int]:
         head, body, tail = prompt_parts(task, sentence, self.task_prefix)
         bos = [self.tok.bos_token_id] if getattr(self.tok, "add_bos_token", False) and self.tok.bos_token_id is not None else []
-        head_ids, tail_ids = bos + self._ids(head), self._ids(tail) + ([self.tok.eos_token_id] if self.end_eos else [])
+        head_ids, tail_ids = bos + self._ids(head), self._ids(tail) + self._eos()
         room = max(self.max_length - len(head_ids) - len(tail_ids), 1)
         body_ids = self._ids(body)
         self._sentence_cuts += len(body_ids) > room
@@ -215,7 +222,7 @@ class TaskEncoder:
             self._sentence_cuts += keep < len(body) or self._dropped > 0
             return enc
         head = ([self.tok.bos_token_id] if getattr(self.tok, "add_bos_token", False) and self.tok.bos_token_id is not None else []) + self._ids(task.instruction)
-        tail = self._ids("\nAnswer:")
+        tail = self._ids("\nAnswer:") + self._eos()
         body = self._ids(ex.sentence)
         answer = self._ids(" " + ex.label) + [self.tok.eos_token_id]
         answer = self._fit_answer(answer, len(head) + len(body) + len(tail))
@@ -223,8 +230,13 @@ class TaskEncoder:
         self._sentence_cuts += len(body) > room
         return Encoded(head + body[:room] + tail, answer, ex.label)
 
+    def _eos(self) -> list[int]:
+        """What ends every prompt: the EOS token with ``end_eos``, else nothing."""
+        return [self.tok.eos_token_id] if self.end_eos else []
+
     def _fit_answer(self, answer: list, prompt_len: int) -> list:
-        """A long target keeps what ``max_length`` leaves beside the prompt, at least half of it
+        """The target, cut where ``prompt_len`` + its length exceeds ``max_length``: it keeps what
+        ``max_length`` leaves beside the prompt, but at least its first ``max_length // 2`` tokens
         (the prompt is then cut to the rest)."""
         if prompt_len + len(answer) <= self.max_length:
             return answer
@@ -342,11 +354,12 @@ class TaskEncoder:
         mask = [int(a) for ids, a in rest for _ in ids]
         if not any(mask):
             raise SureclError(f"{where}: the assistant turn has no tokens")
-        answer = self._fit_answer(answer, len(prompt))
+        eos = self._eos()  # ends the prompt (end_eos), kept whatever is cut
+        answer = self._fit_answer(answer, len(prompt) + len(eos))
         mask = mask[: len(answer)]
-        room = max(self.max_length - len(answer), 1)
+        room = max(self.max_length - len(answer) - len(eos), 1)
         self._dropped = max(len(prompt) - room, 0)  # prompt tokens cut from the start (the caller counts them)
-        return Encoded(prompt[-room:], answer, target, None if all(mask) else mask)
+        return Encoded(prompt[-room:] + eos, answer, target, None if all(mask) else mask)
 
     def stop_ids(self) -> list[int]:
         """The tokens that end a generated answer: EOS and, with a chat template, the first token
@@ -464,7 +477,12 @@ def shared_prefix_len(items: list[Encoded]) -> int:
 
 def collate(items: list[Encoded], pad_id: int, is_seq2seq: bool, with_answer: bool = True, share_prefix: bool = False) -> dict[str, torch.Tensor]:
     """Tensors for a batch. Causal: left-padded ``prompt+answer`` (or prompt only), explicit
-    position ids, ``n_answer`` per row. Seq2seq: padded encoder input and ``-100``-padded labels.
+    position ids, ``n_answer`` per row. Seq2seq: padded encoder input and ``-100``-padded labels;
+    where a row has a ``mask`` (a conversation's user turns between assistant turns: read, not
+    scored), its unscored tokens are -100 in ``labels`` only, and ``decoder_targets`` holds every
+    row's whole answer (-100-padded, as ``labels``), which the decoder reads shifted right
+    (:func:`surecl.nll.seq2seq_inputs`; the model's own shift of ``labels`` would give it pads in
+    place of those turns). A batch without such rows has no ``decoder_targets``.
 
     ``share_prefix`` (causal only): the :func:`shared_prefix_len` first tokens, which every row
     shares, go once into ``prefix_ids`` [1, prefix] (when there are enough); ``input_ids`` and
@@ -485,6 +503,11 @@ def collate(items: list[Encoded], pad_id: int, is_seq2seq: bool, with_answer: bo
             for r, e in enumerate(items):
                 labels[r, : len(e.answer)] = torch.tensor(e.answer if e.mask is None else [t if m else -100 for t, m in zip(e.answer, e.mask)])
             out["labels"] = labels
+            if any(e.mask is not None for e in items):
+                targets = torch.full((len(items), aw), -100, dtype=torch.long)
+                for r, e in enumerate(items):
+                    targets[r, : len(e.answer)] = torch.tensor(e.answer)
+                out["decoder_targets"] = targets
             out["n_answer"] = torch.tensor([len(e.answer) for e in items])
         return out
     prefix = shared_prefix_len(items) if share_prefix else 0

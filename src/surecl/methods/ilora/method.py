@@ -44,7 +44,7 @@ class ILoRA(Method):
         """The model's hidden states on ``batch`` with the adapter active now."""
         if ctx.is_seq2seq:
             out = ctx.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
-                            output_hidden_states=True, use_cache=False)
+                            output_hidden_states=True, use_cache=False, **nll.seq2seq_inputs(ctx.model, batch))
             return out.decoder_hidden_states
         # both adapters' forwards under one mask (the stable one runs without gradients): off the
         # CPU the pads attend to themselves, as in the training step (surecl.nll.prefixed)
