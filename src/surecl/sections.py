@@ -238,7 +238,8 @@ class ReplayConfig:
     docs/faithfulness.md says why); ``replay.scope=input`` reproduces the reference's."""
     aging: bool = False
     """Re-score replayed items with the loss of the step that replays them. With one process,
-    ``scope=label`` and ``reduction=mean`` that is the step's own forward (before its update, in
+    ``scope=label`` and ``reduction=mean`` (or any reduction for ``online_surprise``, whose fresh
+    entries are step losses too) that is the step's own forward (before its update, in
     train mode: with ``lora.dropout`` > 0 under its masks, while the buffer's first scores are
     taken without dropout); otherwise (another scope or reduction, or several processes) the
     replayed items are scored again right after the update, as a task's surprise is (eval mode),
