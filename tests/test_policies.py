@@ -465,3 +465,32 @@ def test_the_dry_run_counts_no_replay_step_where_the_buffer_holds_nothing():
     assert replay_steps("replay.buffer_size=0") == [0, 0, 0, 0]
     assert replay_steps("replay.buffer_size=3") == [16, 16, 16, 0]
     assert replay_steps("replay.buffer_size=3", "replay.insert_time=after") == [0, 16, 16, 16]  # floor(3/3) = 1 while the fourth trains
+
+
+@pytest.mark.parametrize("overrides", [
+    ["tiny,reservoir", "train.batch_size=4", "data.n_train=8"],  # online: nothing to replay at the first step
+    ["tiny,surprise", "data.n_train=17", "train.batch_size=16", "replay.ratio=1:16"],  # a short batch replays nothing
+])
+def test_the_dry_runs_replay_steps_are_the_runs(tmp_path, tiny_cache, overrides):
+    """The dry run counted an online policy's first step and, with a ratio, every batch as a
+    full one: its column now equals the steps that replayed in the run it describes."""
+    from surecl.plan import describe
+    from surecl.plugins import Plugin
+    from surecl.trainer import ContinualRun
+
+    preset, *rest = overrides
+    cfg = build_config(preset, [*rest, "data.tasks=[colors,animals]", "train.epochs=1", "eval.matrix=fp_ap"])
+    table = [line.split("|") for line in describe(cfg).splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    planned = [(int(row[5]), int(row[6])) for row in table]
+
+    class Count(Plugin):
+        def __init__(self):
+            self.steps: dict[int, list[int]] = {}
+
+        def after_step(self, ctx, record):
+            self.steps.setdefault(record.stage.row, []).append(len(record.replayed))
+
+    count = Count()
+    ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache, plugins=[count]).run()
+    ran = [(len(v), sum(1 for n in v if n)) for _, v in sorted(count.steps.items())]
+    assert planned == ran and any(r < s for s, r in ran)

@@ -88,13 +88,19 @@ def planned_steps(sizes: int | list[int], cfg: RunConfig, names: list[str] | Non
     return min(steps, cap) if cap else steps
 
 
-def planned_examples(sizes: int | list[int], cfg: RunConfig, names: list[str] | None = None) -> int:
-    """New examples a stage over tasks ``names`` of ``sizes`` examples trains on (every epoch's
-    batches, capped by :func:`stage_cap`)."""
+def planned_batch_sizes(sizes: int | list[int], cfg: RunConfig, names: list[str] | None = None) -> list[int]:
+    """New examples of each step of a stage over tasks ``names`` of ``sizes`` examples: each
+    epoch's full batches, then its short last one, capped by :func:`stage_cap`."""
     b = cfg.train.batch_size
     batches = [size for n in _epoch_sizes(sizes, cfg, names) for size in [b] * (n // b) + ([n % b] if n % b else [])]
     cap = stage_cap(cfg, names)
-    return sum(batches[:cap] if cap else batches)
+    return batches[:cap] if cap else batches
+
+
+def planned_examples(sizes: int | list[int], cfg: RunConfig, names: list[str] | None = None) -> int:
+    """New examples a stage over tasks ``names`` of ``sizes`` examples trains on (every epoch's
+    batches, capped by :func:`stage_cap`)."""
+    return sum(planned_batch_sizes(sizes, cfg, names))
 
 
 def ema_units(sizes: int | list[int], cfg: RunConfig, names: list[str] | None = None) -> int:
@@ -202,13 +208,13 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         steps_all.append(steps)
         held = k + 1 if cfg.replay.insert_time == "before" else k  # the tasks whose share the buffer holds during this stage
         has_buffer = policy != "none" and capacity > 0 and (policy_cls.online or (held > 0 and (not quota or capacity // held > 0)))
+        # an online policy's buffer is offered its first entries after the first step
+        first = 1 if policy_cls.online and k == 0 else 0
         if not has_buffer:
             replay_steps = 0
-        elif cfg.replay.ratio:
-            sizes = [cfg.train.batch_size] * steps
-            replay_steps = sum(1 for k in range(steps) if replay_count(k, sizes, cfg) > 0)
         else:
-            replay_steps = math.ceil(steps / cfg.replay.every)
+            sizes = planned_batch_sizes([n_train[t] for t in stage.tasks], cfg, [tasks[t].name for t in stage.tasks])
+            replay_steps = sum(1 for step in range(first, steps) if replay_count(step, sizes, cfg) > 0)
         d = k + 1
         q = f"floor({capacity}/{d}) = {capacity // d}" if quota else ("-" if policy == "none" else "online" + (", floor(S/k) per answer label" if policy_cls.per_label_quota else ""))
         names = "+".join(tasks[t].name for t in stage.tasks)
