@@ -108,7 +108,8 @@ def test_python_run_records_the_real_model_and_data(python_run):
 
 def test_config_run_records_its_provenance_without_the_note(tmp_path, tiny_cache):
     cfg = surecl.build_config("tiny,seq_lora", ["data.tasks=[colors]", "data.n_train=8", "data.n_test=4", "train.epochs=1"])
-    results = surecl.run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    # folders as text, as a script often passes them (a str cache_dir was a TypeError traceback)
+    results = surecl.run(cfg, str(tmp_path / "run"), progress=False, cache_dir=str(tiny_cache))
     assert results["provenance"]["model"]["source"] == "config" and results["provenance"]["model"]["name_or_path"] == "tiny"
     assert "note" not in results["provenance"] and list(results["provenance"]["data"]["fingerprints"]) == ["colors"]
     assert "runs it again" in (tmp_path / "run" / "config.yaml").read_text().splitlines()[0]

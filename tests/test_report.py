@@ -1194,6 +1194,34 @@ def test_runs_of_other_configurations_pooled_in_one_cell_are_named(tmp_path, cap
     assert err.count("warning: runs pooled into one cell or one row's average differ in configuration") == 1 and "model.name" in err
 
 
+def test_runs_of_models_passed_from_python_count_as_their_provenance_says(tmp_path, capsys):
+    """A model passed from Python leaves model.name at its default: two seeds on two such models
+    were one mean without a word. Their provenance names them; the run's report.md names the
+    model that ran, not the default."""
+    from surecl.report import write_run_report
+
+    root = tmp_path / "r"
+    for seed, path in ((0, "/models/a"), (1, "/models/a"), (2, "/models/b")):
+        d = put(root, "surprise", "1", seed, 50.0 + seed, 80.0, draw="order")
+        res = json.loads((d / "results.json").read_text())
+        res["config"]["model"] = {"name": "smollm2-135m"}
+        res["provenance"] = {"model": {"source": "python", "name_or_path": path, "class": "LlamaForCausalLM"},
+                             "data": {"source": "config", "fingerprints": {}}}
+        (d / "results.json").write_text(json.dumps(res))
+    md = paper_report([root], claims="none").markdown()
+    assert '- surprise, order 1: model.name "/models/a (LlamaForCausalLM, passed from Python)" at seeds 0, 1; "/models/b' in md
+    assert main(["report", str(root)]) == 0
+    assert "/models/b (LlamaForCausalLM, passed from Python)" in capsys.readouterr().err
+    res.update(bwt=0.0, buffer={"size": 0, "capacity": 0, "per_task": {}}, timing={"total": 1.0})
+    res["config"].update(data={"benchmark": "tiny", "order": "1"}, replay={"policy": "none"}, dual={"enabled": False})
+    write_run_report(tmp_path, res)
+    assert "model `/models/b (LlamaForCausalLM, passed from Python)`" in (tmp_path / "report.md").read_text()
+    # the paper presets' EMA runs per training example: beta 0.995 is not a per-step rate
+    res["config"]["dual"] = {"enabled": True, "beta": 0.995, "unit": "example"}
+    write_run_report(tmp_path, res)
+    assert "dual on (beta 0.995 per new training example)" in (tmp_path / "report.md").read_text()
+
+
 def test_orders_layout_refuses_a_duplicated_run_and_a_config_without_order(tmp_path, capsys):
     root = tmp_path / "r"
     for seed in range(2):

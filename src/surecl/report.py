@@ -137,9 +137,10 @@ def _dual_words(results: dict) -> str:
     if not dual["enabled"]:
         return "off"
     used = results.get("dual_beta")
+    unit = " per new training example" if dual.get("unit") == "example" else ""  # beta^n a step of n new examples
     if dual["beta"] == "auto" and used is not None:
-        return f"on (beta auto: {used:.4g}, a window of {dual.get('window_tasks')} tasks)"
-    return f"on (beta {dual['beta']})"
+        return f"on (beta auto: {used:.4g}{unit}, a window of {dual.get('window_tasks')} tasks)"
+    return f"on (beta {dual['beta']}{unit})"
 
 
 def _majority_lines(results: dict) -> list[str]:
@@ -166,7 +167,7 @@ def write_run_report(out_dir: Path, results: dict) -> None:
     lines = [
         f"# surecl run: {name}",
         "",
-        f"model `{cfg['model']['name']}`, benchmark `{cfg['data']['benchmark']}`, order `{cfg['data']['order']}`, seed {cfg['seed']}",
+        f"model `{model_words(results)}`, benchmark `{cfg['data']['benchmark']}`, order `{cfg['data']['order']}`, seed {cfg['seed']}",
         f"method `{cfg['method']}`, replay `{cfg['replay']['policy']}`, dual {_dual_words(results)}",
         "",
         f"| FP | AP | forgetting ({'FP-AP' if ppl else 'AP-FP'}) | BWT |",
@@ -349,12 +350,39 @@ def _aggregate_key(results: dict) -> tuple[str, str, object]:
         raise SureclError("report: a results.json has no config with preset/method, data.order and seed; move it away or name the run folders to report") from None
 
 
+def model_words(results: dict) -> str:
+    """The base model a run trained: ``model.name``, or for a model passed from Python (whose
+    config keeps the default name) what its provenance records."""
+    prov = (results.get("provenance") or {}).get("model") or {}
+    if prov.get("source") == "python":
+        return f"{prov.get('name_or_path') or 'a model'} ({prov.get('class', '?')}, passed from Python)"
+    return str(results["config"]["model"]["name"])
+
+
+def _as_run(results: dict) -> dict:
+    """A run's config with what it does not describe for a model or tasks passed from Python
+    written in: ``model.name`` as :func:`model_words`, ``data.tasks`` as the tasks it ran."""
+    cfg = results["config"]
+    prov = results.get("provenance") or {}
+    model = (prov.get("model") or {}).get("source") == "python"
+    data = (prov.get("data") or {}).get("source") == "python"
+    if not (model or data) or not isinstance(cfg.get("model"), dict) or not isinstance(cfg.get("data"), dict):
+        return cfg
+    out = dict(cfg)
+    if model:
+        out["model"] = {**cfg["model"], "name": model_words(results)}
+    if data:
+        out["data"] = {**cfg["data"], "tasks": [str(t) for t in results.get("tasks") or []]}
+    return out
+
+
 def pooled_differences(runs: list[dict]) -> list[str]:
-    """:func:`config_differences` of results dicts, by (row, order) as :func:`aggregate` pools them."""
+    """:func:`config_differences` of results dicts, by (row, order) as :func:`aggregate` pools
+    them; a model or tasks passed from Python count as their provenance says (:func:`_as_run`)."""
     cells: dict[tuple[str, str], list[tuple[object, dict]]] = defaultdict(list)
     for r in runs:
         row, order, seed = _aggregate_key(r)
-        cells[(row, order)].append((seed, r["config"]))
+        cells[(row, order)].append((seed, _as_run(r)))
     from surecl.data.cl_benchmark import BENCHMARK_OF_ORDER
 
     return config_differences(cells) + order_differences(cells, lambda o: BENCHMARK_OF_ORDER.get(o, "other"))
@@ -848,7 +876,7 @@ class Study:
                 order, seed = str(cfg["data"]["order"]), _seed(cfg["seed"])
             except (KeyError, TypeError):
                 raise SureclError(f"report: {f} has no config with preset/method, data.order and seed") from None
-            cells[(row, order)].append((seed, cfg))
+            cells[(row, order)].append((seed, _as_run(r)))
             variants = [(row, r)]
             if isinstance(r.get("fast"), dict):
                 variants.append((row + FAST, r["fast"]))

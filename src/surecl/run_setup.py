@@ -66,6 +66,7 @@ def build_run(
     and :class:`~surecl.trainer.ContinualRun` for the arguments."""
     run.cfg = cfg
     run.out_dir = Path(out_dir)
+    cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None  # a str as out_dir may be
     run.progress = progress
     # No buffer broadcast in DDP's forward: the base's buffers (rotary frequencies) never
     # change (full fine-tuning trains weights, not buffers), and a collective per forward
