@@ -96,6 +96,9 @@ def _run_table(results: dict, scores: dict) -> list[str]:
     if (prov.get("data") or {}).get("source") == "python":
         data = ("| data | supplied in Python (`ContinualRun(tasks=...)`): config.yaml alone does not rerun it; each task's "
                 "fingerprint is in results.json `provenance` |")
+    elif cfg["data"].get("tasks"):  # data.tasks replaced the order (the CLI's folder name says ocustom)
+        data = (f"| benchmark / order | `{cfg['data']['benchmark']}` / `custom`: `data.tasks` chose the tasks above, in that "
+                f"order (`data.order={cfg['data']['order']}` not read) |")
     else:
         data = f"| benchmark / order | `{cfg['data']['benchmark']}` / `{cfg['data']['order']}` |"
     return [
@@ -144,6 +147,56 @@ def _beta_words(results: dict) -> str:
     return f"{used:.4g}, from dual.beta=auto" if beta == "auto" and used is not None else str(beta)
 
 
+def _ema_words(results: dict) -> str:
+    """How the slow adapter follows the fast one, in the unit of ``dual.unit``: one factor beta
+    per optimizer step (``step``), or per new training example (``example``, the ``paper-*``
+    presets: a step of n new examples is one update by beta^n, the train.batch_size new
+    examples of a step whatever the micro-batch slicing or the processes; replayed examples do
+    not count). ``dual_beta`` is the rate per update the run used (``dual.beta=auto`` resolves
+    it in the same unit)."""
+    cfg = results["config"]
+    if cfg["dual"].get("unit", "step") != "example":
+        return f"an exponential moving average (beta {_beta_words(results)}) of the fast one after every step"
+    given, used = cfg["dual"]["beta"], results.get("dual_beta")
+    if given == "auto" and used is None:  # no resolved rate recorded: the unit alone
+        return ("an exponential moving average of the fast one, updated after every optimizer step with beta (dual.beta=auto) "
+                "per new training example (beta^n per optimizer step of n new examples)")
+    beta = float(used if given == "auto" else given)
+    x, words = (f"{beta:.4g}", f"{beta:.4g}, from dual.beta=auto,") if given == "auto" else (str(given), str(given))
+    b = cfg["train"]["batch_size"]
+    return (f"an exponential moving average of the fast one, updated after every optimizer step with beta {words} per new "
+            f"training example ({x}^n per optimizer step of n new examples; {x}^{b} = {beta ** b:.4g} at this run's batch "
+            f"size of {b})")
+
+
+def _continual(method: str) -> bool:
+    """The method's ``continual`` declaration (False for MTL: every task in one stage); True
+    when the method is not registered in this process."""
+    try:
+        from surecl.registry import method_class
+
+        return bool(getattr(method_class(method), "continual", True))
+    except Exception:
+        return True
+
+
+def _fast_role(results: dict) -> str:
+    """What the fast adapter is, by the method's declarations: the learner trained on each task
+    in turn; on every task together in one stage (a method that is not ``continual``, MTL); or,
+    where the method answers with weights of its own (per-task FT's snapshots), the adapter as
+    the last stage left it, which is not what was measured."""
+    cfg, tasks = results["config"], results["tasks"]
+    learner = results.get("learner") or {}
+    if learner.get("answers", "learner") != "learner":
+        state = ", ".join(learner.get("state") or []) or "its eval_context"
+        return (f"the **fast** adapter as the last stage (`{tasks[-1]}`) left it, the learner's weights after the last task: "
+                f"method `{cfg['method']}` answered each task with weights of its own ({state}), not with this adapter")
+    if not _continual(cfg["method"]):
+        return (f"the **fast** adapter: trained by AdamW on all {len(tasks)} tasks together, in one stage (method "
+                f"`{cfg['method']}`: their examples drawn together, not one task after another)")
+    return "the **fast** adapter: trained by AdamW on each task in turn"
+
+
 def model_card(results: dict, adapter: str, base_model: str, note: str, version: str, summed: tuple[int, float, list[str]] | None = None) -> str:
     """The ``README.md`` of one saved adapter, from a run's results. ``summed``: the adapter
     was saved summed with frozen always-on adapters (``(rank, alpha, their names)``,
@@ -153,13 +206,13 @@ def model_card(results: dict, adapter: str, base_model: str, note: str, version:
     if base_model and _is_hub(base_model):
         front.append(f"base_model: {base_model}")
     front += ["tags:", "- lora", "- continual-learning", "- surecl", "---", ""]
+    learner = results.get("learner") or {}  # the method's declarations (results before them: the learner answered)
+    answered = learner.get("answers", "learner") == "learner"
     role = {
-        "fast": "the **fast** adapter: trained by AdamW on each task in turn",
-        "slow": f"the **slow** adapter: an exponential moving average (beta {_beta_words(results)}) of the fast one after every step; "
-        "the run evaluates with it",
+        "fast": _fast_role(results),
+        "slow": f"the **slow** adapter: {_ema_words(results)}" + ("; the run evaluates with it" if answered else ""),
     }.get(adapter, f"the `{adapter}` adapter")
     rank, alpha = (summed[0], summed[1]) if summed else (cfg["lora"]["r"], cfg["lora"]["alpha"])
-    learner = results.get("learner") or {}  # the method's declarations (results before them: the learner answered)
     if summed:
         kept = ", ".join(learner.get("state") or []) or "its frozen adapters"
         role += (
@@ -232,6 +285,74 @@ def full_model_card(results: dict, base_model: str, note: str, version: str) -> 
     return "\n".join(lines)
 
 
+def prompts_card(results: dict, meta: dict, base_model: str, note: str, version: str) -> str:
+    """The ``README.md`` of Progressive Prompts' ``adapters/prompts`` (``meta``: its
+    ``prompts.json``), from a run's results: what the soft prompts are, how a script puts them
+    before the input embeddings, the base model and the run's table."""
+    cfg = results["config"]
+    front = ["---", "library_name: transformers"]
+    if base_model and _is_hub(base_model):
+        front.append(f"base_model: {base_model}")
+    front += ["tags:", "- prompt-tuning", "- progressive-prompts", "- continual-learning", "- surecl", "---", ""]
+    names, n, dim = meta["tasks"], meta["length"], meta["embedding_dim"]
+    rows = "; ".join(f"{t}: rows {lo} to {hi - 1}" for t, (lo, hi) in meta["prefix_rows"].items())
+    own = meta.get("eval") == "own"
+    if own:
+        take = ['prefix_rows = json.load(open("path/to/this/folder/prompts.json"))["prefix_rows"]',
+                'prefix = prefix[prefix_rows["TASK"][0]:]  # prompts.eval=own: the task\'s own prompt and the earlier tasks\'']
+    else:
+        take = []  # prompts.eval=all: every prompt before every input
+    note = note.replace("This adapter loads", "These prompts load").replace("its accuracy on them", "their accuracy on them")
+    lines = [
+        *front,
+        f"# surecl soft prompts: {cfg.get('preset') or cfg['method']}",
+        "",
+        f"Progressive Prompts' soft prompts for `{base_model or 'the base model'}`: one prompt of {n} vectors ({dim} wide, the "
+        f"model's input embeddings) per task, for {len(names)} task(s) ({', '.join(names)}), learned one task after another "
+        f"with the base model frozen{' through a residual MLP (already applied here)' if meta.get('reparameterised') else ''}, "
+        f"each frozen once its task was learned; written by surecl {version} at the end of a continual run. No weight of the "
+        "base changed: the prompts alone carry what the run learned.",
+        "",
+        "- `prompts.safetensors`: tensor `prefix` [tasks x length, embedding_dim] in fp32, the newest task's prompt first "
+        f"({rows}).",
+        "- `prompts.json`: which rows are which task's (`prefix_rows`), the length, `eval` and how to use them (`usage`).",
+        "- `prompt.json`: " + ("how each test document, after the prompts, was tokenised, cut and scored (perplexity)."
+                               if results.get("metric") == "perplexity" else
+                               "the text each input is put in, after the prompts (template, tokenisation and truncation, "
+                               "labels and their answer ids, decoding or ranking, normalisation)."),
+        "",
+        f"How the run read them: {meta['usage']}.",
+        "",
+        f"Base model: {note}",
+        "",
+        *_run_table(results, results),
+        f"| surecl | {version} |",
+        "",
+        "FP, AP and the last row are measured with these prompts before the frozen base (the run's LoRA adapter stays the "
+        "zero update and is not exported); `results.json` and `config.yaml` in the run folder hold the whole accuracy matrix "
+        "and config.",
+        "",
+        "```python",
+        *(["import json", ""] if own else []),
+        "import torch",
+        "from safetensors.torch import load_file",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f'base = AutoModelForCausalLM.from_pretrained("{base_model or "path/to/the/base"}")  # AutoModelForSeq2SeqLM for an '
+        "encoder-decoder (the prompts then go before its encoder input)",
+        f'tokenizer = AutoTokenizer.from_pretrained("{base_model or "path/to/the/base"}")',
+        'prefix = load_file("path/to/this/folder/prompts.safetensors")["prefix"]',
+        *take,
+        "ids = torch.tensor([...])  # one input's token ids, built as prompt.json says",
+        "embeds = torch.cat([prefix.to(base.dtype), base.get_input_embeddings()(ids)])[None]",
+        "mask = torch.ones(embeds.shape[:2], dtype=torch.long)",
+        "out = base.generate(inputs_embeds=embeds, attention_mask=mask, do_sample=False, max_new_tokens=N)  # N: the task's "
+        "max_new_tokens in prompt.json; scoring: base(inputs_embeds=embeds, attention_mask=mask).logits",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 PROMPT_FORMAT = 1
 """The version of ``prompt.json``'s layout."""
 
@@ -262,7 +383,9 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
     """``prompt.json`` of an exported adapter (or whole model): everything needed to ask it as
     the run did without surecl: the prompt template and its tokenisation, each task's labels
     and prompt text, decoding, and the normalisation exact match compares answers under. The
-    run's ``predictions.jsonl`` holds the evaluation adapter's answers it reproduces."""
+    run's ``predictions.jsonl`` holds the evaluation adapter's answers it reproduces. A
+    perplexity run (``eval.mode=perplexity``: no prompt, no decoding, no ``predictions.jsonl``)
+    gets how each test document was tokenised, cut and scored instead (:func:`_perplexity_spec`)."""
     import json
     import string
 
@@ -281,7 +404,9 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
             entry.update(instruction=task.instruction, metric=task.score_metric, template=cfg.data.template, chat_template=chat,
                          max_new_tokens=cfg.eval.max_new_tokens or min(longest, cfg.eval.max_new_cap),
                          stop_ids=sorted(getattr(ctx, "stop_ids", None) or []), **_generation_spec(chat, task.score_metric))
-        elif task.kind != "text":
+        elif task.kind == "text":
+            entry["metric"] = "perplexity"
+        else:
             head, _, tail = prompt_parts(task, "", cfg.data.task_prefix)
             answers = ctx.label_answers[j]
             entry.update(instruction=task.instruction, labels=list(task.labels), prompt_head=head, prompt_tail=tail,
@@ -294,6 +419,8 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
         evaluated = getattr(ctx.adapters, "eval_adapter", None)
     else:  # the method's own weights (base weights, prompts, per-task snapshots): the export is named for itself
         evaluated = "method" if getattr(method, "answers", "learner") != "learner" else None
+    if mode == "perplexity":
+        return json.dumps(_perplexity_spec(ctx, adapter, base_model, evaluated, tasks), indent=2, ensure_ascii=False) + "\n"
     spec = {
         "format": PROMPT_FORMAT,
         "adapter": adapter,
@@ -344,3 +471,39 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
         "tasks": tasks,
     }
     return json.dumps(spec, indent=2, ensure_ascii=False) + "\n"
+
+
+def _perplexity_spec(ctx, adapter: str, base_model: str, evaluated: str | None, tasks: list[dict]) -> dict:
+    """``prompt.json`` of a perplexity run: how the run scored each task's test documents
+    (:meth:`surecl.data.encode.TaskEncoder.document`, :func:`surecl.run_eval.score_task`,
+    :func:`surecl.evaluate.perplexity`), so a script without surecl reproduces the matrix."""
+    cfg, tok = ctx.cfg, ctx.tokenizer
+    method = getattr(ctx, "method", None)
+    start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    return {
+        "format": PROMPT_FORMAT,
+        "adapter": adapter,
+        "base_model": base_model,
+        "model_type": "seq2seq" if ctx.is_seq2seq else "causal",
+        "perplexity": {
+            "measured_with": evaluated or adapter,
+            "this_adapter_measured": evaluated in (None, adapter),
+            "method": {"name": cfg.method, **({"trains": method.trains, "answers": method.answers} if method is not None else {})},
+            "document": "each test row's text, tokenised alone with add_special_tokens=False, its ids cut to their first "
+                        "max_length - 1 (the rest of a longer document is dropped: no chunks, no sliding window): ids = "
+                        "[start_token_id] + those, at most max_length in all; the method's input_prefix, if any, goes before "
+                        "the start token",
+            "start_token_id": start,
+            "max_length": cfg.model.max_length,
+            "forward": "one forward of the whole row in eval mode (model.eval(): no dropout), no padding inside a row (the run "
+                       "left-pads batches with explicit position ids counting from the row's first real token, which gives "
+                       "the same)",
+            "scored": "every token after the start token: its negative log-likelihood given all the tokens before it, "
+                      "logsumexp(logits) - logits[token] in fp32 (natural log); the start token and any input_prefix are read, never scored",
+            "formula": "a task's perplexity = exp(sum over its test documents of their summed token NLL / their total scored "
+                       "tokens): one average over every scored token of the task, not a mean of per-document perplexities, "
+                       "as results.json's accuracy_matrix holds it (rounded to 4 decimals) after each stage",
+        },
+        "input_prefix": getattr(method, "prefix_note", "") or None,
+        "tasks": tasks,
+    }

@@ -36,10 +36,11 @@ these hooks (all optional; the defaults do nothing):
   row (``ctx.state.initial``). Loggers and trackers read the matrix here.
 * ``after_run(ctx, results)`` - once, when the run has finished and ``results`` (the dict
   written to ``results.json``) is final (after ``export``): close trackers.
-* ``export(ctx, results)``  - once, at the end of a finished run (main process only), after
-  ``results.json``: write what the plugin leaves for use after the run into ``ctx.out_dir``
-  (the learner's PEFT adapters; full fine-tuning's whole model; Progressive Prompts'
-  ``adapters/prompts``), atomically.
+* ``export(ctx, results)``  - once, at the end of a finished run (main process only), before
+  ``results.json`` is written (the run's "finished" comes last: during ``export`` the file is
+  absent, so read ``results``, the dict it will hold): write what the plugin leaves for use
+  after the run into ``ctx.out_dir`` (the learner's PEFT adapters; full fine-tuning's whole
+  model; Progressive Prompts' ``adapters/prompts``), atomically.
 * ``outputs(ctx)`` - the paths ``export`` writes, relative to the run folder (recorded in its
   manifest, so ``--fresh`` removes them and nothing else).
 * ``state_dict()`` / ``load_state_dict(meta, tensors)`` - the plugin's own state for
@@ -259,7 +260,8 @@ class Plugin:
         pass
 
     def export(self, ctx: RunContext, results: dict) -> None:
-        pass
+        """Write what the plugin leaves for use after the run (main process only), before
+        ``results.json`` is written: the file is absent meanwhile; ``results`` is what it will hold."""
 
     def outputs(self, ctx: RunContext) -> list[str]:
         """The paths ``export`` writes, relative to ``ctx.out_dir`` (``adapters/fast``): the run

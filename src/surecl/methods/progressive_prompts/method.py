@@ -27,8 +27,9 @@ LoRA adapters) has nothing to average and is refused; replay combines: a replaye
 an earlier task is read with the current stage's prompts and trains the current prompt.
 
 At the end of a run ``adapters/prompts/`` holds ``prompts.safetensors`` (tensor ``prefix``:
-what is put before the input embeddings at test time, newest prompt first) and
-``prompts.json`` (which rows belong to which task, and how to use them).
+what is put before the input embeddings at test time, newest prompt first),
+``prompts.json`` (which rows belong to which task, and how to use them), ``prompt.json`` (the
+text each input is put in) and a model card ``README.md``.
 """
 
 from __future__ import annotations
@@ -261,10 +262,11 @@ class ProgressivePrompts(Method):
 
     def export(self, ctx, results: dict) -> None:
         """``adapters/prompts/`` in the run folder: ``prompts.safetensors`` (``prefix``: the vectors put before the
-        input embeddings at test time, newest prompt first, fp32), ``prompts.json`` and ``prompt.json`` (the text template, :func:`surecl.card.prompt_spec`)."""
+        input embeddings at test time, newest prompt first, fp32), ``prompts.json``, ``prompt.json`` (the text template,
+        :func:`surecl.card.prompt_spec`) and the model card ``README.md`` (:func:`surecl.card.prompts_card`)."""
         import surecl.checkpoint as checkpoint
         from surecl._version import version
-        from surecl.card import prompt_spec, run_base
+        from surecl.card import prompt_spec, prompts_card, run_base
 
         __version__ = version()
 
@@ -273,10 +275,10 @@ class ProgressivePrompts(Method):
         n = self.config.length
         k = len(self.learned)
         names = [ctx.tasks[t].name for t in self.learned]
-        base_model, _ = run_base(ctx)
+        base_model, note = run_base(ctx)
         out = ctx.out_dir / "adapters" / "prompts"
         checkpoint.write_tensors(out / "prompts.safetensors", {"prefix": self.module.frozen.float()})
-        checkpoint.write_json(out / "prompts.json", {
+        meta = {
             "method": "progressive_prompts",
             "base_model": base_model,
             "tasks": names,
@@ -287,5 +289,7 @@ class ProgressivePrompts(Method):
             "eval": self.config.eval,
             "usage": self._usage(),
             "surecl_version": __version__,
-        })
+        }
+        checkpoint.write_json(out / "prompts.json", meta)
         checkpoint.write_text(out / "prompt.json", prompt_spec(ctx, "prompts", base_model))  # the text template, labels, decoding
+        checkpoint.write_text(out / "README.md", prompts_card(results, meta, base_model, note, __version__))
