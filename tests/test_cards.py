@@ -180,3 +180,14 @@ def test_perplexity_prompt_json_describes_perplexity_which_plain_peft_reproduces
             nll += torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:]), reduction="sum").item()
             count += len(ids) - 1
         assert math.exp(nll / count) == pytest.approx(results["accuracy_matrix"][-1][j], rel=1e-3)
+
+
+def test_a_generation_tasks_prompt_json_says_its_prompt_ends_with_eos_under_encoder_eos():
+    """model.encoder_eos ends generation and chat prompts with EOS (tests/test_encode_edges.py):
+    prompt.json's entry for such a task says so, and without it says nothing of it."""
+    from surecl.card import _generation_spec
+
+    for chat in (False, True):
+        with_eos, without = _generation_spec(chat, "exact_match", eos=True), _generation_spec(chat, "exact_match")
+        assert with_eos["prompt"].endswith("then the EOS token (encoder_eos), counted in max_length and never cut")
+        assert "EOS" not in without["prompt"] and with_eos["answer"] == without["answer"]

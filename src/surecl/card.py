@@ -357,8 +357,9 @@ PROMPT_FORMAT = 1
 """The version of ``prompt.json``'s layout."""
 
 
-def _generation_spec(chat: bool, metric: str) -> dict:
-    """How a generation task's rows were prompted, cut and scored (its ``prompt.json`` entry)."""
+def _generation_spec(chat: bool, metric: str, eos: bool = False) -> dict:
+    """How a generation task's rows were prompted, cut and scored (its ``prompt.json`` entry);
+    ``eos``: the prompt ends with the EOS token (an encoder-decoder's input, ``model.encoder_eos``)."""
     if chat:
         out = {"prompt": "the tokenizer's chat template over the row's turns up to its last assistant turn (a prompt / "
                          "response row: one user turn, instruction + input), add_generation_prompt=True; text the template "
@@ -371,6 +372,8 @@ def _generation_spec(chat: bool, metric: str) -> dict:
                "answer": "' ' + target, then the EOS token",
                "truncation": "the input's ids are cut to max(max_length - len(answer ids) - len(other prompt ids), 1); a target "
                              "longer than max_length leaves keeps at least max_length // 2 of its tokens"}
+    if eos:
+        out["prompt"] += "; then the EOS token (encoder_eos), counted in max_length and never cut"
     if metric == "exact_match":
         out["scoring"] = ("exact match after SQuAD's normalisation of prediction and target: lower-case, punctuation deleted, "
                           "the articles a / an / the removed, whitespace collapsed")
@@ -403,7 +406,7 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
             chat = bool(getattr(tok, "chat_template", None)) and (cfg.data.template == "auto" or any(e.messages for e in task.test))
             entry.update(instruction=task.instruction, metric=task.score_metric, template=cfg.data.template, chat_template=chat,
                          max_new_tokens=cfg.eval.max_new_tokens or min(longest, cfg.eval.max_new_cap),
-                         stop_ids=sorted(getattr(ctx, "stop_ids", None) or []), **_generation_spec(chat, task.score_metric))
+                         stop_ids=sorted(getattr(ctx, "stop_ids", None) or []), **_generation_spec(chat, task.score_metric, bool(ctx.is_seq2seq and cfg.model.encoder_eos)))
         elif task.kind == "text":
             entry["metric"] = "perplexity"
         else:
