@@ -82,6 +82,32 @@ def test_a_sliding_window_model_scores_the_same_in_any_batch(sliding_model, tmp_
     assert all(v is not None for v in res[64]["initial"]) and res[64]["accuracy_matrix"][1][1] is not None
 
 
+def test_direct_calls_on_a_sliding_window_model_score_the_same_in_any_batch(sliding_model, tiny_loaded):
+    """score_examples and option_logprobs called directly default to share_prefix=True: on a
+    sliding-window model they split off the prefix a run would not, and a row's scores moved
+    with its batch. They now run such a model's rows whole, as a run does."""
+    from transformers import AutoModelForCausalLM
+
+    from surecl.evaluate import option_logprobs
+    from surecl.nll import prefix_sharing
+    from surecl.replay.surprise import score_examples
+
+    model = AutoModelForCausalLM.from_pretrained(sliding_model).eval()
+    tok = tiny_loaded.tokenizer
+    assert not prefix_sharing(model) and prefix_sharing(tiny_loaded.model) and not prefix_sharing(tiny_loaded.model, False)
+    task = tiny_stream(n_train=16, n_test=8)[0]
+    enc = TaskEncoder(tok, 128)
+    items = enc.encode(task, task.train)
+    scores = {bs: score_examples(model, items, pad_id=tok.pad_token_id, is_seq2seq=False, scope="label", batch_size=bs)
+              for bs in (1, 16)}
+    assert scores[16] == pytest.approx(scores[1], rel=1e-5, abs=1e-6)
+    options = {lab: enc.answer_ids(lab) for lab in task.labels}
+    tests = enc.encode(task, task.test, "test")
+    ranked = {bs: option_logprobs(model, tests, options, pad_id=tok.pad_token_id, is_seq2seq=False, batch_size=bs, device=None)
+              for bs in (1, 8)}
+    torch.testing.assert_close(ranked[8], ranked[1], rtol=1e-5, atol=1e-5)
+
+
 def test_ahead_without_before_warns_that_fwt_stays_null(tmp_path, tiny_cache, caplog):
     """eval.ahead fills the cells above the diagonal on its own (the matrix, report.md), but
     forward transfer also needs the before-training row: the tiny preset has none, so the

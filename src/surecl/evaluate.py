@@ -17,7 +17,7 @@ import torch
 
 from surecl.data.encode import Encoded, collate
 from surecl.metrics import _PUNCT, METRIC_NAMES, is_label, normalise  # noqa: F401  (re-exported: how reports name each metric; exact match)
-from surecl.nll import prefixed, token_nll
+from surecl.nll import prefix_sharing, prefixed, token_nll
 
 
 @torch.inference_mode()
@@ -46,7 +46,7 @@ def generate_answers(
                 pad_token_id=tokenizer.pad_token_id,
             )[:, 1:]  # the decoder's start token first (BART's is its EOS, which would end every answer at once)
         else:
-            batch = {k: v.to(device) for k, v in collate(rows, tokenizer.pad_token_id, False, with_answer=False, share_prefix=share_prefix).items()}
+            batch = {k: v.to(device) for k, v in collate(rows, tokenizer.pad_token_id, False, with_answer=False, share_prefix=prefix_sharing(model, share_prefix)).items()}
             new = greedy(model, batch, max_new_tokens=max_new_tokens, eos_id=stop, pad_id=tokenizer.pad_token_id)
         if stop_ids:
             rows_ids = [_until(row, set(stop_ids)) for row in new.tolist()]
@@ -140,7 +140,7 @@ def option_logprobs(
     rows = max(1, batch_size // n_opt)
     for start in range(0, len(order), rows):
         idx = order[start : start + rows]
-        batch = {k: v.to(device) for k, v in collate([items[i] for i in idx], pad_id, False, with_answer=False, share_prefix=share_prefix).items()}
+        batch = {k: v.to(device) for k, v in collate([items[i] for i in idx], pad_id, False, with_answer=False, share_prefix=prefix_sharing(model, share_prefix)).items()}
         out, prompt_mask = _prompt_pass(model, batch)
         first = torch.log_softmax(out.logits[:, -1].float(), -1)  # predicts each answer's first token
         cache = out.past_key_values

@@ -5,7 +5,7 @@ runs once and the rows attend to its KV cache; the result is the same as for the
 except under a sliding window shorter than the rows span: transformers places the window by
 index in the padded batch, where a row's left padding sits after the prefix, so a run turns
 ``model.share_prefix`` off for a model whose window is shorter than its positions
-(:func:`surecl.run_setup.sliding_window_in_use`).
+(:func:`sliding_window_in_use`; :func:`prefix_sharing` for a direct call).
 Without one, on an accelerator in training, the left padding's positions attend to themselves
 (:func:`pad_self_mask`) rather than to nothing.
 
@@ -187,3 +187,53 @@ def _rows_nll(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor) 
         parts.append(torch.logsumexp(chunk.float(), dim=-1) - target_logit)
     nll = torch.cat(parts)
     return (nll * valid).sum(1), valid.sum(1)
+
+def prefix_sharing(model, asked: bool = True) -> bool:
+    """Whether a batch for ``model`` may split off its shared prompt prefix: as ``asked``, except
+    for a model whose attention's sliding window is shorter than its positions
+    (:func:`sliding_window_in_use`), whose rows run whole. A run decides this once
+    (``build_run``, with a note); the evaluation and scoring functions called directly ask here."""
+    if not asked:
+        return False
+    inner = getattr(model, "module", model)  # DDP forwards no attributes; PEFT forwards config
+    config = getattr(inner, "config", None)
+    return config is None or sliding_window_in_use(config) is None
+
+
+def sliding_window_in_use(config) -> int | None:
+    """The sliding window a causal model's attention uses where it is shorter than the model's
+    positions (``n_positions`` / ``max_position_embeddings``; or none known), else None: its
+    own config's ``sliding_window`` or its text model's (Gemma-3), unless ``use_sliding_window``
+    is false (Qwen2) or ``layer_types`` names no ``sliding_attention`` layer (Gemma-2/3 name
+    some; Mistral has no ``layer_types``: every layer).
+
+    transformers places that window by the keys' indices in the batch, not by ``position_ids``.
+    With ``model.share_prefix`` a row's left padding sits between the shared prefix and the
+    row's own tokens, so a row with k pads would see the prefix k positions further away than
+    it is, and once prefix and row span more than the window, prefix tokens inside the true
+    window would be masked by how many pads the row has (the batch it is in).
+    :func:`surecl.run_setup.build_run` turns the shared prefix off for such a model, and
+    :func:`prefix_sharing` for a direct call (whole left-padded rows are batch-invariant).
+    A window no shorter than the positions never cuts a row that fits them (what
+    :func:`check_context` checks), so such a model keeps the shared prefix."""
+    for c in (config, getattr(config, "text_config", None)):
+        window = getattr(c, "sliding_window", None)
+        if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+            continue
+        if getattr(c, "use_sliding_window", True) is False:
+            continue
+        layer_types = getattr(c, "layer_types", None)
+        if layer_types is not None and "sliding_attention" not in layer_types:
+            continue
+        positions = model_positions(c)
+        if positions is not None and window >= positions:
+            continue
+        return window
+    return None
+
+
+def model_positions(config) -> int | None:
+    """The positions a model config gives (``n_positions`` / ``max_position_embeddings``), or
+    None where it names no positive whole number."""
+    positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    return positions if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0 else None

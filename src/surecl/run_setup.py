@@ -29,6 +29,7 @@ from surecl.data.task import Task
 from surecl.errors import SureclError
 from surecl.methods.base import check_declarations
 from surecl.model import default_cache_dir, load_model, prepare_model
+from surecl.nll import model_positions, sliding_window_in_use  # noqa: F401  (re-exported)
 from surecl.plan import check_task_names, ema_units
 from surecl.plugins.base import Plugin, Plugins
 from surecl.plugins.faults import FaultInjection
@@ -231,44 +232,6 @@ def warn_slow_window(run) -> None:
             "it will lag far behind the fast one early on (set dual.bias_correction=true or a smaller dual.beta)"
         )
 
-
-
-def sliding_window_in_use(config) -> int | None:
-    """The sliding window a causal model's attention uses where it is shorter than the model's
-    positions (``n_positions`` / ``max_position_embeddings``; or none known), else None: its
-    own config's ``sliding_window`` or its text model's (Gemma-3), unless ``use_sliding_window``
-    is false (Qwen2) or ``layer_types`` names no ``sliding_attention`` layer (Gemma-2/3 name
-    some; Mistral has no ``layer_types``: every layer).
-
-    transformers places that window by the keys' indices in the batch, not by ``position_ids``.
-    With ``model.share_prefix`` a row's left padding sits between the shared prefix and the
-    row's own tokens, so a row with k pads would see the prefix k positions further away than
-    it is, and once prefix and row span more than the window, prefix tokens inside the true
-    window would be masked by how many pads the row has (the batch it is in). :func:`build_run`
-    turns the shared prefix off for such a model (whole left-padded rows are batch-invariant).
-    A window no shorter than the positions never cuts a row that fits them (what
-    :func:`check_context` checks), so such a model keeps the shared prefix."""
-    for c in (config, getattr(config, "text_config", None)):
-        window = getattr(c, "sliding_window", None)
-        if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
-            continue
-        if getattr(c, "use_sliding_window", True) is False:
-            continue
-        layer_types = getattr(c, "layer_types", None)
-        if layer_types is not None and "sliding_attention" not in layer_types:
-            continue
-        positions = model_positions(c)
-        if positions is not None and window >= positions:
-            continue
-        return window
-    return None
-
-
-def model_positions(config) -> int | None:
-    """The positions a model config gives (``n_positions`` / ``max_position_embeddings``), or
-    None where it names no positive whole number."""
-    positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-    return positions if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0 else None
 
 
 def check_context(run, config) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from surecl.data.encode import Encoded, collate
-from surecl.nll import token_nll
+from surecl.nll import prefix_sharing, token_nll
 
 
 @torch.inference_mode()
@@ -48,7 +48,7 @@ def score_examples(
     scores = [0.0] * len(items)
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        batch = collate([items[i] for i in idx], pad_id, is_seq2seq, share_prefix=share_prefix)
+        batch = collate([items[i] for i in idx], pad_id, is_seq2seq, share_prefix=prefix_sharing(model, share_prefix))
         if device is not None:
             batch = {k: v.to(device) for k, v in batch.items()}
         nll, count = token_nll(model, batch, scope=scope, is_seq2seq=is_seq2seq)
