@@ -1077,6 +1077,38 @@ def test_a_task_is_learned_against_each_runs_own_majority_rate(tmp_path):
         shutil.move(str(tmp_path / "moved"), str(root / rel("seq_lora", "4", 1)))
 
 
+def test_a_dual_runs_majority_rate_counts_once(tmp_path):
+    """A dual run is two rows (slow and fast) of one run: its test set's rate entered the mean
+    twice, so a dual row's seeds outweighed another row's."""
+    root = tmp_path / "lnt"
+    _three_task_run(root, "seq_lora", 0, (60, 70, 60), (80, 80, 80), (25, 50, 20))
+    _three_task_run(root, "slow_surprise", 1, (60, 70, 60), (80, 80, 80), (25, 50, 50))
+    f = root / rel("slow_surprise", "4", 1) / "results.json"
+    r = json.loads(f.read_text())
+    r["config"]["dual"] = {"enabled": True}
+    r["fast"] = {k: r[k] for k in ("accuracy_matrix", "fp", "ap", "forgetting", "bwt", "avg_incremental")}
+    f.write_text(json.dumps(r))
+    rep = paper_report([root], claims="none")
+    rows = {r["task"]: r for r in csv.DictReader(io.StringIO(next(t for t in rep.tables if t.name == "tasks").csv))}
+    assert float(rows["c"]["majority"]) == pytest.approx(35.0)  # (20 + 50) / 2, not (20 + 50 + 50) / 3
+
+
+def test_a_seed_unit_needs_every_order_of_its_benchmark(tmp_path):
+    """With shared samples a seed is a unit only with every order of its benchmark group, as the
+    header says: a row with no run on an order (MTL not yet run on s3) got units averaged over
+    the orders it had, t-tested beside complete ones."""
+    root = tmp_path / "r"
+    for o in ("1", "2", "3"):
+        for seed in range(3):
+            put(root, "seq_lora", o, seed, 50.0 + seed, 80.0)
+            if o != "3":
+                put(root, "mtl", o, seed, 60.0 + 2 * seed, 80.0)
+    rep = paper_report([root], claims="none", custom_claims=["mtl>seq_lora"])
+    claim = claims_csv(rep)[("mtl > seq_lora", "Standard CL")]
+    assert (claim["n"], claim["seeds_left_out"], claim["verdict"]) == ("0", "3", "not shown")  # was n 3, "shown"
+    assert "0 of 3 planned † (3 seeds lacking an order left out)" in rep.markdown()
+
+
 def test_a_run_records_majority_rates_and_its_report_shows_them(tmp_path, tiny_cache):
     from surecl.data.loading import load_stream
     from surecl.trainer import run

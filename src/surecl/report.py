@@ -945,7 +945,8 @@ class Study:
                 rate = r.majority.get(task)
                 if not isinstance(rate, (int, float)) or isinstance(rate, bool) or j >= len(r.matrix[-1]):
                     continue
-                rates.append(float(rate))
+                if not r.row.endswith(FAST):  # a dual run's fast row is the same run: its rate once
+                    rates.append(float(rate))
                 # right after learning task j; a joint run (MTL) has only its last row
                 right_after = r.matrix[j][j] if j < len(r.matrix) else None
                 v = right_after if right_after is not None else r.matrix[-1][j]
@@ -1496,14 +1497,15 @@ def claim_units(pairs: list[_Pair]) -> tuple[str, list[tuple[str, float, str]]]:
     return ("seed" if draws == {"shared"} else "mixed"), units
 
 
-def claim_units_complete(pairs: list[_Pair]) -> tuple[str, list[tuple[str, float, str]], int]:
+def claim_units_complete(pairs: list[_Pair], orders: set[str] | None = None) -> tuple[str, list[tuple[str, float, str]], int]:
     """:func:`claim_units`, where a seed unit (shared samples) counts only with a pair on every
-    order the claim's pairs have (a seed with one order of three would be another quantity);
-    the third value is the number of seeds left out for lacking one."""
+    one of ``orders`` (the claim's benchmark group's orders in the study; default: the orders
+    the pairs have): a seed with one order of three would be another quantity. The third
+    value is the number of seeds left out for lacking one."""
     kind, units = claim_units(pairs)
     if kind in (*ORDER_UNITS, "none"):
         return kind, units, 0
-    orders = {p.order for p in pairs}
+    orders = set(orders) if orders is not None else {p.order for p in pairs}
     by_seed: dict[int | str, set[str]] = defaultdict(set)
     for p in pairs:
         by_seed[p.seed].add(p.order)
@@ -1601,8 +1603,9 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
             names.append("all")
         for g in names:
             chosen = [p for ps in groups.values() for p in ps] if g == "all" else groups[g]
-            kind, units, left_out = claim_units_complete(chosen)
             dropped = set().union(*unscored.values()) if g == "all" else unscored.get(g, set())
+            group_orders = set(st.orders) if g == "all" else {o for o in st.orders if st.bench_of.get(o, "other") == g}
+            kind, units, left_out = claim_units_complete(chosen, group_orders - dropped)
             # an order whose runs learned no task gives no unit: not missing, and left out of the planned count
             planned = st.planned_units(a, b, g, kind, skip=dropped)
             same, cross, unrec = (sum(1 for u in units if u[2] == k) for k in ("same", "other", "unrecorded"))
