@@ -360,6 +360,54 @@ def test_a_benchmark_task_with_fewer_train_rows_than_asked_is_named(tmp_path):
     assert f"warning: {said}" in describe(cfg).splitlines()
 
 
+def test_orders_a_folder_lacks_tasks_of_are_named_and_not_swept_as_two(tmp_path, capsys):
+    """A CL_Benchmark copy without yahoo: data.allow_missing runs orders 1 and 2 as one task list
+    (they differ only in where yahoo sits), so a sweep over both ran one stream under two names,
+    which the report counted as independent units; nothing said a task was left out. The run and
+    the dry run now name the absent tasks, the sweep refuses the two orders, and the paper report
+    says which of an order's tasks its runs did not train."""
+    from surecl.cli import main
+    from surecl.data.loading import missing_tasks_warning
+    from surecl.plan import describe
+
+    bench = tmp_path / "bench"
+    (bench / "instruction_config.json").parent.mkdir(parents=True)
+    (bench / "instruction_config.json").write_text(json.dumps({"TC": [{"instruction": "Topic? "}], "SC": [{"instruction": "Mood? "}]}))
+    for group, name in (("TC", "dbpedia"), ("SC", "amazon"), ("TC", "agnews")):
+        (bench / group / name).mkdir(parents=True)
+        for split in ("train", "test"):
+            (bench / group / name / f"{split}.json").write_text(json.dumps([{"sentence": f"{name}{i}", "label": "xy"[i % 2]} for i in range(8)]))
+        (bench / group / name / "labels.json").write_text(json.dumps(["x", "y"]))
+    base = [f"data.benchmark={bench}", "data.allow_missing=true", "data.n_train=8", "data.n_test=8"]
+    one, two = (load_stream(build_config("tiny,seq_lora", [*base, f"data.order={o}"])) for o in ("1", "2"))
+    assert [t.name for t in one] == [t.name for t in two] == ["dbpedia", "amazon", "agnews"]
+    said = "order 1: the benchmark folder lacks yahoo; the stream runs 3 of its 4 tasks (data.allow_missing), which is not the order's stream"
+    assert missing_tasks_warning(one, "1") == said
+    assert f"warning: {said}" in describe(build_config("tiny,seq_lora", [*base, "data.order=1"])).splitlines()
+    assert missing_tasks_warning(load_stream(build_config("tiny,seq_lora", [*base, "data.tasks=[amazon,agnews]"])), "default") is None
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--config", "tiny", "--methods", "seq_lora", "--orders", "1,2", "--seeds", "0", "--out", str(out), "--quiet", *base]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "orders 1 and 2 of row seq_lora train the same task list (dbpedia, amazon, agnews)" in err[0], err
+    assert not (out / "sweep.json").exists()
+    # the report names what an order's runs left out
+    from surecl.report import paper_report
+
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        d = runs / f"seed{seed}"
+        d.mkdir(parents=True)
+        a = [[80.0, None, None], [70.0, 80.0, None], [60.0, 70.0, 80.0]]
+        d.joinpath("results.json").write_text(json.dumps({
+            "tasks": ["dbpedia", "amazon", "agnews"], "metric": "accuracy", "accuracy_matrix": a, "fp": 70.0, "ap": 80.0,
+            "forgetting": 10.0, "bwt": -10.0, "avg_incremental": 75.0,
+            "config": {"preset": "seq_lora", "method": "sequential", "seed": seed, "data": {"order": "1", "draw": "order"},
+                       "dual": {"enabled": False}, "replay": {"policy": "none"}}}))
+    md = paper_report([runs], claims="none").markdown()
+    assert "- Order-1: the runs trained 3 of its 4 tasks; absent: yahoo" in md
+
+
 def test_a_folder_of_one_file_named_after_no_split_is_the_train_split(tmp_path, caplog):
     """A folder holding only reviews.csv: datasets read it as the train split, and so it stays
     (the per-file split rule had warned it away and then found no train split)."""

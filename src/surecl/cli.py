@@ -225,6 +225,20 @@ def sweep_plan(args):
     return plan
 
 
+def _folder_order(cfg) -> list[str]:
+    """The tasks a run on a benchmark folder trains, when its order loses some to
+    ``data.allow_missing`` (CL_Benchmark without yahoo makes orders 1 and 2 one list); [] for
+    every other stream."""
+    if not cfg.data.allow_missing or cfg.data.benchmark in ("tiny", "none", "instruct", "embedded"):
+        return []
+    from surecl.data.cl_benchmark import order_missing, resolve_order
+
+    root = Path(cfg.data.benchmark).expanduser()
+    if not root.is_dir() or not order_missing(root, cfg.data.order, []):
+        return []
+    return resolve_order(root, cfg.data.order, [], True)
+
+
 def cmd_sweep(args) -> int:
     """Run every planned run not finished yet; a run that fails is named and the next one runs
     (exit code 2 at the end when any failed)."""
@@ -249,11 +263,12 @@ def cmd_sweep(args) -> int:
         cfg = build_config(f"{plan.config},{r.method}" if plan.config else r.method, r.overrides)
         if cfg.data.benchmark in ("tiny", "none") and not cfg.data.tasks:
             streams.setdefault(cfg.data.benchmark, set()).add(r.order)
-        if cfg.data.tasks:  # however it was set (an override, a mapping, a config file): one list is one order
-            seen = lists.setdefault((r.row, r.seed, tuple(cfg.data.tasks)), r.order)
+        trained = list(cfg.data.tasks) or _folder_order(cfg)
+        if trained:  # however it was set (an override, a mapping, a config file, a folder lacking tasks): one list is one order
+            seen = lists.setdefault((r.row, r.seed, tuple(trained)), r.order)
             if seen != r.order:
                 raise SureclError(f"sweep: orders {seen} and {r.order} of row {r.row} train the same task list "
-                                  f"({', '.join(cfg.data.tasks)}), so they would be one stream under two names; {ORDER_LISTS}")
+                                  f"({', '.join(trained)}), so they would be one stream under two names; {ORDER_LISTS}")
         same = json.dumps({**cfg.to_dict(), "preset": None}, sort_keys=True, default=str)  # the run itself, whatever its row is called
         if same in runs_of:  # a warning: a finished study may hold both (a grid value equal to the method's default)
             print(f"surecl: warning: {runs_of[same]} and {r.path} are the same run under two names (a grid value written two ways, "

@@ -924,6 +924,22 @@ class Study:
         st.pooled_differences = config_differences(cells) + order_differences(cells, lambda o: st.bench_of.get(o, "other"))
         return st
 
+    def partial_orders(self) -> list[str]:
+        """One line per built-in order (1-6) whose runs trained fewer of its tasks than it names:
+        which tasks and how many of them (the runs' task lists, as recorded)."""
+        from surecl.data.cl_benchmark import ORDERS
+
+        lines = []
+        for order in self.orders:
+            full = ORDERS.get(order)
+            if not full:
+                continue
+            trained = {t for r in self.records.values() if r.order == order and r.tasks for t in r.tasks}
+            absent = [t for t in full if t not in trained]
+            if absent and len(absent) < len(full):  # some of the order's tasks (runs of other tasks under its name are no such run)
+                lines.append(f"Order-{order}: the runs trained {len(full) - len(absent)} of its {len(full)} tasks; absent: {', '.join(absent)}")
+        return lines
+
     # ---------------------------------------------------------------- tasks learned
     def task_rates(self, order: str) -> list[TaskRate]:
         """Per task of ``order`` (runs that recorded majority-class rates): the rate of its test
@@ -1184,6 +1200,10 @@ class PaperReport:
                  "unit (their caption names the unit). Data draws: " + "; ".join(draw_words[d] for d in draws) + "."]
         if n_missing:
             head += ["", f"**{n_missing} expected run(s) missing**: cells marked {DAGGER} are computed from fewer runs; see \"Missing runs\"."]
+        partial = st.partial_orders()
+        if partial:
+            head += ["", "**Orders run without some of their tasks** (a benchmark folder lacking them under `data.allow_missing`, or `data.tasks`): "
+                     "their columns are not the paper's orders:", "", *(f"- {line}" for line in partial)]
         if st.pooled_differences:
             head += ["", "**Runs pooled into one cell, or into one row's average over a benchmark's orders, differ in "
                      "configuration** (besides the seed and the order; check that each difference is one you meant to pool, "

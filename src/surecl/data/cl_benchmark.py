@@ -129,7 +129,8 @@ def load_task(folder: Path, instructions: dict[str, str], invalid_labels: str = 
 
 
 def resolve_order(root: Path, order: str, tasks: list[str], allow_missing: bool) -> list[str]:
-    """Task names to train on, in order; missing ones are one clear error unless allowed."""
+    """Task names to train on, in order; missing ones are one clear error unless allowed
+    (``data.allow_missing``: the present ones, which :func:`order_missing` names)."""
     if tasks:
         wanted = list(tasks)
     elif order in ORDERS:
@@ -162,6 +163,14 @@ def resolve_order(root: Path, order: str, tasks: list[str], allow_missing: bool)
     return kept
 
 
+def order_missing(root: Path, order: str, tasks: list[str]) -> list[str]:
+    """The tasks ``order`` (or ``tasks``) names that the folder ``root`` lacks, in order: what
+    ``data.allow_missing`` leaves out of the stream."""
+    wanted = list(tasks) if tasks else list(ORDERS.get(order, []))
+    have = index_tasks(root)
+    return [t for t in wanted if t not in have]
+
+
 def load_benchmark(
     root: Path, order: str = "default", tasks: list[str] | None = None, allow_missing: bool = False, invalid_labels: str = "error"
 ) -> list[Task]:
@@ -171,4 +180,8 @@ def load_benchmark(
     names = resolve_order(root, order, tasks or [], allow_missing)
     instructions = _instructions(root)
     folders = index_tasks(root)
-    return [load_task(folders[name], instructions, invalid_labels) for name in names]
+    out = [load_task(folders[name], instructions, invalid_labels) for name in names]
+    missing = order_missing(root, order, tasks or [])
+    for t in out:  # what data.allow_missing left out, for missing_tasks_warning
+        t.meta["order_missing"] = missing
+    return out

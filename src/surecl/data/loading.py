@@ -54,6 +54,17 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
     return sampled(tasks, cfg)
 
 
+def missing_tasks_warning(tasks: list[Task], order: str) -> str | None:
+    """The tasks the order names that the benchmark folder lacks, which ``data.allow_missing``
+    left out (the stream is not the order's: a report names it beside the order), or None."""
+    missing = next((t.meta["order_missing"] for t in tasks if t.meta.get("order_missing")), None)
+    if not missing:
+        return None
+    kept = sum(1 for t in tasks if "order_missing" in t.meta)
+    return (f"order {order}: the benchmark folder lacks {', '.join(missing)}; the stream runs {kept} of its "
+            f"{kept + len(missing)} tasks (data.allow_missing), which is not the order's stream")
+
+
 def short_tasks_warning(tasks: list[Task], n_train: int) -> str | None:
     """A benchmark folder's tasks with fewer train rows than ``data.n_train`` asks, which are
     taken whole (O-LoRA's CL_Benchmark: CB 250, COPA 400 where ``lnt`` asks 1,000; agnews 4,000
