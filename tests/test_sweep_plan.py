@@ -310,3 +310,28 @@ def test_one_run_planned_under_two_names_is_named(tmp_path, tiny_cache, monkeypa
     f.write_text("config: tiny\nmethods: [seq_lora]\ngrid: {train.epochs: [1, 2]}\noverrides: [data.n_train=8, data.n_test=4, 'data.tasks=[colors]']\n")
     assert main(["sweep", "--plan", str(f), "--out", str(tmp_path / "out2"), "--quiet"]) == 0
     assert "same run under two names" not in capsys.readouterr().err
+
+
+def test_a_grid_value_yaml_would_read_as_other_text_trains_as_written(tmp_path):
+    """A grid value ``exp #2``: each run's override was parsed as YAML, which reads `` #2`` as a
+    comment, so the folder named for exp #2 trained exp (and its row name lost the #2 too)."""
+    f = tmp_path / "p.yaml"
+    f.write_text('grid: {model.name: ["/models/exp #2", "/models/exp"], lora.target_modules: ["[q_proj, v_proj]"]}\n'
+                 "methods: [seq_lora]\n")
+    runs = expand(load_plan(str(f)))
+    cfgs = {r.path: build_config("tiny,seq_lora", r.overrides) for r in runs}
+    assert sorted(c.model.name for c in cfgs.values()) == ["/models/exp", "/models/exp #2"]
+    assert all(c.lora.target_modules == ["q_proj", "v_proj"] for c in cfgs.values())  # a list value stays a list
+    assert sorted(c.preset for c in cfgs.values()) == sorted(r.row for r in runs)
+    assert any(c.preset.endswith("model.name=/models/exp #2 lora.target_modules=[q_proj, v_proj]") for c in cfgs.values())
+
+
+@pytest.mark.parametrize("argv", [["run", "--config", "tiny", "--out", ""], ["sweep", "--config", "tiny", "--methods", "seq_lora", "--out", ""]])
+def test_an_empty_out_is_one_line(argv, tmp_path, capsys, monkeypatch):
+    """An unset shell variable gives --out "": run wrote into its default folder, sweep into the
+    current one."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--out: empty" in err[0], err
+    assert list(tmp_path.iterdir()) == []

@@ -14,7 +14,7 @@ import pytest
 from surecl.config import HFTaskConfig, build_config
 from surecl.data.hf import load_hf_task
 from surecl.data.jsonl import load_jsonl_task
-from surecl.data.loading import caller_stream, load_stream
+from surecl.data.loading import caller_stream, caller_tasks, load_stream
 from surecl.data.task import Example, Task
 from surecl.errors import SureclError
 
@@ -317,3 +317,50 @@ def test_an_empty_field_in_an_integer_label_column_names_its_row(tmp_path):
     with pytest.raises(SureclError, match=r"train row 2: no label \(an empty field\)") as err:
         load_hf_task(HFTaskConfig(path=str(path), test_fraction=0.4), "data.hf[0]")
     assert "\n" not in str(err.value)
+
+
+def test_task_names_of_any_script_are_names_and_a_file_name_that_is_none_says_how(tmp_path):
+    """A task name was ASCII only, though it reaches no file name: avis_été and 情感 were refused
+    with a message saying letters are allowed. A JSONL file named with a space says to give a
+    header or rename the file."""
+    rows = [Example(f"t {i}", "ab"[i % 2]) for i in range(4)]
+    for name in ("avis_été", "情感", "Ωmega-2"):
+        Task(name, "", ["a", "b"], rows, rows).check()
+    for name in ("a b", "../x", "_x", "a/b", ""):
+        with pytest.raises(SureclError, match="must be letters, digits"):
+            Task(name, "", ["a", "b"], rows, rows).check()
+    body = "".join(json.dumps({"sentence": f"s{i}", "label": "ab"[i % 2], "split": ["train", "test"][i % 2 == 0 and i > 1]}) + "\n" for i in range(8))
+    (tmp_path / "avis_été.jsonl").write_text(body)
+    assert load_jsonl_task(tmp_path / "avis_été.jsonl").name == "avis_été"
+    (tmp_path / "my reviews.jsonl").write_text(body)
+    with pytest.raises(SureclError, match=r"named after the file, 'my reviews'.*first line \{\"task\": \"name\"\} or rename") as err:
+        load_jsonl_task(tmp_path / "my reviews.jsonl")
+    assert "\n" not in str(err.value)
+    (tmp_path / "h.jsonl").write_text(json.dumps({"task": "mine"}) + "\n" + body)
+    assert load_jsonl_task(tmp_path / "h.jsonl").name == "mine"
+
+
+def test_in_memory_hub_subsets_are_named_with_their_config():
+    """glue/sst2 and glue/cola passed from Python were both "glue" (super_glue's boolq and cb:
+    "named twice"); they are named as data.hf names them, glue-sst2."""
+    from datasets import Dataset, DatasetDict, DatasetInfo
+
+    def subset(builder, config):
+        part = Dataset.from_dict({"text": [f"{config} {i}" for i in range(4)], "label": ["a", "b"] * 2},
+                                 info=DatasetInfo(dataset_name=builder, config_name=config))
+        return DatasetDict(train=part, test=part)
+
+    tasks = caller_tasks([subset("glue", "sst2"), subset("glue", "cola"), subset("mine", "default")], build_config("tiny"))
+    assert [t.name for t in tasks] == ["glue-sst2", "glue-cola", "mine"]
+
+
+def test_a_saved_config_reads_back_equal_whatever_its_text_holds(tmp_path):
+    """YAML reads a raw U+0085 (what cp1252's ellipsis becomes read as latin-1) as a line break:
+    an instruction holding one came back with a space, so config.yaml ran another instruction."""
+    for text in ("\x85z", "a\u2028b", "c\u2029d", "plain é"):
+        cfg = build_config("tiny", [f"data.hf=[{{path: x.csv, test_fraction: 0.2, instruction: {json.dumps(text)}}}]"])
+        assert cfg.data.hf[0].instruction == text
+        saved = tmp_path / "c.yaml"
+        saved.write_text(cfg.to_yaml())
+        assert build_config(str(saved)).to_dict() == cfg.to_dict()
+    assert "plain é" in cfg.to_yaml()  # readable text stays readable

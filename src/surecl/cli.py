@@ -22,7 +22,8 @@ from surecl.errors import RunBusy, SureclError
 
 
 def _out_dir(arg: str | None, cfg) -> Path:
-    if arg:
+    if arg is not None:
+        check_out_dir(arg)
         return Path(arg)
     order = cfg.data.order if not cfg.data.tasks else "custom"
     bench = Path(cfg.data.benchmark).name or "bench"
@@ -33,8 +34,12 @@ def _out_dir(arg: str | None, cfg) -> Path:
     return Path("runs") / re.sub(r"[^A-Za-z0-9._+=-]", "_", name).lstrip(".")
 
 
-def check_out_dir(out: Path, flag: str = "--out") -> None:
-    """Refuse output paths we cannot or must not write, before any compute is spent."""
+def check_out_dir(out: Path | str, flag: str = "--out") -> None:
+    """Refuse output paths we cannot or must not write, before any compute is spent: an empty
+    one too (an unset shell variable), which is the current folder or the default."""
+    if not str(out).strip():
+        raise SureclError(f"{flag}: empty; give a folder (an unset shell variable gives an empty value)")
+    out = Path(out)
     if out.exists() and not out.is_dir():
         raise SureclError(f"{flag}: {out} is a file, not a directory")
     probe = out
@@ -248,8 +253,8 @@ def cmd_sweep(args) -> int:
     from surecl.sweep import expand
     from surecl.trainer import run
 
+    check_out_dir(args.out)  # the text as given: Path("") is "."
     root = Path(args.out)
-    check_out_dir(root)
     _check_metric(args)  # before any run trains: the closing report reads it
     plan = sweep_plan(args)
     # the command line's overrides replace the plan's own; a group's overrides and grid values still decide their runs
@@ -363,8 +368,8 @@ def cmd_report(args) -> int:
         rep = paper_report([Path(d) for d in args.dirs], args.metric, fast=not args.no_fast, claims=args.claims,
                            custom_claims=args.claim, order_benchmark=_order_benchmarks(args.order_benchmark),
                            unit=getattr(args, "unit", "auto"))
-        if args.out_dir:
-            check_out_dir(Path(args.out_dir), "--out-dir")
+        if args.out_dir is not None:
+            check_out_dir(args.out_dir, "--out-dir")
         print(rep.markdown(images=bool(args.out_dir)))
         if args.out_dir:
             written = rep.write(Path(args.out_dir))

@@ -95,7 +95,11 @@ class RunConfig:
     def to_yaml(self) -> str:
         """The whole tree as YAML that ``--config`` / :func:`build_config` reads back to an equal config."""
         head = "# surecl run config, resolved (presets and overrides applied); `surecl run --config <this file>` runs it again\n"
-        return head + yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+        tree = self.to_dict()
+        text = yaml.safe_dump(tree, sort_keys=False, allow_unicode=True)
+        if yaml.safe_load(text) != tree:  # a character YAML reads as a line break (U+0085, U+2028) written raw: escaped instead
+            text = yaml.safe_dump(tree, sort_keys=False, allow_unicode=False)
+        return head + text
 
 
 CORE_SECTIONS = ("method", "preset", "seed", "model", "data", "lora", "replay", "dual", "train", "eval", "log_every")
@@ -199,8 +203,9 @@ def choices() -> dict[str, tuple[str, ...]]:
 
 
 
-RAW_STRING_KEYS = ("replay.ratio",)
-"""Keys whose command-line value is taken as written, not parsed as YAML."""
+RAW_STRING_KEYS = ("replay.ratio", "preset")
+"""Keys whose command-line value is taken as written, not parsed as YAML (a sweep's row name,
+``preset``, may hold a grid value with `` #`` that YAML would read as a comment)."""
 
 
 def replay_ratio(text: str) -> tuple[int, int]:

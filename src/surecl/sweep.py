@@ -26,6 +26,7 @@ line does without a plan. A grid value is one folder name (a ``/`` in it becomes
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -212,6 +213,20 @@ def load_plan(name_or_path: str) -> Plan:
     return plan
 
 
+def _grid_override(point: str) -> str:
+    """A grid point ``key=value`` as an override: quoted where YAML would read the value as other
+    text (``exp #2`` as ``exp``, a comment; a line break as a space), so the run trains the value
+    its folder and row name; a value YAML reads as a number, list or mapping stays as written."""
+    key, value = point.split("=", 1)
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        parsed = None
+    if isinstance(parsed, str) and parsed != value:
+        return f"{key}={json.dumps(value)}"
+    return point
+
+
 def grid_points(grid: dict[str, list[str]]) -> list[list[str]]:
     points: list[list[str]] = [[]]
     for key, values in grid.items():
@@ -237,7 +252,7 @@ def expand(plan: Plan) -> list[PlannedRun]:
                     tasks = plan.orders[order]
                     for seed in g.get("seeds", plan.seeds):
                         data = [_order_override(order)] + ([f"data.tasks=[{','.join(tasks)}]"] if tasks else [])
-                        overrides = plan.overrides + g.get("overrides", []) + point + data + [f"seed={seed}", f"preset={row}"]
+                        overrides = plan.overrides + g.get("overrides", []) + [_grid_override(p) for p in point] + data + [f"seed={seed}", f"preset={row}"]
                         folder = f"order{order}" if order.isdigit() or order == "default" else f"order-{order}"
                         # a method given as a YAML file is its stem there: a path would put the run outside --out
                         name = Path(method).stem if "/" in method or method.endswith((".yaml", ".yml")) else method

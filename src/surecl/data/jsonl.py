@@ -153,6 +153,11 @@ def _task_name(header: dict, path: Path) -> str:
     if not isinstance(name, str):
         raise SureclError(f"{path}: header 'task' must be a string (the task's name), got {name!r}; give a name or remove the key "
                           "(the task is then named after the file)")
+    from surecl.data.task import _SAFE_NAME
+
+    if "task" not in header and (not _SAFE_NAME.match(name) or ".." in name):
+        raise SureclError(f"{path}: the task is named after the file, {name!r}, which is no task name (letters, digits, "
+                          "'.', '_', '+', '-', no spaces): give one in a first line {\"task\": \"name\"} or rename the file")
     return name
 
 

@@ -139,11 +139,16 @@ def in_memory_task(dataset, index: int, cfg: RunConfig) -> Task:
     """The ``index``-th entry of ``tasks=`` given as a ``datasets.Dataset`` / ``DatasetDict``:
     :meth:`Task.from_hf` with the default columns (``text``, ``label``) and splits (``train``,
     ``test``; a lone ``Dataset`` is refused there: hold out a test split with ``Task.from_hf``),
-    named by its ``info.dataset_name`` where that is a valid task name and not the name of a
+    named by its ``info.dataset_name`` (with ``-<config_name>`` for a subset, ``glue-sst2``, as
+    ``data.hf`` names it) where that is a valid task name and not the name of a
     ``datasets`` file reader (``load_dataset("csv", ...)`` names every such dataset ``csv``),
     else ``task<index>``."""
     first = next(iter(dataset.values()), None) if type(dataset).__name__ == "DatasetDict" else dataset
-    name = str(getattr(getattr(first, "info", None), "dataset_name", None) or "")
+    info = getattr(first, "info", None)
+    name = str(getattr(info, "dataset_name", None) or "")
+    config = str(getattr(info, "config_name", None) or "")
+    if name and config and config != "default":  # a hub dataset's subset (glue's sst2, cola): named as data.hf names it
+        name = f"{name}-{config}"
     from surecl.data.task import _SAFE_NAME
 
     if not _SAFE_NAME.match(name) or ".." in name or name in _readers():

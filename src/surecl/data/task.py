@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 from surecl.errors import SureclError
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_SAFE_NAME = re.compile(r"^[^\W_][\w.+-]*$")
+"""A task name: letters and digits of any script (``avis_été``, ``情感``), ``_ . + -`` after the
+first; no space, path separator or control character."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,8 @@ class Task:
         in ``meta["dropped"]``; the empty-split checks apply to what is left."""
         where = f"{source}: " if source else ""
         if not _SAFE_NAME.match(self.name) or ".." in self.name:
-            raise SureclError(f"{where}task name {self.name!r} must be letters, digits, '.', '_', '+', '-' (no path separators)")
+            raise SureclError(f"{where}task name {self.name!r} must be letters, digits, '.', '_', '+', '-', starting with a letter "
+                              "or digit (no spaces or path separators)")
         if self.kind not in KINDS:
             raise SureclError(f"{where}task {self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
         if self.metric and self.metric not in METRICS[self.kind]:
