@@ -1428,3 +1428,124 @@ def test_a_results_file_of_other_types_is_one_line(tmp_path, capsys, field, valu
     assert main(["report", str(runs), "--layout", layout]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "results.json" in err[0] and words in err[0], err
+
+
+# --------------------------------------------------------------------------- file names and grid rows
+
+
+def test_orders_of_one_slug_get_their_own_heatmaps(tmp_path):
+    """Order names are case-sensitive and may hold '+': s1 and S1, a+b and a_b are four orders,
+    so four heatmaps (a stem shared by several orders gets each one's position), while an order
+    whose stem is its own keeps today's name."""
+    root = tmp_path / "runs"
+    orders = {"s1": 40.0, "S1": 50.0, "a+b": 60.0, "a_b": 70.0, "s2": 80.0}
+    for order, fp in orders.items():
+        for seed in (0, 1):
+            put(root, "seq_lora", order, seed, fp + seed, 90.0)
+    rep = paper_report([root])
+    assert rep.study.orders == ["S1", "s1", "s2", "a+b", "a_b"]
+    stems = {cap.split(":", 1)[0]: stem for stem, cap, _ in rep.heatmaps}
+    assert stems == {"Order S1": "heatmap_s1_1", "Order s1": "heatmap_s1_2", "Order s2": "heatmap_s2",
+                     "Order a+b": "heatmap_a_b_4", "Order a_b": "heatmap_a_b_5"}
+    out = tmp_path / "out"
+    written = rep.write(out)
+    assert len(written) == len({p.name for p in written})
+    assert sorted(p.stem for p in out.glob("heatmap_*.png")) == sorted(stems.values())
+    report = (out / "report.md").read_text()
+    for stem, cap, png in rep.heatmaps:
+        assert (out / f"{stem}.png").read_bytes() == png  # no figure replaced by another order's
+        assert report.count(f"]({stem}.png)") == 1
+        assert f"{cap}\n\n![{stem}]({stem}.png)" in report
+    assert len({png for _, _, png in rep.heatmaps}) == 5
+
+
+def test_ablation_keys_of_one_slug_get_their_own_tables(tmp_path):
+    root = tmp_path / "runs"
+    for key, fp in (("train.lr", 50.0), ("train.LR", 60.0)):
+        for value in ("1", "2"):
+            for seed in (0, 1):
+                put(root, f"seq_lora {key}={value}", "1", seed, fp + float(value) + seed, 90.0)
+    rep = paper_report([root])
+    abl = {t.title: t.name for t in rep.tables if t.name.startswith("ablation_")}
+    assert abl == {"Ablation: train.LR": "ablation_train.lr_1", "Ablation: train.lr": "ablation_train.lr_2"}
+    out = tmp_path / "out"
+    rep.write(out)
+    for title, name in abl.items():
+        assert (out / f"{name}.md").read_text().startswith(f"## {title}\n")
+        assert (out / f"{name}.png").is_file() and (out / f"{name}.csv").is_file()
+    assert not (out / "ablation_train.lr.md").exists()
+
+
+def test_write_refuses_two_files_of_one_name(runs, tmp_path):
+    """A report whose tables or figures would share a file name is refused before anything is
+    written (a later file silently replaced an earlier one)."""
+    from surecl.report import Table
+
+    rep = paper_report([runs])
+    rep.heatmaps = rep.heatmaps + [(rep.heatmaps[0][0], "another order", rep.heatmaps[1][2])]
+    out = tmp_path / "out"
+    with pytest.raises(SureclError, match="heatmap_1.png"):
+        rep.write(out)
+    assert not out.exists()
+    rep = paper_report([runs])
+    rep.tables = rep.tables + [Table("main", "Main again", "text", "a\n")]
+    with pytest.raises(SureclError, match="main"):
+        rep.write(out)
+    assert not out.exists()
+    rep = paper_report([runs])
+    rep.tables = rep.tables + [Table("Main", "Main again", "text", "a\n")]  # one file on a case-insensitive disk
+    with pytest.raises(SureclError, match="Main"):
+        rep.write(out)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "parsed"),
+    [
+        ("slow_surprise replay.buffer_size=300 (fast)", ("slow_surprise", (("replay.buffer_size", "300"),), True)),
+        ("slow_surprise lora.target_modules=[q_proj, v_proj]",
+         ("slow_surprise", (("lora.target_modules", "[q_proj, v_proj]"),), False)),
+        ("slow_surprise lora.target_modules=[q_proj, k_proj, v_proj, o_proj] train.lr=1e-4 (fast)",
+         ("slow_surprise", (("lora.target_modules", "[q_proj, k_proj, v_proj, o_proj]"), ("train.lr", "1e-4")), True)),
+        ("seq_lora model.name=/models/my model", ("seq_lora", (("model.name", "/models/my model"),), False)),
+        ("seq_lora model.name=a  b", ("seq_lora", (("model.name", "a  b"),), False)),  # the spaces as they were
+        ("seq_lora", ("seq_lora", (), False)),
+        ("slow_surprise (fast)", ("slow_surprise", (), True)),
+        ("my method k=v", ("my method k=v", (), False)),  # a second word that is no key=value: a plain row
+        ("seq_lora k", ("seq_lora k", (), False)),
+    ],
+)
+def test_parse_row(name, parsed):
+    from surecl.report import parse_row
+
+    assert parse_row(name) == parsed
+
+
+@pytest.mark.parametrize(
+    ("key", "values"),
+    [("lora.target_modules", ["[q_proj, v_proj]", "[q_proj, k_proj, v_proj, o_proj]"]),
+     ("model.name", ["models/a", "my models/b"])],
+)
+def test_grid_values_with_spaces_are_in_their_ablation_table(tmp_path, key, values):
+    """A sweep names a grid row ``method key=value``; a value holding a space is still one
+    point of its key's ablation table (it was left out of it, or the table was missing)."""
+    root = tmp_path / "runs"
+    for i, value in enumerate(values):
+        for seed in (0, 1):
+            put(root, f"slow_surprise {key}={value}", "1", seed, 60.0 + 10 * i + seed, 90.0, fast=(50.0, 85.0))
+            put(root, "seq_lora", "1", seed, 40.0 + seed, 80.0)
+    rep = paper_report([root])
+    abl = next(t for t in rep.tables if t.name == f"ablation_{key}")
+    rows = table_rows(f"## {abl.title}\n" + abl.markdown, abl.title)
+    assert rows[key] == ["slow_surprise", "slow_surprise (fast)"]
+    assert list(rows)[1:] == sorted(values)
+    assert rows[values[0]][0] == "60.5 ± 0.7" and rows[values[1]][0] == "70.5 ± 0.7"
+    # grid rows are drawn in the ablation, not among the heatmaps' methods
+    assert all(f"{key}=" not in cap for _, cap, _ in rep.heatmaps)
+
+
+def test_stems_stay_unique_beside_a_name_like_a_suffixed_stem():
+    from surecl.report import _stems
+
+    assert _stems("heatmap_", ["S1", "s1", "s1_2", "4"]) == {"S1": "heatmap_s1_1", "s1": "heatmap_s1_2_2",
+                                                            "s1_2": "heatmap_s1_2", "4": "heatmap_4"}

@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -536,13 +537,25 @@ def order_key(o: str):
 
 
 def parse_row(name: str) -> tuple[str, tuple[tuple[str, str], ...], bool]:
-    """``"slow_surprise replay.buffer_size=300 (fast)"`` -> ("slow_surprise", (("replay.buffer_size", "300"),), True)."""
+    """``"slow_surprise replay.buffer_size=300 (fast)"`` -> ("slow_surprise", (("replay.buffer_size", "300"),), True).
+
+    A sweep names a grid row ``" ".join([method, *("key=value", ...)])``, and a value may hold
+    spaces (``lora.target_modules=[q_proj, v_proj]``, a model path): a word without ``=`` after a
+    ``key=value`` word continues that value, joined by the whitespace it was split on. A row
+    whose second word is no ``key=value`` is a plain row (its whole name, no grid values)."""
     fast = name.endswith(FAST)
     base = name[: -len(FAST)] if fast else name
-    tokens = base.split()
-    if len(tokens) > 1 and all("=" in t for t in tokens[1:]):
-        return tokens[0], tuple(tuple(t.split("=", 1)) for t in tokens[1:]), fast
-    return base, (), fast
+    parts = re.split(r"(\s+)", base.strip())  # the words, and at odd places the whitespace between them
+    words, gaps = parts[0::2], parts[1::2]
+    if len(words) < 2 or "=" not in words[1]:
+        return base, (), fast
+    grid: list[list[str]] = []
+    for gap, word in zip(gaps, words[1:]):
+        if "=" in word:
+            grid.append(word.split("=", 1))
+        else:
+            grid[-1][1] += gap + word
+    return words[0], tuple((k, v) for k, v in grid), fast
 
 
 def row_sort_key(name: str):
@@ -1136,6 +1149,27 @@ def _slug(s: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in s.lower()).strip("_")
 
 
+def _stems(prefix: str, names: list[str], positions: list[int] | None = None) -> dict[str, str]:
+    """A file stem per name: ``prefix`` + its slug where no other name has that slug, else
+    (names differing only in case, or in characters the slug replaces: orders ``s1`` and ``S1``,
+    ``a+b`` and ``a_b``) the slug and ``_<position>``, the name's place (1-based) in ``names`` or
+    as ``positions`` gives it, so that no name's file replaces another's."""
+    slugs = [prefix + _slug(n) for n in names]
+    count = {s: slugs.count(s) for s in slugs}
+    taken = {s for s in slugs if count[s] == 1}
+    out = {}
+    for name, stem, pos in zip(names, slugs, positions or range(1, len(names) + 1)):
+        if count[stem] > 1:
+            base = stem = f"{stem}_{pos}"
+            n = 1
+            while stem in taken:  # another name's own stem (an order named "s1_2" beside s1 and S1)
+                n += 1
+                stem = f"{base}_{n}"
+            taken.add(stem)
+        out[name] = stem
+    return out
+
+
 def _csv(rows: list[list]) -> str:
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows(rows)
@@ -1229,14 +1263,24 @@ class PaperReport:
         if out_dir.exists() and not out_dir.is_dir():
             raise SureclError(f"--out-dir: {out_dir} is a file, not a directory")
         files: dict[str, bytes] = {}
+        folded: dict[str, str] = {}  # names that are one file on a case-insensitive disk
+
+        def add(name: str, data: bytes) -> None:
+            if name.casefold() in folded:
+                raise SureclError(f"--out-dir: two parts of this report would both be written to {out_dir / name}"
+                                  + (f" ({folded[name.casefold()]} on a case-insensitive disk)" if folded[name.casefold()] != name else "")
+                                  + ", one replacing the other; nothing was written")
+            folded[name.casefold()] = name
+            files[name] = data
+
         for t in self.tables:
             md = f"## {t.title}\n\n{t.markdown}\n" + (f"\n![{t.title}]({t.name}.png)\n" if t.png is not None else "")
             for name, data in ((f"{t.name}.md", md.encode()), (f"{t.name}.csv", t.csv.encode()), (f"{t.name}.png", t.png)):
                 if data is not None:
-                    files[name] = data
+                    add(name, data)
         for stem, _, png in self.heatmaps:
-            files[f"{stem}.png"] = png
-        files["report.md"] = self.markdown(images=True).encode()
+            add(f"{stem}.png", png)
+        add("report.md", self.markdown(images=True).encode())
         ours = _report_files(out_dir)
         for name in files:
             path = out_dir / name
@@ -1362,6 +1406,7 @@ def forgetting_table(st: Study, rows: list[str]) -> Table:
 def ablation_tables(st: Study, metric: str, rows: list[str]) -> list[Table]:
     d = _digits(st.kind)
     keys = sorted({k for r in rows for k, _ in parse_row(r)[1]})
+    stems = _stems("ablation_", keys)  # keys differing in case only: one file each
     tables = []
     for key in keys:
         cells: dict[tuple[str, str], tuple[str, Cell]] = {}  # (column, value) -> (row, cell)
@@ -1393,7 +1438,7 @@ def ablation_tables(st: Study, metric: str, rows: list[str]) -> list[Table]:
         foot = _footer(st.missing(metric, abl_rows), empty)
         md = caption + "\n\n" + _md([key] + cols, body) + ("\n\n" + foot if foot else "")
         png = _ablation_png(key, values, cols, cells, metric, st.kind)
-        tables.append(Table(f"ablation_{_slug(key)}", f"Ablation: {key}", md, _csv(csv_rows), png))
+        tables.append(Table(stems[key], f"Ablation: {key}", md, _csv(csv_rows), png))
     return tables
 
 
@@ -1929,5 +1974,7 @@ def heatmap_panels(st: Study, rows: list[str], columns: int = 4) -> list[tuple[s
         caption = (f"Order {order}: each method's {_metric_unit(st.kind)} matrix averaged "
                    "over its seeds (row: after training on that task; column: the task evaluated)."
                    + (f" Not drawn (one-stage runs, or seeds with different task lists): {', '.join(left_out)}." if left_out else ""))
-        out.append((f"heatmap_{_slug(order)}", caption, png))
-    return out
+        out.append((order, caption, png))
+    # orders are case-sensitive and may hold "+": s1 and S1, a+b and a_b each get their own file
+    stems = _stems("heatmap_", [o for o, _, _ in out], [st.orders.index(o) + 1 for o, _, _ in out])
+    return [(stems[order], caption, png) for order, caption, png in out]
