@@ -13,6 +13,10 @@
 clear error and the last checkpoint intact). ``SURECL_NAN_GRAD_AT=<stage>:<step>`` leaves that
 step's loss finite and makes its gradient NaN (a kernel's fault in the backward pass).
 ``SURECL_FAULT_RANK=<r>`` limits both to process ``r`` of several.
+
+In ``step:`` and the NaN points ``<stage>`` is the stage's accuracy-matrix row, as ``log.jsonl``'s
+``stage`` field: the stage's index where a stage trains one task, but the last row (N-1) for
+MTL's one stage over N tasks. ``stage_end:<s>`` and checkpoint names count stages from 0.
 """
 
 from __future__ import annotations
