@@ -385,6 +385,12 @@ def test_orders_a_folder_lacks_tasks_of_are_named_and_not_swept_as_two(tmp_path,
     assert missing_tasks_warning(one, "1") == said
     assert f"warning: {said}" in describe(build_config("tiny,seq_lora", [*base, "data.order=1"])).splitlines()
     assert missing_tasks_warning(load_stream(build_config("tiny,seq_lora", [*base, "data.tasks=[amazon,agnews]"])), "default") is None
+    # the folder's own order (MANIFEST.json, order default) names what it lacks too
+    (bench / "MANIFEST.json").write_text(json.dumps({"order": ["dbpedia", "yahoo", "agnews"]}))
+    kept = load_stream(build_config("tiny,seq_lora", [*base, "data.order=default"]))
+    assert [t.name for t in kept] == ["dbpedia", "agnews"]
+    assert missing_tasks_warning(kept, "default").startswith("order default: the benchmark folder lacks yahoo; the stream runs 2 of its 3")
+    (bench / "MANIFEST.json").unlink()
     out = tmp_path / "sweep"
     argv = ["sweep", "--config", "tiny", "--methods", "seq_lora", "--orders", "1,2", "--seeds", "0", "--out", str(out), "--quiet", *base]
     assert main(argv) == 2

@@ -365,3 +365,11 @@ def test_a_rows_surprise_does_not_depend_on_its_batch(tiny_loaded, tmp_path, arc
             hand.append(float(-logp.gather(1, torch.tensor(ids[1:])[:, None]).mean()))
     assert alone == pytest.approx(hand, rel=1e-5, abs=0)
     assert together == pytest.approx(hand, rel=1e-5, abs=0)
+    # the pair loss reads a batch as the model's own loss does on every other step (one row,
+    # one way of training it in a run): its token mean is the model's loss
+    batch = trainer.data_collator([dict(r) for r in ds])
+    trainer.model.eval()  # GPT-2's own dropout off
+    with torch.no_grad():
+        nll, count = trainer._row_nll(trainer.model, batch)
+        own = trainer.model(**batch).loss
+    assert float(nll.sum() / count.sum()) == pytest.approx(float(own), rel=1e-5)

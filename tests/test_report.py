@@ -1107,6 +1107,13 @@ def test_a_seed_unit_needs_every_order_of_its_benchmark(tmp_path):
     claim = claims_csv(rep)[("mtl > seq_lora", "Standard CL")]
     assert (claim["n"], claim["seeds_left_out"], claim["verdict"]) == ("0", "3", "not shown")  # was n 3, "shown"
     assert "0 of 3 planned † (3 seeds lacking an order left out)" in rep.markdown()
+    # a row a sweep planned on one order only: its seeds are whole with that order
+    plan = [{"row": row, "order": o, "seed": s, "path": rel(row, o, s)} for s in range(3)
+            for row, orders in (("seq_lora", "123"), ("mtl", "1")) for o in orders]
+    (root / "mtl" / "order2").rename(tmp_path / "unplanned")
+    write_sweep_plan(root, plan)
+    claim = claims_csv(paper_report([root], claims="none", custom_claims=["mtl>seq_lora"]))[("mtl > seq_lora", "Standard CL")]
+    assert (claim["n"], claim["seeds_left_out"], claim["n_planned"]) == ("3", "0", "3")
 
 
 def test_a_run_records_majority_rates_and_its_report_shows_them(tmp_path, tiny_cache):

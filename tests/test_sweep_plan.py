@@ -316,14 +316,18 @@ def test_a_grid_value_yaml_would_read_as_other_text_trains_as_written(tmp_path):
     """A grid value ``exp #2``: each run's override was parsed as YAML, which reads `` #2`` as a
     comment, so the folder named for exp #2 trained exp (and its row name lost the #2 too)."""
     f = tmp_path / "p.yaml"
-    f.write_text('grid: {model.name: ["/models/exp #2", "/models/exp"], lora.target_modules: ["[q_proj, v_proj]"]}\n'
+    f.write_text('grid: {model.name: ["/models/exp #2", "/models/exp", "/models/run \'b\'"], lora.target_modules: ["[q_proj, v_proj]"]}\n'
                  "methods: [seq_lora]\n")
     runs = expand(load_plan(str(f)))
     cfgs = {r.path: build_config("tiny,seq_lora", r.overrides) for r in runs}
-    assert sorted(c.model.name for c in cfgs.values()) == ["/models/exp", "/models/exp #2"]
+    assert sorted(c.model.name for c in cfgs.values()) == ["/models/exp", "/models/exp #2", "/models/run 'b'"]
     assert all(c.lora.target_modules == ["q_proj", "v_proj"] for c in cfgs.values())  # a list value stays a list
     assert sorted(c.preset for c in cfgs.values()) == sorted(r.row for r in runs)
     assert any(c.preset.endswith("model.name=/models/exp #2 lora.target_modules=[q_proj, v_proj]") for c in cfgs.values())
+    # a row name ending in a quote keeps it (the report finds the run under its planned row)
+    f.write_text('grid: {model.name: ["/models/run \'b\'"]}\nmethods: [seq_lora]\n')
+    [r] = expand(load_plan(str(f)))
+    assert build_config("tiny,seq_lora", r.overrides).preset == r.row == "seq_lora model.name=/models/run 'b'"
 
 
 @pytest.mark.parametrize("argv", [["run", "--config", "tiny", "--out", ""], ["sweep", "--config", "tiny", "--methods", "seq_lora", "--out", ""]])
@@ -335,3 +339,23 @@ def test_an_empty_out_is_one_line(argv, tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--out: empty" in err[0], err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_float_grid_values_name_their_runs_as_before(tmp_path):
+    """A plan's 1.0e-3 names its run folder train.lr=0.001, as plans written before name their
+    finished runs (a folder named by the YAML text would train them again)."""
+    f = tmp_path / "p.yaml"
+    f.write_text("grid: {train.lr: [1.0e-3, 5.0e-4], replay.ratio: [1:2]}\nmethods: [surprise]\n")
+    runs = expand(load_plan(str(f)))
+    assert sorted(r.path.split("/")[1] for r in runs) == ["train.lr=0.0005", "train.lr=0.001"]
+    assert {r.path.split("/")[2] for r in runs} == {"replay.ratio=1:2"}
+
+
+def test_an_empty_csv_or_md_is_one_line(tmp_path, capsys):
+    root = tmp_path / "r"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "results.json").write_text("{}")
+    for flag in ("--csv", "--md"):
+        assert main(["report", str(root), flag, ""]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{flag}: empty" in err[0], err

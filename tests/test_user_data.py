@@ -324,9 +324,9 @@ def test_task_names_of_any_script_are_names_and_a_file_name_that_is_none_says_ho
     with a message saying letters are allowed. A JSONL file named with a space says to give a
     header or rename the file."""
     rows = [Example(f"t {i}", "ab"[i % 2]) for i in range(4)]
-    for name in ("avis_été", "情感", "Ωmega-2"):
+    for name in ("avis_été", "情感", "Ωmega-2", "हिंदी", "தமிழ்", "avis_e\u0301te\u0301"):  # marks of Indic scripts; NFD
         Task(name, "", ["a", "b"], rows, rows).check()
-    for name in ("a b", "../x", "_x", "a/b", ""):
+    for name in ("a b", "../x", "_x", "a/b", "", "abc\n", "a\tb", "\u0301a"):
         with pytest.raises(SureclError, match="must be letters, digits"):
             Task(name, "", ["a", "b"], rows, rows).check()
     body = "".join(json.dumps({"sentence": f"s{i}", "label": "ab"[i % 2], "split": ["train", "test"][i % 2 == 0 and i > 1]}) + "\n" for i in range(8))

@@ -359,6 +359,8 @@ def cmd_report(args) -> int:
         if given:
             raise SureclError(f"{', '.join(given)}: only with --layout paper")
     for flag, value in (("--md", getattr(args, "md", None)), ("--csv", getattr(args, "csv", None))):
+        if value is not None and not value.strip():
+            raise SureclError(f"{flag}: empty; give a file (an unset shell variable gives an empty value)")
         if value and (Path(value).is_dir() or not Path(value).parent.is_dir()):
             raise SureclError(f"{flag}: {value} is a folder" if Path(value).is_dir() else f"{flag}: the folder of {value} does not exist")
     _check_results([Path(d) for d in args.dirs])

@@ -546,7 +546,9 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
             value = raw
         if value is None:
             value = raw
-        if dotted in RAW_STRING_KEYS:  # YAML 1.1 reads an unquoted 1:2 as the base-60 number 62
+        if dotted == "preset":  # a row name as written (a grid value's quote or `` #`` included)
+            value = raw.strip()
+        elif dotted in RAW_STRING_KEYS:  # YAML 1.1 reads an unquoted 1:2 as the base-60 number 62
             value = raw.strip().strip("'\"")
         nested: dict[str, Any] = {}
         cursor = nested

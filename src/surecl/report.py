@@ -988,13 +988,22 @@ class Study:
             out.append(TaskRate(task, fmean(rates), min(rates), max(rates), best[1], best[2], best[0]))
         return out
 
+    def _planned_pairs(self, a: str, b: str, group: str, skip: set[str] = frozenset()) -> set[tuple[str, object]]:
+        """The (order, seed) pairs at which both rows are expected, over benchmark ``group``."""
+        return {(o, s) for (row, o, s) in self.expected if row == a and (b, o, s) in self.expected and o not in skip
+                and (group == "all" or self.bench_of.get(o, "other") == group)}
+
+    def planned_orders(self, a: str, b: str, group: str, skip: set[str] = frozenset()) -> set[str]:
+        """The orders of benchmark ``group`` at which both rows are expected (a seed unit needs a
+        pair on each: MTL planned on s3 but not run there yet has no whole seed)."""
+        return {o for o, _ in self._planned_pairs(a, b, group, skip)}
+
     def planned_units(self, a: str, b: str, group: str, kind: str, skip: set[str] = frozenset()) -> int:
         """How many units a claim "a > b" would have over benchmark ``group`` ("all": every
         order) with every expected run present (the sweeps' plans, or every combination seen):
         (order, seed) pairs, or for seed units the seeds with both rows at every such order;
         the orders in ``skip`` (no learned task: they give the claim nothing) left out."""
-        both = {(o, s) for (row, o, s) in self.expected if row == a and (b, o, s) in self.expected and o not in skip
-                and (group == "all" or self.bench_of.get(o, "other") == group)}
+        both = self._planned_pairs(a, b, group, skip)
         if kind in ORDER_UNITS:
             return len(both)
         orders = {o for o, _ in both}
@@ -1564,9 +1573,9 @@ def claim_units(pairs: list[_Pair]) -> tuple[str, list[tuple[str, float, str]]]:
 
 def claim_units_complete(pairs: list[_Pair], orders: set[str] | None = None) -> tuple[str, list[tuple[str, float, str]], int]:
     """:func:`claim_units`, where a seed unit (shared samples) counts only with a pair on every
-    one of ``orders`` (the claim's benchmark group's orders in the study; default: the orders
-    the pairs have): a seed with one order of three would be another quantity. The third
-    value is the number of seeds left out for lacking one."""
+    one of ``orders`` (the orders of the claim's benchmark group at which both rows are planned;
+    default: the orders the pairs have): a seed with one order of three would be another
+    quantity. The third value is the number of seeds left out for lacking one."""
     kind, units = claim_units(pairs)
     if kind in (*ORDER_UNITS, "none"):
         return kind, units, 0
@@ -1669,8 +1678,8 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         for g in names:
             chosen = [p for ps in groups.values() for p in ps] if g == "all" else groups[g]
             dropped = set().union(*unscored.values()) if g == "all" else unscored.get(g, set())
-            group_orders = set(st.orders) if g == "all" else {o for o in st.orders if st.bench_of.get(o, "other") == g}
-            kind, units, left_out = claim_units_complete(chosen, group_orders - dropped)
+            required = st.planned_orders(a, b, g, skip=dropped) or None  # the orders both rows are planned on
+            kind, units, left_out = claim_units_complete(chosen, required)
             # an order whose runs learned no task gives no unit: not missing, and left out of the planned count
             planned = st.planned_units(a, b, g, kind, skip=dropped)
             same, cross, unrec = (sum(1 for u in units if u[2] == k) for k in ("same", "other", "unrecorded"))

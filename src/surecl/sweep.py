@@ -96,7 +96,9 @@ def _strings(value: Any, where: str) -> list[str]:
         value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
         raise SureclError(f"{where}: expected a list of names or numbers")
-    return [written(v) for v in value]  # a name 010 or a ratio 1:2 as written, not 8 or 62
+    # a name 010 or a ratio 1:2 as written, not 8 or 62; a float as Python prints it (1.0e-3 is
+    # 0.001), which names the finished runs of plans written before
+    return [written(v) if isinstance(v, int) else str(v) for v in value]
 
 
 def _seeds(value: Any, where: str) -> list[int]:

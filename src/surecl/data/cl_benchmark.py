@@ -128,25 +128,29 @@ def load_task(folder: Path, instructions: dict[str, str], invalid_labels: str = 
     return task
 
 
-def resolve_order(root: Path, order: str, tasks: list[str], allow_missing: bool) -> list[str]:
-    """Task names to train on, in order; missing ones are one clear error unless allowed
-    (``data.allow_missing``: the present ones, which :func:`order_missing` names)."""
+def _wanted(root: Path, order: str, tasks: list[str]) -> list[str]:
+    """The task names ``tasks``, or ``order`` (1-6, or ``default``: the folder's
+    ``MANIFEST.json`` order, else every task it holds), asks for, in order."""
     if tasks:
-        wanted = list(tasks)
-    elif order in ORDERS:
-        wanted = list(ORDERS[order])
-    elif order == "default":
+        return list(tasks)
+    if order in ORDERS:
+        return list(ORDERS[order])
+    if order == "default":
         manifest = root / "MANIFEST.json"
         if manifest.is_file():
             data = read_json(manifest)
             order_list = data.get("order", []) if isinstance(data, dict) else None
             if not isinstance(order_list, list) or not all(isinstance(t, str) for t in order_list):
                 raise SureclError(f"{manifest}: expected an object whose 'order' is a list of task names")
-            wanted = list(order_list)
-        else:
-            wanted = available_tasks(root)
-    else:
-        raise SureclError(f"data.order: unknown order {order!r} (choose from {', '.join(ORDERS)} or default)")
+            return list(order_list)
+        return available_tasks(root)
+    raise SureclError(f"data.order: unknown order {order!r} (choose from {', '.join(ORDERS)} or default)")
+
+
+def resolve_order(root: Path, order: str, tasks: list[str], allow_missing: bool) -> list[str]:
+    """Task names to train on, in order; missing ones are one clear error unless allowed
+    (``data.allow_missing``: the present ones, which :func:`order_missing` names)."""
+    wanted = _wanted(root, order, tasks)
     dupes = sorted({t for t in wanted if wanted.count(t) > 1})
     if dupes:
         raise SureclError(f"task named twice in the order: {', '.join(dupes)}")
@@ -164,11 +168,10 @@ def resolve_order(root: Path, order: str, tasks: list[str], allow_missing: bool)
 
 
 def order_missing(root: Path, order: str, tasks: list[str]) -> list[str]:
-    """The tasks ``order`` (or ``tasks``) names that the folder ``root`` lacks, in order: what
-    ``data.allow_missing`` leaves out of the stream."""
-    wanted = list(tasks) if tasks else list(ORDERS.get(order, []))
+    """The tasks ``order`` (or ``tasks``, or the folder's manifest) names that the folder
+    ``root`` lacks, in order: what ``data.allow_missing`` leaves out of the stream."""
     have = index_tasks(root)
-    return [t for t in wanted if t not in have]
+    return [t for t in _wanted(root, order, tasks) if t not in have]
 
 
 def load_benchmark(

@@ -20,6 +20,7 @@ optional ``split``. The header may name the task's ``metric`` (``rouge_l``, the 
 from __future__ import annotations
 
 import json
+import unicodedata
 from pathlib import Path
 
 from surecl.data.cl_benchmark import parse_rows
@@ -149,7 +150,7 @@ def read_jsonl(path: str | Path, what: str = "data.jsonl") -> tuple[dict, list[t
 
 def _task_name(header: dict, path: Path) -> str:
     """The header's ``task`` (a string), else the file's name."""
-    name = header.get("task", path.stem)
+    name = header.get("task", unicodedata.normalize("NFC", path.stem))  # a macOS file name arrives decomposed (NFD)
     if not isinstance(name, str):
         raise SureclError(f"{path}: header 'task' must be a string (the task's name), got {name!r}; give a name or remove the key "
                           "(the task is then named after the file)")

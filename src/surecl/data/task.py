@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from surecl.errors import SureclError
 
-_SAFE_NAME = re.compile(r"^[^\W_][\w.+-]*$")
-"""A task name: letters and digits of any script (``avis_été``, ``情感``), ``_ . + -`` after the
-first; no space, path separator or control character."""
+
+class _TaskName:
+    """A task name: letters (with their combining marks) and digits of any script (``avis_été``,
+    ``情感``, ``हिंदी``), ``_ . + -`` after a first letter or digit; no space, path separator or
+    control character. Read NFC-composed (a name typed where files are NFD, macOS, matches)."""
+
+    @staticmethod
+    def match(name: str) -> bool:
+        name = unicodedata.normalize("NFC", name)
+        if not name or unicodedata.category(name[0])[0] not in "LN":
+            return False
+        return all(unicodedata.category(c)[0] in "LMN" or c in "._+-" for c in name)
+
+
+_SAFE_NAME = _TaskName()
 
 
 @dataclass(frozen=True)

@@ -750,19 +750,21 @@ class SureTrainer(Trainer):
             for start in range(0, len(rows), size):
                 chunk = rows[start : start + size]
                 batch = {k: v.to(self.args.device) if torch.is_tensor(v) else v for k, v in collate([dict(r) for r in chunk]).items()}
-                nll, count = self._row_nll(model, batch)
+                nll, count = self._row_nll(model, batch, alone=True)
                 _check_rows(len(nll), len(chunk), "scored")
                 values = nll / count.clamp(min=1) if self.sure.reduction == "mean" else nll
                 out += values.tolist()
         return out
 
-    def _row_nll(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def _row_nll(self, model, batch: dict, alone: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's summed NLL (fp32) over the tokens its ``labels`` mark, and their count.
-        A causal row's value does not depend on its batch: a left-padded row's positions count
-        from its first real token (where the batch brings no ``position_ids`` and the model takes
-        them), and a token is scored only after a real one (the first real token of a left-padded
-        row, which a collator such as ``DataCollatorForLanguageModeling`` labels, would be
-        predicted from padding)."""
+        ``alone`` (surprise scoring): a causal row's value does not depend on its batch: a
+        left-padded row's positions count from its first real token (where the batch brings no
+        ``position_ids`` and the model takes them), and a token is scored only after a real one
+        (the first real token of a left-padded row, which a collator such as
+        ``DataCollatorForLanguageModeling`` labels, would be predicted from padding). Without it
+        (the pair loss) the rows read as the model's own loss reads them on the other steps, so a
+        row trains one way in every step of a run."""
         batch = dict(batch)
         if not torch.is_tensor(batch.get("labels")):
             raise SureclError(
@@ -775,7 +777,7 @@ class SureTrainer(Trainer):
             logits = model(**batch, labels=labels).logits
         else:
             mask = batch.get("attention_mask")
-            left_padded = torch.is_tensor(mask) and mask.dim() == 2 and bool((mask[:, 0] == 0).any())
+            left_padded = alone and torch.is_tensor(mask) and mask.dim() == 2 and bool((mask[:, 0] == 0).any())
             if left_padded and "position_ids" not in batch and _takes_position_ids(model):
                 batch["position_ids"] = (mask.long().cumsum(1) - 1).clamp(min=0)
             logits = model(**batch).logits[:, :-1]
