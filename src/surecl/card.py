@@ -169,19 +169,17 @@ def _ema_words(results: dict) -> str:
             f"size of {b})")
 
 
-def _continual(method: str) -> bool:
-    """The method's ``continual`` declaration (False for MTL: every task in one stage); True
-    when the method is not registered in this process."""
-    try:
-        from surecl.registry import method_class
-
-        return bool(getattr(method_class(method), "continual", True))
-    except Exception:
-        return True
+def _one_stage(results: dict) -> bool:
+    """Whether the run trained its tasks in one stage (a method that is not ``continual``, MTL):
+    every accuracy-matrix row but the last is empty, as the stream's methods evaluate after each
+    stage. Read from the results, so the card needs no method registry."""
+    m = results.get("accuracy_matrix")
+    return isinstance(m, list) and len(m) > 1 and all(isinstance(r, list) and all(v is None for v in r) for r in m[:-1]) \
+        and isinstance(m[-1], list) and any(v is not None for v in m[-1])
 
 
 def _fast_role(results: dict) -> str:
-    """What the fast adapter is, by the method's declarations: the learner trained on each task
+    """What the fast adapter is, by the method's declarations and results: the learner trained on each task
     in turn; on every task together in one stage (a method that is not ``continual``, MTL); or,
     where the method answers with weights of its own (per-task FT's snapshots), the adapter as
     the last stage left it, which is not what was measured."""
@@ -191,7 +189,7 @@ def _fast_role(results: dict) -> str:
         state = ", ".join(learner.get("state") or []) or "its eval_context"
         return (f"the **fast** adapter as the last stage (`{tasks[-1]}`) left it, the learner's weights after the last task: "
                 f"method `{cfg['method']}` answered each task with weights of its own ({state}), not with this adapter")
-    if not _continual(cfg["method"]):
+    if _one_stage(results):
         return (f"the **fast** adapter: trained by AdamW on all {len(tasks)} tasks together, in one stage (method "
                 f"`{cfg['method']}`: their examples drawn together, not one task after another)")
     return "the **fast** adapter: trained by AdamW on each task in turn"
