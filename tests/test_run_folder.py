@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -351,7 +352,17 @@ def test_the_lock_file_is_never_written_through_a_link(tmp_path):
 # --------------------------------------------------------------------------- the clock
 
 
-def test_cpu_time_is_counted_across_a_resume_and_left_out_after_a_checkpoint_without_it(finished, tmp_path, monkeypatch):
+@pytest.fixture
+def ctrl_c():
+    """SIGINT raises KeyboardInterrupt here, as in a terminal: a suite started in the background
+    (``cmd &`` in a script) inherits SIGINT ignored, and Python then leaves it ignored, so the
+    fault point's SIGINT would stop nothing."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_cpu_time_is_counted_across_a_resume_and_left_out_after_a_checkpoint_without_it(finished, tmp_path, monkeypatch, ctrl_c):
     """results.json ``timing.cpu``: the process CPU seconds of every part of the run (a resumed
     run adds its own to what the checkpoint kept); a run resumed from a checkpoint written before
     CPU time was counted leaves the key out rather than report only its own part."""
@@ -398,7 +409,7 @@ def test_the_default_out_folder_stays_under_runs(tmp_path):
     assert out.parent == Path("runs") and "/" not in out.name and not out.name.startswith(".")
 
 
-def test_checkpoint_every_changes_no_number_and_a_resume_may_change_it(finished, tmp_path, capsys, monkeypatch):
+def test_checkpoint_every_changes_no_number_and_a_resume_may_change_it(finished, tmp_path, capsys, monkeypatch, ctrl_c):
     """train.checkpoint_every is result-neutral: a run checkpointing every step ends as one that
     checkpoints only between tasks, and a run interrupted under one value resumes under another."""
     out = tmp_path / "run"
