@@ -368,8 +368,8 @@ def test_a_non_finite_pair_loss_stops_in_one_line(tiny_loaded, tmp_path, monkeyp
 
     row_nll = trainer._row_nll
 
-    def nan_rows(model, inputs):  # in training only (surprise scoring runs in eval mode)
-        nll, count = row_nll(model, inputs)
+    def nan_rows(model, inputs, **kwargs):  # in training only (surprise scoring runs in eval mode)
+        nll, count = row_nll(model, inputs, **kwargs)
         return (nll * float("nan") if model.training else nll), count
 
     monkeypatch.setattr(trainer, "_row_nll", nan_rows)
