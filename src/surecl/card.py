@@ -169,10 +169,11 @@ def _ema_words(results: dict) -> str:
             f"size of {b})")
 
 
-def _one_stage(results: dict) -> bool:
+def one_stage(results: dict) -> bool:
     """Whether the run trained its tasks in one stage (a method that is not ``continual``, MTL):
     every accuracy-matrix row but the last is empty, as the stream's methods evaluate after each
-    stage. Read from the results, so the card needs no method registry."""
+    stage. Read from the results, so the card needs no method registry; the report reads
+    joint runs with it too."""
     m = results.get("accuracy_matrix")
     return isinstance(m, list) and len(m) > 1 and all(isinstance(r, list) and all(v is None for v in r) for r in m[:-1]) \
         and isinstance(m[-1], list) and any(v is not None for v in m[-1])
@@ -189,7 +190,7 @@ def _fast_role(results: dict) -> str:
         state = ", ".join(learner.get("state") or []) or "its eval_context"
         return (f"the **fast** adapter as the last stage (`{tasks[-1]}`) left it, the learner's weights after the last task: "
                 f"method `{cfg['method']}` answered each task with weights of its own ({state}), not with this adapter")
-    if _one_stage(results):
+    if one_stage(results):
         return (f"the **fast** adapter: trained by AdamW on all {len(tasks)} tasks together, in one stage (method "
                 f"`{cfg['method']}`: their examples drawn together, not one task after another)")
     return "the **fast** adapter: trained by AdamW on each task in turn"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean, median, stdev
 
+from surecl.card import one_stage
 from surecl.checkpoint import write_text
 from surecl.config import read_view
 from surecl.errors import SureclError
@@ -589,14 +590,6 @@ STREAM_ONLY = ("ap", "forgetting", "bwt", "avg_incremental", "fwt")
 """Metrics a one-stage (joint) run does not have: results.json holds null for them by design."""
 
 
-def _joint(results: dict) -> bool:
-    """Whether a run trained its tasks in one stage (MTL): every matrix row but the last is
-    empty (the stream's methods evaluate after each stage)."""
-    m = results.get("accuracy_matrix")
-    return isinstance(m, list) and len(m) > 1 and all(isinstance(r, list) and all(v is None for v in r) for r in m[:-1]) \
-        and isinstance(m[-1], list) and any(v is not None for v in m[-1])
-
-
 # The kernel flags whose presence changes which matmul kernels (and so which rounding) a CPU run uses.
 _NUMERIC_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
@@ -901,7 +894,7 @@ class Study:
                                       list(r.get("tasks") or []), src.get("accuracy_matrix"), host_key(r),
                                       _run_seconds(r), _run_threads(r), data_draw(r), host_moved(r),
                                       r.get("majority") if isinstance(r.get("majority"), dict) else None,
-                                      _probe_of(r, fast=name != row), cfg, _run_seconds(r, "cpu"), _joint(src))
+                                      _probe_of(r, fast=name != row), cfg, _run_seconds(r, "cpu"), one_stage(src))
         # expected runs: the plans, then every combination seen among runs no plan covers
         expected: dict[Key, str] = {}
         plan_dirs = []
