@@ -242,6 +242,9 @@ def test_tensorboard_gets_each_step_once_across_a_resume(tmp_path, tiny_cache, m
     assert [s for s, _ in got["train/loss"]] == list(range(1, results["steps"] + 1))  # steps 7-8 trained twice, logged once
     assert [s for s, _ in got["accuracy/colors"]] == [0, 8, results["steps"]]  # before, after colors, after animals
     assert len(got["matrix/row0/colors"]) == 1 and len(got["summary/fp"]) == 1
+    # the hyper-parameters once: accelerate's TensorBoard tracker writes a session folder (and a
+    # hparams.yml) each time it is given them, and the resumed process is the same run
+    assert len([p for p in (out / "tensorboard" / "surecl").iterdir() if p.is_dir()]) == 1
     logged = [json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()]
     assert [v for _, v in got["train/loss"]] == pytest.approx(logged, abs=1e-6)  # the values the resumed run computed
     manifest = json.loads((out / ".surecl-manifest.json").read_text())

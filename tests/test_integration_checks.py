@@ -153,6 +153,9 @@ def test_refusals_after_the_model_was_touched_give_it_back_as_given(tiny_loaded,
     args = TrainingArguments(str(tmp_path), use_cpu=True, report_to=[], save_strategy="no")
     with pytest.raises(SureclError, match=r"^SureArguments.target_modules: \['q_proj', 'embed_tokens'\] names embed_tokens, not a linear layer"):
         SureTrainer(model=model, args=args, data_collator=collator, sure=SureArguments(target_modules=["q_proj", "embed_tokens"]))
+    # a norm layer: PEFT itself refuses it, after adapting the q_proj layers before it
+    with pytest.raises(SureclError, match=r"^SureArguments.target_modules: \['q_proj', 'norm'\] names a module that is not a linear layer"):
+        SureTrainer(model=model, args=args, data_collator=collator, sure=SureArguments(target_modules=["q_proj", "norm"]))
     smoothing = TrainingArguments(str(tmp_path), use_cpu=True, report_to=[], save_strategy="no", label_smoothing_factor=0.1)
     with pytest.raises(SureclError, match="computes the loss itself"):
         SureTrainer(model=model, args=smoothing, data_collator=collator, sure=SureArguments(replay_loss="pair"))

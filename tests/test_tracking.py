@@ -36,6 +36,21 @@ def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
+def logged_steps(folder: Path) -> list[tuple[int, str]]:
+    """Every scalar's (step, tag) under ``folder`` in the order it was logged (one process)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    out = []
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data, pos = path.read_bytes(), 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
+            event = Event.FromString(data[pos + 12 : pos + 12 + length])
+            pos += 12 + length + 4
+            out += [(event.step, v.tag) for v in event.summary.value if v.HasField("simple_value")]
+    return out
+
+
 def test_tensorboard_gets_the_loss_per_step_and_every_matrix_cell(tmp_path, tiny_cache):
     cfg = build_config("tiny,slow_surprise", ARGS)
     res = run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache, log_with=["tensorboard"])
@@ -108,6 +123,11 @@ def test_generation_stream_logs_its_metric_and_the_general_probe(tmp_path, tiny_
         assert got[f"summary/general_change/{part}"] == [(res["steps"], pytest.approx(g["change"][part]))]
     mark = json.loads((tmp_path / "run" / "tracking.json").read_text())
     assert mark["general_initial"] is True and mark["rows"] == [0, 1]
+    # in the order logged, steps never go back: a tracker whose steps must rise (W&B) drops a
+    # value logged at a step below one it holds, so the probe's step-0 values come first
+    order = logged_steps(tmp_path / "run" / "tensorboard" / "surecl")
+    assert [s for s, _ in order] == sorted(s for s, _ in order)
+    assert order[0] == (0, "general/text") or order[0] == (0, "general/instruct")
 
 
 @pytest.mark.parametrize("changed", [False, True])
@@ -142,3 +162,99 @@ def test_a_rerun_before_any_checkpoint_logs_its_own_steps_when_its_config_change
     else:
         assert sorted(steps) == sorted(losses)  # each step once
         assert all(v == pytest.approx(losses[s], rel=1e-6, abs=1e-6) for s, v in got)  # log.jsonl keeps 6 decimals
+
+
+def test_a_rerun_on_other_data_logs_its_own_steps(tmp_path, tiny_cache, monkeypatch):
+    """A run stopped before its first checkpoint and rerun with the same config on other data
+    (tasks passed from Python) trained other values: the rerun sends its own steps, so the event
+    files end with log.jsonl's losses, as a checkpoint's resume would refuse the change."""
+    from surecl.data.tiny import tiny_stream
+    from surecl.errors import SureclError
+
+    def tasks(seed):
+        return [t for t in tiny_stream(n_train=16, n_test=4, seed=seed) if t.name in ("colors", "animals")]
+
+    cfg = build_config("tiny,seq_lora", ["data.benchmark=none", "train.checkpoint_every=0", "eval.before=false", "train.epochs=2"])
+    out = tmp_path / "run"
+    monkeypatch.setenv("SURECL_NAN_AT", "0:3")
+    with pytest.raises(SureclError, match="non-finite loss"):
+        run(cfg, out, progress=False, cache_dir=tiny_cache, log_with=["tensorboard"], tasks=tasks(1))
+    monkeypatch.delenv("SURECL_NAN_AT")
+    first = dict(scalars(out / "tensorboard")["train/loss"])
+    run(cfg, out, progress=False, cache_dir=tiny_cache, log_with=["tensorboard"], tasks=tasks(99))
+    losses = {r["global_step"]: r["loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in r}
+    got = scalars(out / "tensorboard")["train/loss"]
+    assert sorted(s for s, _ in got) == sorted([*first, *losses])  # the stopped run's steps and all of this run's
+    for s in first:
+        values = [v for t, v in got if t == s]
+        assert values[-1] == pytest.approx(losses[s], rel=1e-6, abs=1e-6)
+    assert any(first[s] != pytest.approx(losses[s], rel=1e-4) for s in first)  # the data changed what was trained
+
+
+@pytest.mark.parametrize("given, names", [(None, []), ("tensorboard", ["tensorboard"]), ("tensorboard, wandb", ["tensorboard", "wandb"]),
+                                          (("tensorboard",), ["tensorboard"])])
+def test_log_with_from_python_takes_a_name_a_list_or_none(given, names):
+    from surecl.plugins.tracking import tracker_names
+
+    assert tracker_names(given) == names
+
+
+def test_log_with_of_another_type_is_one_line(tmp_path, tiny_cache):
+    from surecl.errors import SureclError
+
+    with pytest.raises(SureclError, match="log_with: expected a list of tracker names"):
+        run(build_config("tiny,seq_lora", ARGS), tmp_path / "run", progress=False, cache_dir=tiny_cache, log_with=3)
+
+
+def test_every_tracker_accelerate_knows_is_a_name_log_with_takes():
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+    from surecl.plugins.tracking import known_trackers
+
+    assert set(known_trackers()) == set(LOGGER_TYPE_TO_CLASS) and known_trackers()[0] == "tensorboard"
+
+
+def test_a_run_stopped_right_after_its_results_has_sent_its_summary(tmp_path, tiny_cache, monkeypatch):
+    """The summary goes out before results.json is written (a run stopped between them is
+    unfinished, and its rerun sends it); sent after it, a stop right there lost it for good: the
+    rerun finds the run finished and sends nothing."""
+    from surecl.plugins.tracking import Tracking
+
+    real = Tracking.after_run
+
+    def stop(self, ctx, results):
+        raise KeyboardInterrupt
+
+    cfg = build_config("tiny,seq_lora", ARGS)
+    out = tmp_path / "run"
+    monkeypatch.setattr(Tracking, "after_run", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, out, progress=False, cache_dir=tiny_cache, log_with=["tensorboard"])
+    monkeypatch.setattr(Tracking, "after_run", real)
+    assert (out / "results.json").exists()
+    res = run(cfg, out, progress=False, cache_dir=tiny_cache, log_with=["tensorboard"])
+    assert scalars(out / "tensorboard")["summary/fp"] == [(res["steps"], pytest.approx(res["fp"]))]
+    assert json.loads((out / "tracking.json").read_text())["summary"] is True
+
+
+def test_two_runs_in_one_process_group_with_a_tracker(tmp_path, tiny_cache):
+    """Closing the trackers leaves the process group alone (accelerate's end_training destroys
+    it): a program running two runs in the same two processes finishes both."""
+    import os
+    import sys
+
+    from test_two_process import launch_two
+
+    script = tmp_path / "two_runs.py"
+    script.write_text(
+        "import sys\nfrom pathlib import Path\nimport surecl\n"
+        "cfg = surecl.build_config('tiny,seq_lora', ['data.tasks=[colors]', 'data.n_train=8', 'data.n_test=4'])\n"
+        "for k in range(2):\n"
+        "    res = surecl.run(cfg, Path(sys.argv[1]) / f'run{k}', progress=False, cache_dir=Path(sys.argv[2]), log_with=['tensorboard'])\n"
+        "    print('run', k, 'fp', res['fp'], flush=True)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    codes, log = launch_two([sys.executable, str(script), str(tmp_path / "out"), str(tiny_cache)], env, 300)
+    assert codes == [0, 0], log
+    assert all((tmp_path / "out" / f"run{k}" / "results.json").exists() for k in range(2))
+    assert "train/loss" in scalars(tmp_path / "out" / "run1" / "tensorboard")

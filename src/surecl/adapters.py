@@ -65,6 +65,17 @@ def task_seed(streams_seed: int, row: int, salt: int) -> int:
     return 1_000_003 * streams_seed + 7919 * row + salt
 
 
+def _restore_base_layers(model: torch.nn.Module) -> None:
+    """Put back every layer a failed ``get_peft_model`` already wrapped in a LoRA layer, so a
+    caller's model (SureTrainer's) comes out as it went in."""
+    from peft.tuners.lora import LoraLayer
+
+    wrapped = [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)]
+    for name, module in wrapped:
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, module.get_base_layer())
+
+
 class DualLoRA(Plugin):
     """Owns the PEFT model, its fast (and optionally slow) adapter and the EMA between them.
 
@@ -89,6 +100,7 @@ class DualLoRA(Plugin):
         try:
             self.model = get_peft_model(base, self.peft_config, adapter_name=FAST)
         except ValueError as exc:
+            _restore_base_layers(base)  # peft adapted the matching modules before the one it refused
             if "is not supported" in str(exc):  # peft prints the whole module (a block of layers) before these words
                 raise SureclError(f"lora.target_modules: {list(lora.target_modules)} names a module that is not a linear layer; "
                                   "surecl adapts linear layers only (e.g. q_proj, v_proj, or a T5's q, v)") from None

@@ -34,7 +34,7 @@ from surecl.plan import check_task_names, ema_units
 from surecl.plugins.base import Plugin, Plugins
 from surecl.plugins.faults import FaultInjection
 from surecl.plugins.steplog import StepLog
-from surecl.plugins.tracking import Tracking, check_trackers
+from surecl.plugins.tracking import Tracking, check_trackers, tracker_names
 from surecl.processes import release_at_exit
 from surecl.registry import method_class, method_config, policy_class, policy_options
 from surecl.replay.buffer import OnlineQuotaBuffer
@@ -75,7 +75,7 @@ def build_run(
     # (micro-batch slices and shared prefix passes are cut from each rank's own rows). The one collective of a step is
     # the gradient all-reduce of its last slice's backward.
     ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
-    trackers = run.trackers = check_trackers(list(log_with))
+    trackers = run.trackers = check_trackers(tracker_names(log_with))
     asked = accelerate_mixed_precision()
     run.accelerator = Accelerator(
         cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp], log_with=trackers or None, mixed_precision="no",

@@ -271,14 +271,16 @@ class ReplayConfig:
 
 @dataclass
 class DualConfig:
-    """Fast/slow dual learner: slow = EMA(beta) of fast after every optimizer step."""
+    """Fast/slow dual learner: slow = EMA(beta) of fast after every optimizer step (or every
+    training example, ``unit``)."""
 
     enabled: bool = False
     beta: float | str = "auto"
     """The EMA rate: ``auto`` (default), the rate whose window 1/(1-beta) is ``window_tasks``
     tasks of this stream, beta = 1 - 1/(window_tasks x S) with S the first task's optimizer
-    steps; or a number in (0, 1) (the paper's 0.995, a 200-step window, which the ``paper-*``
-    presets pin). Whether the slow adapter helps or lags depends on the window against the
+    steps; or a number in (0, 1) (the paper's 0.995: a window of 200 updates, 200 optimizer steps
+    with ``unit: step``; the ``paper-*`` presets pin it once per training example, 0.995^64 = 0.73
+    per step of 64, a window of about 3.6 steps). Whether the slow adapter helps or lags depends on the window against the
     steps per task: half a task was the one rule measured at or above the fast adapter on
     every stream measured from 15 to 150 steps per task, where bias-corrected 0.995 fell below
     it at 15 to 50 steps per task, by up to 15 points (RESULTS.md §3, §4;

@@ -8,10 +8,15 @@ evaluation every score-matrix cell of its row as ``<metric>/<task>``, the task's
 curve per task over training steps, where it was learned, where it was forgotten) and
 ``matrix/row<i>/<task>``, the fast adapter's as ``<metric>_fast/<task>``; the before-training
 row at step 0; the general-ability probe (``eval.general``) as ``general/<part>`` (and
-``general_fast/<part>``), its before-training values at step 0; FP, AP, forgetting, BWT and
-the probe's change per part (``summary/general_change/<part>``) as ``summary/*`` at the end.
-The run's config is stored as hyper-parameters. ``log.jsonl`` is written as before; trackers
-are extra.
+``general_fast/<part>``), its before-training values at step 0, before any training step (a
+tracker whose steps must rise, W&B, drops a value logged below a step it holds); FP, AP,
+forgetting, BWT and the probe's change per part (``summary/general_change/<part>``) as
+``summary/*`` at the end, before results.json is written (a run stopped in between is
+unfinished, and its rerun sends them). The run's config is stored as hyper-parameters (once in
+TensorBoard's folder; a tracker that opens a run per process gets it for each). At the end each
+tracker is finished, not accelerate's ``end_training``, which also ends the process group a
+program running several runs in the same processes needs. ``log.jsonl`` is written as before;
+trackers are extra.
 
 TensorBoard event files go to ``<out>/tensorboard/surecl/``; with ``tensorboardX`` (the
 ``surecl[tensorboard]`` extra) or ``tensorboard`` installed. A resumed run writes an event file
@@ -20,8 +25,8 @@ nothing twice: ``<out>/tracking.json`` (:data:`MARK`) records what was sent (the
 training step, the matrix rows, the before-training row, the summary), rewritten after each
 log, so the steps a killed run logged after its last checkpoint, which the resumed run trains
 again, are not sent again (a run that starts over, ``--fresh`` or ``resume=False``, sends all,
-and so does a rerun whose configuration or task stream differs from the run that wrote the
-mark: a run killed before its first checkpoint may be rerun changed).
+and so does a rerun whose configuration, task stream, data, base model or probe differs from
+the run that wrote the mark: a run killed before its first checkpoint may be rerun changed).
 """
 
 from __future__ import annotations
@@ -39,8 +44,26 @@ from surecl.plugins.base import Plugin, Stage, StepRecord
 PROJECT = "surecl"
 MARK = "tracking.json"
 """The run folder's record of what was sent to the trackers (:class:`Tracking`)."""
-TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "trackio")
-"""The names ``--log-with`` takes (accelerate's trackers); ``all`` = every installed one."""
+
+
+def known_trackers() -> tuple[str, ...]:
+    """The names ``--log-with`` takes: accelerate's trackers, TensorBoard first; ``all`` =
+    every installed one."""
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+    return ("tensorboard", *sorted(n for n in LOGGER_TYPE_TO_CLASS if n != "tensorboard"))
+
+
+def tracker_names(log_with) -> list[str]:
+    """``log_with`` as given to :func:`surecl.run` / :class:`~surecl.trainer.ContinualRun`: a list
+    of names, one name (``"tensorboard"``, or several joined by commas) or None (no tracker)."""
+    if log_with is None:
+        return []
+    if isinstance(log_with, str):
+        return [n.strip() for n in log_with.split(",") if n.strip()]
+    if not isinstance(log_with, (list, tuple)) or not all(isinstance(n, str) for n in log_with):
+        raise SureclError(f"log_with: expected a list of tracker names (e.g. ['tensorboard']), got {log_with!r}")
+    return list(log_with)
 
 
 def check_trackers(names: list[str]) -> list[str]:
@@ -48,6 +71,8 @@ def check_trackers(names: list[str]) -> list[str]:
     otherwise, before any work). ``all`` is every installed one, by name (the run folder records
     what each writes, e.g. ``tensorboard/surecl``)."""
     from accelerate.utils import imports
+
+    TRACKERS = known_trackers()
 
     def installed(name: str) -> bool:
         available = getattr(imports, f"is_{name}_available", None)
@@ -91,28 +116,35 @@ class Tracking(Plugin):
     def __init__(self, config=None) -> None:
         super().__init__(config)
         self.started = False
-        self.sent = {"train": 0, "rows": [], "initial": False, "general_initial": False, "summary": False}
+        self.sent = {"train": 0, "rows": [], "initial": False, "general_initial": False, "summary": False, "hparams": False}
         """What was sent to the trackers (saved as :data:`MARK`): the last training step, the
-        matrix rows, whether the before-training row, the probe's before-training values and the
-        summary were."""
+        matrix rows, whether the before-training row, the probe's before-training values, the
+        summary and TensorBoard's hyper-parameters were."""
 
     def _start(self, ctx) -> None:
         if not self.started:
-            ctx.accelerator.init_trackers(PROJECT, config=_hparams(ctx.cfg.to_dict()), init_kwargs=_writer_kwargs())
+            ctx.accelerator.init_trackers(PROJECT, config=None, init_kwargs=_writer_kwargs())
             self.started = True
             for tracker in ctx.accelerator.trackers:
                 _count_events(tracker)
             if getattr(ctx, "continuing", False):  # a rerun into the same folder: what an earlier process sent stays sent
                 mark = _read_mark(ctx.out_dir / MARK)
                 if mark and not _same_run(mark, ctx):
-                    # an earlier process of another configuration or task stream (killed before its
-                    # first checkpoint, so nothing refused the change): this run's steps are new
+                    # an earlier process of another configuration, task stream, data, base model or
+                    # probe (killed before its first checkpoint, so nothing refused the change): this run's steps are new
                     mark = {}
-                    ctx.log("tracking: the earlier process logged another configuration or task stream; this run logs "
+                    ctx.log("tracking: the earlier process logged another configuration, task stream or data; this run logs "
                             "every step again (the earlier event files stay beside this run's)")
                 self.sent.update({k: v for k, v in mark.items() if k in self.sent})
-            self.sent["config"] = ctx.cfg.to_dict()
-            self.sent["tasks"] = [t.name for t in ctx.tasks]
+            self.sent.update(_identity(ctx))
+            # the hyper-parameters: a W&B / MLflow / ... run of this process is a new run there and
+            # needs them; TensorBoard's folder holds them once (a resumed run does not add a session)
+            hparams = _hparams(ctx.cfg.to_dict())
+            for tracker in ctx.accelerator.trackers:
+                if not (tracker.name == "tensorboard" and self.sent["hparams"]):
+                    tracker.store_init_configuration(hparams)
+            if any(t.name == "tensorboard" for t in ctx.accelerator.trackers) and not self.sent["hparams"]:
+                self._sent(ctx, "hparams", True)
 
     def _log(self, ctx, values: dict, step: int) -> None:
         clean = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
@@ -137,6 +169,12 @@ class Tracking(Plugin):
             self._log(ctx, {"train/loss": record.loss, "train/lr": record.lr, "train/buffer": len(ctx.policy),
                             "train/replayed": len(record.replayed)}, record.global_step)
             self._sent(ctx, "train", record.global_step)
+
+    def before_task(self, ctx, stage: Stage) -> None:
+        # the probe's before-training values at step 0 before any step is logged: a tracker whose
+        # steps must rise (W&B) drops a value logged at a step below one it already holds
+        self._start(ctx)
+        self._general_initial(ctx)
 
     def after_eval(self, ctx, stage: Stage | None) -> None:
         self._start(ctx)
@@ -171,14 +209,21 @@ class Tracking(Plugin):
             self._log(ctx, {f"general/{part}": v for part, v in initial.items()}, 0)
             self._sent(ctx, "general_initial", True)
 
-    def after_run(self, ctx, results: dict) -> None:
+    def export(self, ctx, results: dict) -> None:
+        # the summary before results.json is written (export runs on the main process just
+        # before it): a run stopped in between is unfinished, and its rerun sends it
         self._start(ctx)
         if not self.sent["summary"]:
             values = {f"summary/{k}": results.get(k) for k in ("fp", "ap", "forgetting", "bwt")}
             values.update({f"summary/general_change/{part}": v for part, v in ((results.get("general") or {}).get("change") or {}).items()})
             self._log(ctx, values, ctx.state.global_step)
             self._sent(ctx, "summary", True)
-        ctx.accelerator.end_training()
+
+    def after_run(self, ctx, results: dict) -> None:
+        # each tracker closed; not accelerate's end_training, which also ends the process group
+        # that a program running a second run in the same processes still needs
+        for tracker in ctx.accelerator.trackers:
+            tracker.finish()
 
 
 def _writer_kwargs() -> dict:
@@ -267,23 +312,39 @@ def _read_mark(path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         out = {"train": int(data["train"]), "rows": [int(r) for r in data["rows"]], "initial": bool(data["initial"]),
-               "general_initial": bool(data.get("general_initial", False)), "summary": bool(data["summary"])}
+               "general_initial": bool(data.get("general_initial", False)), "summary": bool(data["summary"]),
+               "hparams": bool(data.get("hparams", False))}
         if isinstance(data.get("config"), dict) and isinstance(data.get("tasks"), list):
             out["config"], out["tasks"] = data["config"], [str(t) for t in data["tasks"]]
+        for key in ("data", "base", "general"):  # marks since these were recorded
+            if key in data:
+                out[key] = data[key]
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return {}
     return out
 
 
+def _identity(ctx) -> dict:
+    """What makes a rerun the same run, as a checkpoint's resume checks it: the config, the task
+    names, each task's data fingerprint, the base model's and the probe's."""
+    from surecl.run_results import fingerprints, probe_fingerprints
+
+    return {"config": ctx.cfg.to_dict(), "tasks": [t.name for t in ctx.tasks], "data": fingerprints(ctx),
+            "base": getattr(ctx, "base_fingerprint", None), "general": probe_fingerprints(ctx)}
+
+
 def _same_run(mark: dict, ctx) -> bool:
-    """Whether :data:`MARK` was written by a run of this configuration and task stream (as a
-    checkpoint's resume checks them, :func:`surecl.config.same_config`); a mark from before
-    marks recorded them counts as this run's, as it did then."""
+    """Whether :data:`MARK` was written by a run of this configuration, task stream, data, base
+    model and probe (as a checkpoint's resume checks them, :func:`surecl.config.same_config`); a
+    mark from before marks recorded one of them is compared on what it recorded."""
     from surecl.config import same_config
 
     if "config" not in mark:
         return True
-    return mark["tasks"] == [t.name for t in ctx.tasks] and same_config(mark["config"], ctx.cfg)
+    if mark["tasks"] != [t.name for t in ctx.tasks] or not same_config(mark["config"], ctx.cfg):
+        return False
+    now = _identity(ctx)
+    return all(mark[key] == now[key] for key in ("data", "base", "general") if key in mark)
 
 
 def _write_mark(path, sent: dict) -> None:
