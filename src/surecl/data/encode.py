@@ -7,12 +7,13 @@ With ``end_eos`` (``model.encoder_eos``) every prompt, of every task kind, ends 
 token (inside ``max_length``: the prompt's text is cut, never that EOS).
 A ``generate`` task's prompt is the same without options (``instruction + prompt +
 "\nAnswer:"``, the target after a space, then EOS), or, through the tokenizer's chat template,
-the conversation up to the assistant's answer (``data.template``; chat rows always): a chat
-row's training sequence is the whole conversation, its "answer" everything from the first
-assistant turn on, with a ``mask`` that scores only the assistant turns' tokens; its test
-prompt ends where the last assistant turn's content begins (text the template writes ahead of
-the content, such as Qwen3's empty think block, belongs to the prompt) and the answer is that
-turn's content and end of turn.
+the conversation up to the assistant's answer (``data.template``; chat rows always), the
+instruction at the start of its first user turn (O-LoRA's ``data.task_prefix`` goes before the
+instruction in either); a chat row's training sequence is the whole conversation, its "answer"
+everything from the first assistant turn on, with a ``mask`` that scores only the assistant
+turns' tokens; its test prompt ends where the last assistant turn's content begins (text the
+template writes ahead of the content, such as Qwen3's empty think block, belongs to the prompt)
+and the answer is that turn's content and end of turn.
 A ``text`` task (continual pre-training) has no prompt: a document is one start token (BOS,
 or EOS for tokenizers without one) as the "prompt" and its tokens as the "answer", so the same
 loss, scorer and buffer train on, and score, every token of the document.
@@ -33,17 +34,36 @@ from surecl.data.task import Example, Task
 from surecl.errors import SureclError
 
 
-def prompt_parts(task: Task, sentence: str, task_prefix: bool = False) -> tuple[str, str, str]:
-    """(head, body, tail) of the O-LoRA prompt; ``task_prefix`` puts O-LoRA's
-    ``Task:<group>\nDataset:<name>\n`` before it (its scripts' ``--add_task_name True
+def task_lead(task: Task, task_prefix: bool = False) -> str:
+    """What goes before a task's input in every prompt: its instruction, after O-LoRA's
+    ``Task:<group>\nDataset:<name>\n`` with ``task_prefix`` (its scripts' ``--add_task_name True
     --add_dataset_name True``, ``src/uie_collator.py``; the group is the benchmark's task type:
     TC, SC, NLI, ...)."""
     head = f"Task:{task.group or task.name}\nDataset:{task.name}\n" if task_prefix else ""
-    return head + task.instruction + "Option: " + ", ".join(task.labels) + " \n", sentence, "\nAnswer:"
+    return head + task.instruction
+
+
+def prompt_parts(task: Task, sentence: str, task_prefix: bool = False) -> tuple[str, str, str]:
+    """(head, body, tail) of the O-LoRA prompt, :func:`task_lead` first."""
+    return task_lead(task, task_prefix) + "Option: " + ", ".join(task.labels) + " \n", sentence, "\nAnswer:"
 
 
 def build_prompt(task: Task, sentence: str, task_prefix: bool = False) -> str:
     return "".join(prompt_parts(task, sentence, task_prefix))
+
+
+def led_turns(turns, lead: str) -> tuple[tuple[str, str], ...]:
+    """A conversation with ``lead`` (:func:`task_lead`) at the start of its first user turn, as
+    a prompt / response row's one user turn begins with it; a conversation without a user turn
+    gets one holding it before its first assistant turn."""
+    turns = tuple(turns)
+    if not lead:
+        return turns
+    at = next((k for k, (role, _) in enumerate(turns) if role == "user"), None)
+    if at is None:
+        at = next(k for k, (role, _) in enumerate(turns) if role == "assistant")
+        return (*turns[:at], ("user", lead.rstrip() or lead), *turns[at:])
+    return (*turns[:at], ("user", lead + turns[at][1]), *turns[at + 1 :])
 
 
 @dataclass
@@ -70,7 +90,10 @@ class TaskEncoder:
     """Tokenises a task's examples once. A classification row's sentence is cut to fit
     ``max_length``, never its instruction, options or answer; a generation, chat or text row
     also has its target cut where prompt + target would exceed ``max_length`` (keeping at least
-    ``max_length // 2`` of it, :meth:`_fit_answer`), the prompt then cut to the rest."""
+    ``max_length // 2`` of it, :meth:`_fit_answer`), the prompt then cut to the rest: a plain or
+    prompt / response row's input at its end, a conversation from its start. A prompt / response
+    row through a chat template keeps the template's start, the instruction and one input token
+    whatever is cut (its target gives way below ``max_length // 2`` for them)."""
 
     def __init__(self, tokenizer, max_length: int, end_eos: bool = False, task_prefix: bool = False, template: str = "auto"):
         self.tok = tokenizer
@@ -79,7 +102,8 @@ class TaskEncoder:
         template where it has one; ``plain``: never (chat rows always do)."""
         self.max_length = max_length
         self.task_prefix = task_prefix
-        """Put O-LoRA's ``Task:...\nDataset:...\n`` before every prompt (``data.task_prefix``)."""
+        """Put O-LoRA's ``Task:...\nDataset:...\n`` before every prompt (``data.task_prefix``): a
+        generation prompt's too, before its instruction (a chat row's: in its first user turn)."""
         self.end_eos = end_eos
         """End every prompt with the EOS token (an encoder-decoder's input, ``model.encoder_eos``):
         classification, plain generation and chat prompts alike, training and test rows, the
@@ -202,26 +226,31 @@ class TaskEncoder:
             if not self.has_chat_template:
                 raise SureclError(f"{where}: a chat row (messages) needs a tokenizer with a chat template; this one has none")
             test = split == "test"
+            lead = task_lead(task, self.task_prefix)
             if ex.messages:  # a conversation too long is cut from its start (the last turns are kept)
-                enc = self._chat(ex.messages, ex.label, test, where)
+                enc = self._chat(led_turns(ex.messages, lead), ex.label, test, where)
                 self._sentence_cuts += self._dropped > 0
                 return enc
             # a prompt / response row: where it does not fit, its input is cut at the end, as the
             # plain template cuts it, and the template's start (system header) and the instruction stay
+            turns = lambda text: (("user", lead + text), ("assistant", ex.label))  # noqa: E731
             body = self._ids(ex.sentence)
             cuts = self._cuts  # a target cut is counted once, by the last try
-            enc = self._chat((("user", task.instruction + ex.sentence), ("assistant", ex.label)), ex.label, test, where)
+            enc = self._chat(turns(ex.sentence), ex.label, test, where, keep_start=True)
             keep = len(body)
-            for _ in range(4):  # a cut text may tokenise a little differently once decoded: a few tries
-                if not self._dropped or keep <= 0:
-                    break
-                keep = max(keep - self._dropped - 1, 0)
-                text = self.tok.decode(body[:keep], skip_special_tokens=True)
-                self._cuts = cuts
-                enc = self._chat((("user", task.instruction + text), ("assistant", ex.label)), ex.label, test, where)
-            self._sentence_cuts += keep < len(body) or self._dropped > 0
+            if self._dropped:  # what stays whatever is cut: the prompt with the input's first token
+                least = len(self._chat_parts(turns(self.tok.decode(body[:1], skip_special_tokens=True)), test, where)[0])
+                for _ in range(4):  # a cut text may tokenise a little differently once decoded: a few tries
+                    keep = max(keep - self._dropped - 1, 1)
+                    text = self.tok.decode(body[:keep], skip_special_tokens=True)
+                    self._cuts = cuts
+                    enc = self._chat(turns(text), ex.label, test, where, least=least, keep_start=True)
+                    if not self._dropped or keep == 1:  # (still over: a start too long for max_length stays whole)
+                        break
+            self._sentence_cuts += keep < len(body)
             return enc
-        head = ([self.tok.bos_token_id] if getattr(self.tok, "add_bos_token", False) and self.tok.bos_token_id is not None else []) + self._ids(task.instruction)
+        bos = [self.tok.bos_token_id] if getattr(self.tok, "add_bos_token", False) and self.tok.bos_token_id is not None else []
+        head = bos + self._ids(task_lead(task, self.task_prefix))
         tail = self._ids("\nAnswer:") + self._eos()
         body = self._ids(ex.sentence)
         answer = self._ids(" " + ex.label) + [self.tok.eos_token_id]
@@ -234,13 +263,16 @@ class TaskEncoder:
         """What ends every prompt: the EOS token with ``end_eos``, else nothing."""
         return [self.tok.eos_token_id] if self.end_eos else []
 
-    def _fit_answer(self, answer: list, prompt_len: int) -> list:
+    def _fit_answer(self, answer: list, prompt_len: int, least: int = 0) -> list:
         """The target, cut where ``prompt_len`` + its length exceeds ``max_length``: it keeps what
         ``max_length`` leaves beside the prompt, but at least its first ``max_length // 2`` tokens
-        (the prompt is then cut to the rest)."""
+        (the prompt is then cut to the rest); ``least``: prompt tokens that must stay, for which it
+        keeps fewer (one at least)."""
         if prompt_len + len(answer) <= self.max_length:
             return answer
         keep = max(self.max_length - prompt_len, self.max_length // 2)
+        if least:
+            keep = min(keep, max(self.max_length - least, 1))
         self._cuts += keep < len(answer)
         return answer[:keep]
 
@@ -337,7 +369,23 @@ class TaskEncoder:
         lead = probe[len(asked) : at]
         return lead if lead.strip() else ""
 
-    def _chat(self, turns, target: str, test: bool, where: str) -> Encoded:
+    def _chat(self, turns, target: str, test: bool, where: str, least: int = 0, keep_start: bool = False) -> Encoded:
+        """The conversation's row: its prompt cut from the start where prompt and answer exceed
+        ``max_length`` (:attr:`_dropped` counts the tokens cut), or with ``keep_start`` never cut
+        (:attr:`_dropped` says how many tokens too long it is: the caller cuts its input);
+        ``least``: prompt tokens that must stay, for which the answer gives way (:meth:`_fit_answer`)."""
+        prompt, answer, mask = self._chat_parts(turns, test, where)
+        eos = self._eos()  # ends the prompt (end_eos), kept whatever is cut
+        answer = self._fit_answer(answer, len(prompt) + len(eos), least + len(eos) if least else 0)
+        mask = mask[: len(answer)]
+        room = max(self.max_length - len(answer) - len(eos), 1)
+        self._dropped = max(len(prompt) - room, 0)
+        if not keep_start:
+            prompt = prompt[-room:]
+        return Encoded(prompt + eos, answer, target, None if all(mask) else mask)
+
+    def _chat_parts(self, turns, test: bool, where: str) -> tuple[list[int], list[int], list[int]]:
+        """(prompt ids, answer ids, answer mask) of a conversation, uncut."""
         pieces = [(self._ids(text), a) for text, a in self.chat_segments(turns, where)]
         turns_at = [k for k, (_, a) in enumerate(pieces) if a]
         if not turns_at:
@@ -354,12 +402,7 @@ class TaskEncoder:
         mask = [int(a) for ids, a in rest for _ in ids]
         if not any(mask):
             raise SureclError(f"{where}: the assistant turn has no tokens")
-        eos = self._eos()  # ends the prompt (end_eos), kept whatever is cut
-        answer = self._fit_answer(answer, len(prompt) + len(eos))
-        mask = mask[: len(answer)]
-        room = max(self.max_length - len(answer) - len(eos), 1)
-        self._dropped = max(len(prompt) - room, 0)  # prompt tokens cut from the start (the caller counts them)
-        return Encoded(prompt[-room:] + eos, answer, target, None if all(mask) else mask)
+        return prompt, answer, mask
 
     def stop_ids(self) -> list[int]:
         """The tokens that end a generated answer: EOS and, with a chat template, the first token

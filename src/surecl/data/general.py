@@ -11,7 +11,8 @@ metric). Either part may be left out. Sources:
   durations, auto-categorisation);
 * a folder holding ``text.jsonl`` (rows ``{"text": ...}``) and/or ``instruct.jsonl`` (the
   generation rows of ``data.jsonl``: prompt/response, Alpaca, or chat ``messages``; an optional
-  header names the metric and an instruction put before every prompt);
+  header names the metric and an instruction put before every prompt, a conversation's at the
+  start of its first user turn);
 * one JSONL file: a text probe when its rows hold ``text``, else an instruction probe.
 
 Every row of a probe file is a probe row (a ``split`` key is not read). ``eval.general_n``

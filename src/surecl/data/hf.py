@@ -422,35 +422,34 @@ def splits_task(datasets: Any, splits: dict[str, Any], spec: HFTaskConfig, name:
             labels, names = _labels(ds, spec, key, src, label_of, label_of in csv)
             class_names = class_names or names
             rows[split] = [Example(sentence=t, label=lab) for t, lab in zip(texts, labels)]
+    where = f"{key} ({src})"
+    if kind == "text":
+        make = lambda train, test: Task(name=name, instruction="", labels=[], train=train, test=test, group="hf", kind="text")  # noqa: E731
+    elif kind == "generate":
+        make = lambda train, test: Task(name=name, instruction=user_instruction(spec.instruction), labels=[], train=train,  # noqa: E731
+                                        test=test, group="hf", kind="generate", metric=spec.metric)
+    else:
+        labels = _given_labels(spec) or class_names or sorted({ex.label for split in rows.values() for ex in split})
+        make = lambda train, test: Task(  # noqa: E731
+            name=name, instruction=user_instruction(spec.instruction) or GENERIC_INSTRUCTION, labels=labels, train=train, test=test,
+            group="hf", metric=spec.metric,  # a generation metric on a classification task: Task.check refuses it
+        )
     if hold_out:
         train = rows["train"]
         n_test = round(len(train) * spec.test_fraction)
         if not 1 <= n_test < len(train):
             left = "no test rows" if n_test < 1 else "no train rows"
             raise SureclError(f"{key}.test_fraction: {spec.test_fraction:g} of {src}'s {len(train)} train rows leaves {left}")
+        # the rows' checks before the hold-out shuffles them, so an error names the source's row
+        # (its rows stand in for the test split too: whatever data.invalid_labels=drop removes
+        # from one, it removes from the other)
+        make(train, train).check(where, invalid_labels)
         held = _held_out(train, n_test, random.Random(f"hf-test:{name}"))
         rows = {"train": [ex for i, ex in enumerate(train) if i not in held], "test": [ex for i, ex in enumerate(train) if i in held]}
-    where = f"{key} ({src})"
-    if kind == "text":
-        task = Task(name=name, instruction="", labels=[], train=rows["train"], test=rows["test"], group="hf", kind="text")
-        task.check(where)
-        return task
-    if kind == "generate":
-        task = Task(name=name, instruction=user_instruction(spec.instruction), labels=[], train=rows["train"], test=rows["test"], group="hf",
-                    kind="generate", metric=spec.metric)
-        task.check(where)
-        return task
-    labels = _given_labels(spec) or class_names or sorted({ex.label for ex in rows["train"] + rows["test"]})
-    task = Task(
-        name=name,
-        instruction=user_instruction(spec.instruction) or GENERIC_INSTRUCTION,
-        labels=labels,
-        train=rows["train"],
-        test=rows["test"],
-        group="hf",
-        metric=spec.metric,  # a generation metric on a classification task: Task.check refuses it
-    )
+    task = make(rows["train"], rows["test"])
     task.check(where, invalid_labels)
+    if kind != "classify":
+        return task
     if not (_given_labels(spec) or class_names):
         warn_test_only_labels(name, task.train, task.test, f"give {'labels=' if key == 'Task.from_hf' else key + '.labels'}")
     return task

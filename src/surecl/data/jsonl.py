@@ -6,7 +6,10 @@ Without a header the task is named after the file, the labels are those seen, an
 instruction is a generic one.
 
 For continual pre-training (``data.kind=text``) a line is ``{"text": str, "split": ...}``
-(``sentence`` is accepted too) and there are no labels.
+(``sentence`` is accepted too, so a classification file's sentences are its documents) and
+there are no labels; a file whose header declares ``"kind": "generate"`` is read as that
+kind, then as documents (:meth:`~surecl.data.task.Task.as_text`: a row's prompt and target,
+or a conversation's turns), as the instruct benchmark's tasks are.
 
 For generation tasks (``data.kind=generate``, or ``"kind": "generate"`` in the header) a line
 is one of ``{"prompt": str, "response": str}`` (``completion`` for ``response`` too),
@@ -14,7 +17,8 @@ Alpaca's ``{"instruction": str, "input": str, "output": str}`` (``input`` option
 ``{"messages": [{"role": ..., "content": ...}, ...]}`` whose last turn is the assistant's
 (rendered with the tokenizer's chat template, loss on every assistant turn); each with an
 optional ``split``. The header may name the task's ``metric`` (``rouge_l``, the default, or
-``exact_match``).
+``exact_match``) and an ``instruction``, which goes before every prompt (a conversation's: at
+the start of its first user turn).
 """
 
 from __future__ import annotations
@@ -30,12 +34,18 @@ from surecl.errors import SureclError
 GENERIC_INSTRUCTION = "Classify the following text. Choose one from the option.\n"
 
 
-def _text_rows(items: list[tuple[int, dict]], path: Path | str) -> list[Example]:
+def _text_rows(items: list[tuple[int, dict]], path: Path | str, hint: bool = False) -> list[Example]:
+    """The documents of a text file's rows; ``hint``: a generation row found there says how a
+    ``data.jsonl`` file of them becomes documents (a header naming its kind)."""
     out = []
     for lineno, obj in items:
         text = obj.get("text", obj.get("sentence"))
         if text is None:
-            raise SureclError(f"{path} line {lineno}: missing 'text'")
+            why = ""
+            if hint and any(k in obj for k in ("prompt", "response", "completion", "output", "messages")):
+                why = (" (a generation row: a header line {\"kind\": \"generate\"} has data.kind=text read each row's prompt and "
+                       "target, or a conversation's turns, as one document)")
+            raise SureclError(f"{path} line {lineno}: missing 'text'{why}")
         if not isinstance(text, str):
             raise SureclError(f"{path} line {lineno}: 'text' must be a string")
         if not text.strip():
@@ -173,10 +183,13 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
             raise SureclError(f"{path} line {lineno}: split must be 'train' or 'test', got {split!r}")
         rows[split].append((lineno, obj))
     declared = header.get("kind")
+    # a generation file in a continual pre-training stream: read as one, then each row's prompt and
+    # target as one document (a classification file's sentences are its documents as they are)
+    documents = kind == "text" and declared == "generate"
     if declared is not None:
         if declared not in ("classify", "generate"):
             raise SureclError(f"{path}: header 'kind' must be 'classify' or 'generate', got {declared!r}")
-        if kind != "text":
+        if kind != "text" or documents:
             kind = declared
     metric = header.get("metric", "")
     if not isinstance(metric, str):
@@ -191,11 +204,11 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
             test=[generation_example(o, f"{path} line {n}") for n, o in rows["test"]],
         )
         task.check(str(path))
-        return task
+        return task.as_text() if documents else task
     if kind == "text":
         task = Task(
             name=name, instruction="", labels=[],
-            train=_text_rows(rows["train"], path), test=_text_rows(rows["test"], path), group="jsonl", kind="text",
+            train=_text_rows(rows["train"], path, True), test=_text_rows(rows["test"], path, True), group="jsonl", kind="text",
         )
         task.check(str(path))
         return task
