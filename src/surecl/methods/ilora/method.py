@@ -11,7 +11,9 @@ slow one (without), both returning their hidden states; the mean squared error b
 at each of ``ilora.layers``, averaged over the layers and weighted by
 ``ilora.consistency_weight``, joins the loss. As in EasyCL's ``ILORA.compute_consistency_loss``
 (``src/easycl/cl/ilora/ilora.py``), every position counts, padding included, and the stable side
-is the EMA adapter the dual learner updates after every optimizer step.
+is the EMA adapter the dual learner updates after every optimizer step. The rows run in slices
+of at most ``train.micro_batch_tokens`` padded tokens, as the step's own loss does
+(:meth:`ILoRA.consistency`), so its forwards hold one slice's activations at a time, not the step's.
 """
 
 from __future__ import annotations
@@ -55,8 +57,42 @@ class ILoRA(Method):
 
     def consistency(self, ctx, items: list[tuple[int, int]]) -> torch.Tensor:
         """Mean over ``ilora.layers`` of the MSE between the fast and the slow adapter's hidden
-        states on ``items`` (gradients through the fast side only)."""
+        states on ``items`` (gradients through the fast side only), every position of the rows
+        padded as one batch counting.
+
+        The rows run in slices of at most ``train.micro_batch_tokens`` padded tokens (one row at
+        least; 0: one slice), as the step's loss does, so memory holds one slice's activations,
+        not the whole step's. Each slice is cut, rows only, from that one padded batch: it pads
+        as the whole batch does, so the slices' terms, each weighted by its share of the rows,
+        sum to the whole batch's term (and gradient) to rounding. The gradient of every slice
+        but the last is taken as the slice is computed, its activations freed, and kept (the
+        size of the trained tensors: the fast LoRA) until it enters the step's backward through
+        the returned term (:class:`TakenGradient`); the last slice's graph is the term's own, as
+        a single slice's always is."""
         batch = ctx.batch([ctx.train_sets[t][i] for t, i in items])
+        n = len(items)
+        width = batch["input_ids"].shape[1] + (batch["labels"].shape[1] if ctx.is_seq2seq else 0)
+        limit = ctx.cfg.train.micro_batch_tokens
+        per = n if limit <= 0 else max(1, limit // width)
+        starts = range(0, n, per)
+        params = [p for p in ctx.model.parameters() if p.requires_grad]
+        taken, grads = None, [None] * len(params)
+        for start in starts[:-1]:
+            part = self.slice_term(ctx, {k: v[start : start + per] for k, v in batch.items()}) * (per / n)
+            if part.requires_grad:
+                for j, g in enumerate(torch.autograd.grad(part, params, allow_unused=True)):
+                    if g is not None:
+                        grads[j] = g if grads[j] is None else grads[j] + g
+            taken = part.detach() if taken is None else taken + part.detach()
+        last = starts[-1]
+        term = self.slice_term(ctx, {k: v[last:] for k, v in batch.items()})
+        if taken is None:
+            return term
+        return term * ((n - last) / n) + TakenGradient.apply(taken, grads, *params)
+
+    def slice_term(self, ctx, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The term on one collated batch: the mean over ``ilora.layers`` of the fast and slow
+        adapters' hidden states' MSE (or, with ``ilora.target=max``, of their shortfall's square)."""
         plastic = self.hidden(ctx, batch)
         ctx.adapters.activate(SLOW)
         try:
@@ -87,3 +123,20 @@ class ILoRA(Method):
             # its share of the step's rows, so every row weighs as it does in one process
             term = term * (ctx.world * len(items) / len(rows))
         return loss + weight * term
+
+
+class TakenGradient(torch.autograd.Function):
+    """A term whose gradient with respect to ``params`` was taken already (``grads``, None where
+    a tensor got none): its value is ``value``, and the backward hands each tensor its gradient
+    times the one arriving, so whatever weight the term gets reaches the taken gradient. The
+    activations that gradient came from are gone; the one backward of the step's loss, not a
+    backward of its own, delivers it (once per tensor, as data-parallel gradient hooks expect)."""
+
+    @staticmethod
+    def forward(fctx, value: torch.Tensor, grads: list, *params: torch.Tensor) -> torch.Tensor:
+        fctx.grads = grads
+        return value.clone()
+
+    @staticmethod
+    def backward(fctx, grad_out: torch.Tensor):
+        return (None, None, *[None if g is None else g * grad_out for g in fctx.grads])
