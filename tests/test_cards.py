@@ -191,3 +191,22 @@ def test_a_generation_tasks_prompt_json_says_its_prompt_ends_with_eos_under_enco
         with_eos, without = _generation_spec(chat, "exact_match", eos=True), _generation_spec(chat, "exact_match")
         assert with_eos["prompt"].endswith("then the EOS token (encoder_eos), counted in max_length and never cut")
         assert "EOS" not in without["prompt"] and with_eos["answer"] == without["answer"]
+
+
+def test_a_generation_tasks_prompt_json_gives_the_prompt_head_its_rows_were_encoded_with(tiny_cache, tmp_path):
+    """A generation task's prompt.json entry names its ``prompt_head`` (O-LoRA's task prefix
+    with ``data.task_prefix=true``, then the instruction), and [bos] + head + input + the tail,
+    each tokenised alone as the entry says, is the prompt the run encoded for a test row."""
+    out = tmp_path / "gen"
+    run, _ = _run("tiny,seq_lora", ["data.kind=generate", "data.task_prefix=true", "model.max_length=256"], out, tiny_cache)
+    [entry, _] = json.loads((out / "adapters" / "fast" / "prompt.json").read_text())["tasks"]
+    task = run.tasks[0]
+    assert entry["prompt_head"] == f"Task:{task.group}\nDataset:{task.name}\n{task.instruction}" and "prompt_head" in entry["prompt"]
+    tok = run.tokenizer
+
+    def ids(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    bos = [tok.bos_token_id] if getattr(tok, "add_bos_token", False) and tok.bos_token_id is not None else []
+    row = task.test[0]
+    assert run.test_sets.encoded[0][0].prompt == bos + ids(entry["prompt_head"]) + ids(row.sentence) + ids("\nAnswer:")

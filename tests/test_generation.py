@@ -299,6 +299,14 @@ def test_rouge_l_is_rouge_scores_and_exact_match_normalises():
     assert exact_match(PREDICTIONS, TARGETS) == pytest.approx(100 * 2 / 5)  # "paris" and "a b c d" (articles dropped)
 
 
+def test_exact_match_of_a_target_that_normalises_to_nothing_needs_its_text():
+    """A choice letter "A" (or "the", "?!") normalises to nothing, as would an empty answer or
+    any punctuation: such a target is compared as written, up to case and whitespace."""
+    assert exact_match(["", "The", "(A)", ": : :", "?"], ["A", "A", "A", "a", "?!"]) == 0.0
+    assert exact_match([" a ", "THE", "?!"], ["A", "the", "?!"]) == 100.0
+    assert exact_match(["B", "a cat"], ["B", "cat"]) == 100.0  # targets with words normalise as before
+
+
 def test_rouge_needs_no_nltk_data(tmp_path, monkeypatch):
     """rouge-score's default tokenizer and Porter stemmer run without any nltk data download."""
     import nltk

@@ -360,14 +360,17 @@ def _generation_spec(chat: bool, metric: str, eos: bool = False) -> dict:
     """How a generation task's rows were prompted, cut and scored (its ``prompt.json`` entry);
     ``eos``: the prompt ends with the EOS token (an encoder-decoder's input, ``model.encoder_eos``)."""
     if chat:
-        out = {"prompt": "the tokenizer's chat template over the row's turns up to its last assistant turn (a prompt / "
-                         "response row: one user turn, instruction + input), add_generation_prompt=True; text the template "
-                         "puts before an assistant turn's content belongs to the prompt",
+        out = {"prompt": "the tokenizer's chat template over the row's turns up to its last assistant turn, prompt_head "
+                         "at the start of the first user turn (a prompt / response row: one user turn, prompt_head + input; "
+                         "a conversation without a user turn gets one holding prompt_head before its first assistant turn), "
+                         "add_generation_prompt=True; text the template puts before an assistant turn's content belongs to the prompt",
                "answer": "the assistant turn's content and the template's end of turn",
-               "truncation": "a prompt / response row's input is cut at its end until prompt + answer fit max_length (the "
-                             "template's start and the instruction stay); a longer conversation loses its first tokens"}
+               "truncation": "a prompt / response row's input is cut at its end until prompt + answer fit max_length; the "
+                             "template's start, prompt_head and the input's first token stay, the answer keeping fewer than "
+                             "max_length // 2 tokens for them where needed (a template start longer than max_length stays "
+                             "whole, over it); a longer conversation loses its first tokens"}
     else:
-        out = {"prompt": "[bos_token_id when not null] + instruction + input + '\\nAnswer:', each part tokenised alone",
+        out = {"prompt": "[bos_token_id when not null] + prompt_head + input + '\\nAnswer:', each part tokenised alone",
                "answer": "' ' + target, then the EOS token",
                "truncation": "the input's ids are cut to max(max_length - len(answer ids) - len(other prompt ids), 1); a target "
                              "longer than max_length leaves keeps at least max_length // 2 of its tokens"}
@@ -375,7 +378,8 @@ def _generation_spec(chat: bool, metric: str, eos: bool = False) -> dict:
         out["prompt"] += "; then the EOS token (encoder_eos), counted in max_length and never cut"
     if metric == "exact_match":
         out["scoring"] = ("exact match after SQuAD's normalisation of prediction and target: lower-case, punctuation deleted, "
-                          "the articles a / an / the removed, whitespace collapsed")
+                          "the articles a / an / the removed, whitespace collapsed; a target that normalises to nothing "
+                          "('A', 'the') is compared as written, up to case and whitespace")
     elif metric == "rouge_l":
         out["scoring"] = "rouge-score's ROUGE-L F-measure x100 (its default tokenizer: lower-cased ASCII letters and digits; Porter stemming)"
     return out
@@ -391,7 +395,7 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
     import json
     import string
 
-    from surecl.data.encode import prompt_parts
+    from surecl.data.encode import prompt_parts, task_lead
 
     cfg = ctx.cfg
     tok = ctx.tokenizer
@@ -403,7 +407,8 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
         if task.kind == "generate":  # free text: no label set; the prompt as the run encoded each row
             longest = max((len(e.answer) for e in ctx.test_sets[j]), default=0) + 1
             chat = bool(getattr(tok, "chat_template", None)) and (cfg.data.template == "auto" or any(e.messages for e in task.test))
-            entry.update(instruction=task.instruction, metric=task.score_metric, template=cfg.data.template, chat_template=chat,
+            entry.update(instruction=task.instruction, prompt_head=task_lead(task, cfg.data.task_prefix), metric=task.score_metric,
+                         template=cfg.data.template, chat_template=chat,
                          max_new_tokens=cfg.eval.max_new_tokens or min(longest, cfg.eval.max_new_cap),
                          stop_ids=sorted(getattr(ctx, "stop_ids", None) or []), **_generation_spec(chat, task.score_metric, bool(ctx.is_seq2seq and cfg.model.encoder_eos)))
         elif task.kind == "text":

@@ -187,10 +187,19 @@ def normalise_answer(text: str) -> str:
 
 
 def exact_match(predictions: list[str], gold: list[str]) -> float:
-    """Percent of answers equal to their target after :func:`normalise_answer`."""
+    """Percent of answers equal to their target after :func:`normalise_answer`. A target that
+    normalises to nothing (a choice letter "A", "the", "?!") is compared as written, up to case
+    and whitespace: normalised, an empty answer or any punctuation would equal it."""
     if not gold:
         return 0.0
-    return 100.0 * sum(normalise_answer(p) == normalise_answer(g) for p, g in zip(predictions, gold)) / len(gold)
+    return 100.0 * sum(_same_answer(p, g) for p, g in zip(predictions, gold)) / len(gold)
+
+
+def _same_answer(prediction: str, gold: str) -> bool:
+    key = normalise_answer(gold)
+    if key:
+        return normalise_answer(prediction) == key
+    return " ".join(prediction.lower().split()) == " ".join(gold.lower().split())
 
 
 def rouge_l(predictions: list[str], gold: list[str]) -> float:
