@@ -80,6 +80,16 @@ def test_paper_presets_resolve_to_the_appendix(key, method):
         assert cfg.preset == method
 
 
+@pytest.mark.parametrize("method", ["olora", "olora_long", "nlora", "nlora_official", "progressive_prompts", "ewc", "seq_ft", "ilora"])
+def test_rivals_keep_their_own_codes_token_mean_under_a_paper_preset(method):
+    """SuRe's per-example weighting (paper-*'s replay.loss=example) is SuRe's reference code's;
+    the rivals' own code takes a token mean over the batch (docs/faithfulness.md), which their
+    presets set whatever preset comes before; I-LoRA as its authors' code keeps its pair average."""
+    for preset in ("paper-t5", "paper-llama"):
+        assert build_config(f"{preset},lnt,{method}").replay.loss == "joint"
+    assert build_config("paper-t5,lnt,ilora_llmcl").replay.loss == "pair"
+
+
 @pytest.mark.parametrize("name", sorted(PROTOCOL))
 def test_protocol_presets(name):
     n_train, n_test, orders = PROTOCOL[name]

@@ -2,11 +2,14 @@
 every forward, and a penalty on the current task's LoRA; no task id at test time.
 
 * **O-LoRA** (``olora``; Wang et al., 2023, "Orthogonal Subspace Learning for Language Model
-  Continual Learning"; code ``cmnfriend/O-LoRA``): the loss of task t gets
+  Continual Learning"; code ``cmnfriend/O-LoRA``): the paper's loss of task t gets
   ``lambda_orth * sum_layers sum_{i<t} ||A_i^T A_t||_F^2 + lambda_l2 * ||theta_t||_2^2``, the
   first term pushing the rows of the current A (the input directions the new LoRA reads) to
-  be orthogonal to every earlier task's. Options and their sources: :class:`surecl.methods.olora.config.OLoRAConfig`
-  (``olora.*``), including the reference code's forms of both terms.
+  be orthogonal to every earlier task's. By default surecl takes the reference code's forms,
+  as O-LoRA's numbers were made with them: the entrywise L1 norm of ``A_i A_t^T`` in the first
+  term (``olora.orth_norm=l1``) and each tensor's unsquared norm in the second
+  (``olora.l2_norm=fro``); ``fro2`` gives the paper's squared forms.
+  Options and their sources: :class:`surecl.methods.olora.config.OLoRAConfig` (``olora.*``).
 * **N-LoRA** (``nlora``; Yang et al., COLING 2025, "Is Parameter Collision Hindering
   Continual Learning in LLMs?"; code ``PKU-YuanGroup/N-LoRA``): the same setting with
   ``lambda_l1 * sum_layers ||B_t A_t||_1`` (entrywise L1 of the task's update, a sparsity
