@@ -185,6 +185,18 @@ def test_sft_accepts_trls_conversations_rows(tiny_loaded, tmp_path):
     assert len(data) == 2 and "input_ids" in data.column_names
 
 
+def test_sft_prompt_rows_without_a_completion_are_one_line(tiny_loaded, tmp_path):
+    """prompt / response rows (surecl's own JSONL format) pass a column check that knows 'prompt'
+    and then fail inside TRL with a KeyError: they are one line naming the column to rename."""
+    pytest.importorskip("trl")
+    from test_integration_trl import make
+
+    trainer = make(tiny_loaded, tmp_path, SureArguments(buffer_size=2), assistant_only_loss=False)
+    rows = datasets.Dataset.from_dict({"prompt": ["the red", "the blue"], "response": ["warm", "cool"]})
+    with pytest.raises(SureclError, match=r"rows have 'prompt' but no 'completion' .*: rename 'response' to completion$"):
+        trainer.next_task(rows)
+
+
 @pytest.mark.parametrize("max_steps", [-1, 3])
 def test_a_task_smaller_than_a_dropped_micro_batch_is_one_line(tiny_loaded, tmp_path, max_steps):
     """dataloader_drop_last drops a task smaller than one micro-batch whole: the Trainer's

@@ -127,6 +127,12 @@ def _build():
                         f"'messages' (or 'conversations'), 'prompt' and 'completion', or '{text_field}' (SFTConfig.dataset_text_field): rename the "
                         "columns, or pass formatting_func="
                     )
+                if self._formatting_func is None and "prompt" in sample and "completion" not in sample and not (known - {"prompt"}) & set(sample):
+                    other = next((c for c in ("response", "output", "answer", "target") if c in sample), None)
+                    raise SureclError(
+                        f"SureSFTTrainer.next_task: task {self.task}'s rows have 'prompt' but no 'completion' (SFTTrainer's prompt-completion "
+                        f"rows need both){f': rename {other!r} to completion' if other else ''}"
+                    )
                 if "image" in sample or "images" in sample:
                     raise SureclError("SureSFTTrainer: vision datasets are not supported")
                 if self.args.assistant_only_loss and not is_conversational(sample):
