@@ -1520,6 +1520,11 @@ def test_write_refuses_two_files_of_one_name(runs, tmp_path):
         ("slow_surprise (fast)", ("slow_surprise", (), True)),
         ("my method k=v", ("my method k=v", (), False)),  # a second word that is no key=value: a plain row
         ("seq_lora k", ("seq_lora k", (), False)),
+        # a value's word holding "=" that is no config key continues the value
+        ("seq_lora model.name=/models/a x=y", ("seq_lora", (("model.name", "/models/a x=y"),), False)),
+        ("seq_lora data.template=a b=c train.lr=1e-4 (fast)", ("seq_lora", (("data.template", "a b=c"), ("train.lr", "1e-4")), True)),
+        ("seq_lora log_every=5", ("seq_lora", (("log_every", "5"),), False)),
+        ("seq_lora ewc.lam=1000", ("seq_lora", (("ewc.lam", "1000"),), False)),  # an outside method's section too
     ],
 )
 def test_parse_row(name, parsed):

@@ -537,22 +537,28 @@ def order_key(o: str):
     return (not o.isdigit(), o.zfill(6))
 
 
+_GRID_KEY = re.compile(r"(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+|log_every)=")
+"""The start of a grid word of a row name: a config key (``section.key``; a sweep refuses
+``seed`` and ``preset`` as grid keys) and ``=``."""
+
+
 def parse_row(name: str) -> tuple[str, tuple[tuple[str, str], ...], bool]:
     """``"slow_surprise replay.buffer_size=300 (fast)"`` -> ("slow_surprise", (("replay.buffer_size", "300"),), True).
 
     A sweep names a grid row ``" ".join([method, *("key=value", ...)])``, and a value may hold
-    spaces (``lora.target_modules=[q_proj, v_proj]``, a model path): a word without ``=`` after a
-    ``key=value`` word continues that value, joined by the whitespace it was split on. A row
-    whose second word is no ``key=value`` is a plain row (its whole name, no grid values)."""
+    spaces (``lora.target_modules=[q_proj, v_proj]``, a model path, ``data.template=a x=y``): a
+    word that is not ``<config key>=...`` (a dotted key, :data:`_GRID_KEY`) continues the value
+    before it, joined by the whitespace it was split on. A row whose second word is no
+    ``key=value`` is a plain row (its whole name, no grid values)."""
     fast = name.endswith(FAST)
     base = name[: -len(FAST)] if fast else name
     parts = re.split(r"(\s+)", base.strip())  # the words, and at odd places the whitespace between them
     words, gaps = parts[0::2], parts[1::2]
-    if len(words) < 2 or "=" not in words[1]:
+    if len(words) < 2 or not _GRID_KEY.match(words[1]):
         return base, (), fast
     grid: list[list[str]] = []
     for gap, word in zip(gaps, words[1:]):
-        if "=" in word:
+        if _GRID_KEY.match(word):
             grid.append(word.split("=", 1))
         else:
             grid[-1][1] += gap + word
