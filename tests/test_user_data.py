@@ -340,6 +340,22 @@ def test_task_names_of_any_script_are_names_and_a_file_name_that_is_none_says_ho
     assert load_jsonl_task(tmp_path / "h.jsonl").name == "mine"
 
 
+def test_a_task_name_typed_decomposed_is_the_same_task_everywhere():
+    """"été" typed as e + combining accent (NFD, as macOS gives file names) and composed (NFC)
+    is one name: a Task passed from Python, data.tasks and per-task values all read it composed,
+    so a per-task value typed the other way applies to its task."""
+    from surecl.plan import check_task_names, task_epochs
+
+    nfd, nfc = "avis_e\u0301te\u0301", "avis_été"
+    rows = [Example(f"t {i}", "ab"[i % 2]) for i in range(4)]
+    assert Task(nfd, "", ["a", "b"], rows, rows).name == nfc
+    cfg = build_config("tiny", [f"train.epochs_per_task=[{nfd}:3]", f"data.tasks=[colors,{nfd}]"])
+    assert cfg.data.tasks == ["colors", nfc]
+    assert task_epochs(cfg, [nfc]) == [3] and check_task_names(cfg, ["colors", nfc]) == []
+    cfg = build_config("tiny", [f"train.epochs_per_task=[{nfc}:3]"])
+    assert task_epochs(cfg, [Task(nfd, "", ["a", "b"], rows, rows).name]) == [3]
+
+
 def test_in_memory_hub_subsets_are_named_with_their_config():
     """glue/sst2 and glue/cola passed from Python were both "glue" (super_glue's boolq and cb:
     "named twice"); they are named as data.hf names them, glue-sst2."""

@@ -23,6 +23,7 @@ import dataclasses
 import math
 import types
 import typing
+import unicodedata
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -307,6 +308,7 @@ def validate(cfg: RunConfig) -> RunConfig:
             raise SureclError(f"{key}.path: empty; give a dataset folder, a data file or a hub id")
         if not (0.0 <= entry.test_fraction < 1.0):
             raise SureclError(f"{key}.test_fraction: {entry.test_fraction!r} must be in [0, 1) (0 = read {key}.test_split)")
+    cfg.data.tasks = [unicodedata.normalize("NFC", n) if isinstance(n, str) else n for n in cfg.data.tasks]  # as task names are read
     for name in cfg.data.tasks:
         if "/" in name or "\\" in name or name.startswith(".") or not name:
             raise SureclError(f"data.tasks: task name {name!r} must not contain path separators or start with '.'")

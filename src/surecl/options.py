@@ -16,6 +16,7 @@ The bottom layer: imports nothing of surecl but its error type, and no torch.
 from __future__ import annotations
 
 import math
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -51,6 +52,7 @@ def per_task_values(entries: list[str], key: str, n: int) -> dict[str, tuple[flo
     out: dict[str, tuple[float, ...]] = {}
     for entry in entries:
         name, _, rest = str(entry).partition(":")
+        name = unicodedata.normalize("NFC", name)  # as task names are read (surecl.data.task.Task)
         parts = rest.split(":") if rest else []
         try:
             values = tuple(float(v) for v in parts)

@@ -11,6 +11,7 @@ weightless (meta-device) copy of it, so a typo is found before GPU hours are spe
 from __future__ import annotations
 
 import math
+import unicodedata
 from pathlib import Path
 
 import yaml
@@ -35,7 +36,7 @@ def check_task_names(cfg: RunConfig, names: list[str]) -> list[str]:
     for key, values in entries:
         absent = []
         for entry in values:
-            task = str(entry).partition(":")[0].strip()
+            task = unicodedata.normalize("NFC", str(entry).partition(":")[0].strip())
             if task in names:
                 continue
             if task.casefold() in folded:

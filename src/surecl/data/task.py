@@ -99,6 +99,12 @@ class Task:
     kind: str = "classify"
     metric: str = ""
 
+    def __post_init__(self) -> None:
+        # the name in Unicode's composed form, as every reader takes a file's name and as
+        # per-task values and data.tasks are read: "été" typed decomposed is the same task
+        if isinstance(self.name, str):
+            self.name = unicodedata.normalize("NFC", self.name)
+
     @property
     def score_metric(self) -> str:
         """The metric its scores are in: ``metric``, else its kind's default."""
