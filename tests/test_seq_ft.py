@@ -86,14 +86,15 @@ def test_a_checkpoint_holds_the_weights_and_two_adam_moments(tmp_path, tiny_cach
     path = out / "checkpoints" / "stage-0002" / "tensors.safetensors"
     tensors = load_file(str(path))
     nbytes = lambda keys: sum(tensors[k].numel() * tensors[k].element_size() for k in keys)  # noqa: E731
-    weights = [k for k in tensors if k.startswith("method/")]
+    weights = [k for k in tensors if k.startswith("optimizer/weights/")]  # the run keeps what a base-training method trains
     moments = [k for k in tensors if k.startswith("optimizer/") and k.endswith(("/exp_avg", "/exp_avg_sq"))]
     rest = [k for k in tensors if k not in weights and k not in moments]
+    assert not any(k.startswith("method/") for k in tensors)  # once: not also in the method's own state
     assert nbytes(weights) == 4 * n and nbytes(moments) == 8 * n
     size = path.stat().st_size
     assert 12 * n + nbytes(rest) < size < 12 * n + nbytes(rest) + 16 * 1024, (size, 12 * n, nbytes(rest))
-    for name, p in r.method.weights.items():  # the final weights, under their transformers names
-        assert torch.equal(tensors[f"method/{name}"], p.detach())
+    for i, p in enumerate(r.train_step.params):  # the final weights, in the order the optimizer holds them
+        assert torch.equal(tensors[f"optimizer/weights/{i}"], p.detach())
 
 
 def test_the_saved_model_loads_with_transformers_and_reproduces_the_final_row(tmp_path, tiny_cache):

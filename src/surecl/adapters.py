@@ -272,10 +272,12 @@ class DualLoRA(Plugin):
 
     def learn(self, trains: str) -> None:
         """Ready the learner for what a method declares it trains (:attr:`surecl.methods.Method.trains`),
-        before the method's ``setup``: ``"fast"``: as built; ``"base"``: :meth:`bypass`;
-        ``"own"``: the fast adapter frozen (:attr:`fast_trainable` off)."""
+        before the method's ``setup``: ``"fast"``: as built; ``"base"``: :meth:`bypass` and the
+        base weights made trainable; ``"own"``: the fast adapter frozen (:attr:`fast_trainable` off)."""
         if trains == "base":
             self.bypass()
+            for p in self.base_parameters().values():
+                p.requires_grad_(True)
         elif trains == "own":
             self.fast_trainable = False
             self.activate(FAST)

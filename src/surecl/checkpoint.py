@@ -656,7 +656,7 @@ def save(root: Path, name: str, components: dict[str, ComponentState], meta: dic
     it is written ``keep`` + 1 checkpoints lie on disk. ``owned(name)``: whether a checkpoint
     folder is this run folder's (its manifest lists it); only those are ever removed (None: all)."""
     root.mkdir(parents=True, exist_ok=True)
-    tensors = {f"{key}/{k}": v.detach().cpu().contiguous() for key, (_, part) in components.items() for k, v in part.items()}
+    tensors = _unshared({f"{key}/{k}": v.detach().cpu().contiguous() for key, (_, part) in components.items() for k, v in part.items()})
     tmp = temp_dir(f".{name}.{TEMP_MARK}", root)  # marked, as every atomic write's: what remove_temporaries takes
     try:
         save_file(tensors, str(tmp / "tensors.safetensors"))
@@ -684,6 +684,21 @@ def save(root: Path, name: str, components: dict[str, ComponentState], meta: dic
     for old in [p for p in ours if p.name <= name][:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return root / name
+
+
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` with every tensor whose memory another one already holds copied (a plugin's
+    two names for one tensor, a view of another): safetensors refuses to write shared memory."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in tensors.items():
+        ptr = t.untyped_storage().data_ptr() if t.numel() else None
+        if ptr is not None and ptr in seen:
+            t = t.clone()
+        elif ptr is not None:
+            seen.add(ptr)
+        out[name] = t
+    return out
 
 
 @dataclass

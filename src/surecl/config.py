@@ -146,20 +146,10 @@ def _check_types(obj: Any, prefix: str) -> None:
                     raise SureclError(f"{key}[{i}]: expected a {entry.__name__} or a path, got {item!r}")
                 _check_types(item, f"{key}[{i}].")
             continue
-        if typing.get_origin(typ) is list:
-            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-        elif typing.get_origin(typ) in (typing.Union, types.UnionType):
-            members = typing.get_args(typ)
-            ok = isinstance(value, members) or (float in members and isinstance(value, int) and not isinstance(value, bool))
-        elif typ is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        elif typ is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, typ)
-        if not ok:
+        if not _leaf_ok(value, typ):
             if typing.get_origin(typ) is list:
-                want = "a list of strings"
+                inner = (typing.get_args(typ) or (str,))[0]
+                want = f"a list of {'strings' if inner is str else inner.__name__ + 's'}"
             elif typing.get_origin(typ) in (typing.Union, types.UnionType):
                 want = _type_words(typing.get_args(typ))
             else:
@@ -361,13 +351,30 @@ def _ages(policy: type) -> bool:
 
 def _type_words(types_: Any) -> str:
     """``(float, str)`` -> ``"a float or a str"`` (the members of a union, for an error)."""
-    return " or ".join(f"a {t.__name__}" for t in types_)
+    return " or ".join("none (null)" if t is type(None) else f"a {t.__name__}" for t in types_)
 
 
 def _beta_ok(beta: float | str) -> bool:
     if isinstance(beta, str):
         return beta == "auto"
     return 0.0 < beta < 1.0
+
+
+def _leaf_ok(value: Any, typ: Any) -> bool:
+    """Whether ``value`` has the declared leaf type ``typ`` (an int is a valid float, a bool no number)."""
+    origin = typing.get_origin(typ)
+    if origin is list:
+        inner = (typing.get_args(typ) or (str,))[0]
+        return isinstance(value, list) and all(_leaf_ok(v, inner) for v in value)
+    if origin in (typing.Union, types.UnionType):
+        return any(_leaf_ok(value, member) for member in typing.get_args(typ))
+    if typ is type(None):
+        return value is None
+    if typ is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if typ is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, typ)
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -422,7 +429,10 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
             raise SureclError(f"{key}: expected a list, got {value!r}")
         return [_coerce(v, inner, key) for v in value]
     if origin in (typing.Union, types.UnionType):
-        # the first member the value converts to (``float | str``: a number, else a word)
+        # the first member the value converts to (``float | str``: a number, else a word); None
+        # (YAML's null, ~ or an empty value) where the union holds None
+        if type(None) in typing.get_args(typ) and (value is None or (isinstance(value, str) and value.strip() in ("null", "~", ""))):
+            return None
         members = [t for t in typing.get_args(typ) if t is not type(None)]
         if not (isinstance(value, bool) and bool not in members):
             for member in members:

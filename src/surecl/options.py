@@ -15,7 +15,10 @@ The bottom layer: imports nothing of surecl but its error type, and no torch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import types
+import typing
 import unicodedata
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -40,11 +43,33 @@ class Options:
             if value not in allowed:
                 raise SureclError(f"{section}.{key}: {value!r} is not one of {', '.join(allowed)}")
 
+    @classmethod
+    def unsupported_fields(cls) -> list[tuple[str, Any]]:
+        """The fields whose type config files and ``key=value`` overrides cannot give (``(name,
+        type)``): an option is a bool, int, float or str, a list of one of them, or a union of
+        those with None (``int | None``). Registration refuses a class with any."""
+        hints = typing.get_type_hints(cls)
+        return [(f.name, hints[f.name]) for f in dataclasses.fields(cls) if not option_type(hints[f.name])]
+
     @staticmethod
     def require(ok: bool, key: str, value: Any, why: str) -> None:
         """``raise SureclError("<key>: <value> <why>")`` unless ``ok``."""
         if not ok:
             raise SureclError(f"{key}: {value!r} {why}")
+
+
+SCALARS = (bool, int, float, str)
+
+
+def option_type(typ: Any) -> bool:
+    """Whether config files and overrides can give a value of ``typ`` (:meth:`Options.unsupported_fields`)."""
+    origin = typing.get_origin(typ)
+    if origin is list:
+        args = typing.get_args(typ)
+        return len(args) == 1 and args[0] in SCALARS
+    if origin in (typing.Union, types.UnionType):
+        return all(t in SCALARS or t is type(None) for t in typing.get_args(typ))
+    return typ in SCALARS
 
 
 def per_task_values(entries: list[str], key: str, n: int) -> dict[str, tuple[float, ...]]:

@@ -154,6 +154,11 @@ class _Table:
         if spec.config is not None:
             if not (isinstance(spec.config, type) and dataclasses.is_dataclass(spec.config) and issubclass(spec.config, Options)):
                 raise TypeError(f"{self.kind} {name!r}: config {spec.config!r} is not an @dataclass subclass of surecl.options.Options")
+            bad = spec.config.unsupported_fields()
+            if bad:
+                field, typ = bad[0]
+                raise TypeError(f"{self.kind} {name!r}: option {spec.key}.{field} is a {typ}, which config files and overrides "
+                                "cannot give: use bool, int, float or str, a list of one of them, or a union of those with None")
             if not _SECTION.match(spec.key):
                 raise ValueError(f"{self.kind} {name!r}: section {spec.key!r}: use letters, digits or '_', starting with a letter")
             for other in _all_specs():

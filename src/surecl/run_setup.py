@@ -173,17 +173,20 @@ def build_run(
         torch.manual_seed(task_seed(run.streams_seed, run.rank, 3))
     run.model = run.adapters.model
     run.method = method_class(cfg.method)(method_config(cfg))
+    _registered_name(run.method, cfg.method)
     check_declarations(type(run.method))
     total = sum(len(s) for s in run.train_sets)
     policy_name = cfg.replay.policy if run.method.continual else "none"
     run.policy = policy_class(policy_name)(cfg.replay, buffer_capacity(cfg.replay, total), run.streams_seed)
     run.policy.options = policy_options(cfg, policy_name)
+    _registered_name(run.policy, policy_name)
     if generation and (cfg.replay.balance == "label" or isinstance(run.policy.buffer, OnlineQuotaBuffer)):
         what = "replay.balance=label" if cfg.replay.balance == "label" else f"replay.policy={policy_name} (a quota per answer label)"
         raise SureclError(f"{what} needs labelled tasks; {', '.join(generation)} generate free text (no label set)")
     run.adapters.learn(run.method.trains)  # the learner as the method's declaration says, before its setup
     run.method.setup(run)
     run.train_step = TrainStep(TrainStep.config_from(cfg), run.method.parameters(run))
+    run.train_step.keep_weights = run.method.trains != "fast"  # the learner checkpoints the fast adapter itself
     run.trained_params = run.train_step.params
     run.model, run.train_step.optimizer = run.accelerator.prepare(run.model, run.train_step.optimizer)
     run.steplog = StepLog(StepLog.config_from(cfg))
@@ -233,6 +236,17 @@ def warn_slow_window(run) -> None:
             "it will lag far behind the fast one early on (set dual.bias_correction=true or a smaller dual.beta)"
         )
 
+
+
+def _registered_name(plugin, name: str) -> None:
+    """A registered class that names itself nowhere (it inherits ``Method``'s ``"base"`` or
+    ``ReplayPolicy``'s ``"none"``) is named as it was registered, in its errors and warnings."""
+    from surecl.methods.base import Method
+    from surecl.replay.policies import ReplayPolicy
+
+    for base in (Method, ReplayPolicy):
+        if isinstance(plugin, base) and not any("name" in vars(c) for c in type(plugin).__mro__[: type(plugin).__mro__.index(base)]):
+            plugin.name = name
 
 
 def check_context(run, config) -> None:

@@ -48,6 +48,10 @@ class StepConfig:
     """``replay.loss``: ``joint`` (token mean over the mixed batch) or ``pair`` (:func:`pair_weights`)."""
 
 
+WEIGHTS = "weights"
+"""The key prefix of the trained tensors in :class:`TrainStep`'s checkpointed state."""
+
+
 class TrainStep(Plugin):
     name = "optimizer"
     Config = StepConfig
@@ -65,6 +69,11 @@ class TrainStep(Plugin):
         tensors, or param groups whose own ``lr`` replaces ``train.lr``)."""
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         """Each param group's learning rate before the schedule (``train.lr`` unless the group set its own)."""
+        self.keep_weights = False
+        """Checkpoint the trained tensors themselves (``weights/<i>``, in :attr:`params`' order)
+        beside the optimizer's moments: set by the run for a method that trains the base's weights
+        or modules of its own (``trains`` not ``"fast"``, whose adapter the learner checkpoints), so
+        a resumed run continues from them whatever the method's own ``state_dict`` holds."""
         self._schedules: dict = {}
 
     # ------------------------------------------------------------------ schedule
@@ -104,13 +113,26 @@ class TrainStep(Plugin):
         for idx, slots in sd["state"].items():
             for key, value in slots.items():
                 tensors[f"{idx}/{key}"] = (value if torch.is_tensor(value) else torch.tensor(value)).cpu()
+        if self.keep_weights:  # the live tensors, not copies: the checkpoint writes them out before training goes on
+            tensors.update({f"{WEIGHTS}/{i}": p.detach() for i, p in enumerate(self.params)})
         return {"param_groups": sd["param_groups"]}, tensors
 
+    @torch.no_grad()
     def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
         state: dict[int, dict[str, torch.Tensor]] = {}
+        weights = {}
         for key, value in tensors.items():
             idx, slot = key.split("/", 1)
-            state.setdefault(int(idx), {})[slot] = value
+            if idx == WEIGHTS:
+                weights[int(slot)] = value
+            else:
+                state.setdefault(int(idx), {})[slot] = value
+        if weights:  # (a checkpoint from before they were kept has none: the method's own state restores them, or nothing did)
+            if sorted(weights) != list(range(len(self.params))) or any(weights[i].shape != p.shape for i, p in enumerate(self.params)):
+                raise SureclError(f"checkpoint: its {len(weights)} trained tensors do not fit this run's {len(self.params)} "
+                                  "(another method or model); use another --out, or --fresh")
+            for i, p in enumerate(self.params):
+                p.copy_(weights[i])
         self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
     # ------------------------------------------------------------------ the step

@@ -391,6 +391,10 @@ class Plugins:
         except (TypeError, ValueError) as exc:  # what checkpoint.write_json would meet
             raise SureclError(f"{self.who(p)}: its state_dict's meta is not JSON-serialisable ({exc}); {expected} "
                               "(tensors go in the second dict; NaN and infinity are not JSON)") from None
+        key = _non_string_key(meta)
+        if key is not None:  # JSON writes it as a string: the resumed run would read "3" where 3 was
+            raise SureclError(f"{self.who(p)}: its state_dict's meta holds the key {key!r}, not a string; JSON would give it back "
+                              f"as {str(key)!r} on resume: use string keys (str({key!r}))")
         return meta, tensors
 
     def load_state_dicts(self, states: dict[str, tuple[dict, dict[str, torch.Tensor]]]) -> None:
@@ -413,6 +417,23 @@ class Plugins:
 def _is_index(value: Any) -> bool:
     """An integer a list can be indexed with (numpy's too), not a bool."""
     return hasattr(value, "__index__") and not isinstance(value, bool)
+
+
+def _non_string_key(tree: Any) -> Any:
+    """The first dict key in ``tree`` (dicts and lists, any depth) that is not a string, else None."""
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            if not isinstance(k, str):
+                return k
+            found = _non_string_key(v)
+            if found is not None:
+                return found
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            found = _non_string_key(v)
+            if found is not None:
+                return found
+    return None
 
 
 def _kind(value: Any) -> str:

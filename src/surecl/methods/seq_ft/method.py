@@ -10,9 +10,10 @@ on the whole model).
 * ``parameters`` (the default for ``trains = "base"``): the base weights, each once: tied weights (SmolLM2's input and output
   embeddings) are one parameter, so AdamW keeps one pair of moments for them and clipping
   counts them once.
-* state: the base weights (fp32, by transformers name) in every checkpoint; their AdamW
-  moments travel with the optimizer's state. For SmolLM2-135M (134.5 M parameters) that is
-  3 x 538 MB = 1.61 GB a checkpoint (README).
+* state: none of its own: the run checkpoints the trained base weights with their AdamW
+  moments (:attr:`surecl.step.TrainStep.keep_weights`, as for every method that trains more than
+  the fast adapter). For SmolLM2-135M (134.5 M parameters) that is 3 x 538 MB = 1.61 GB a
+  checkpoint (README).
 * ``export`` (``exports = ("model",)``): the fine-tuned model as a transformers folder ``model/`` (safetensors,
   tokenizer, model card) in place of the adapters.
 
@@ -41,7 +42,7 @@ BF16 = (
 class SeqFT(Method):
     name = "seq_ft"
     trains = "base"  # the run bypasses the learner's adapters before setup; parameters(): the base weights
-    state = ("the base model's weights",)
+    state = ()  # the trained base weights are checkpointed by the run (TrainStep.keep_weights)
     exports = ("model",)
 
     @classmethod
@@ -66,12 +67,11 @@ class SeqFT(Method):
         for p in self.weights.values():
             p.requires_grad_(True)
 
-    def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
-        # the live weights, not copies: the checkpoint writes them out before training goes on
-        return {}, {n: p.detach() for n, p in self.weights.items()}
-
     @torch.no_grad()
     def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """A checkpoint written before the run kept trained weights itself holds them here."""
+        if not tensors:
+            return
         missing = sorted(set(self.weights) - set(tensors))
         if missing:
             raise SureclError(f"checkpoint: the seq_ft state lacks {len(missing)} base weights ({missing[0]}, ...); use another --out")
