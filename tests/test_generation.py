@@ -146,12 +146,17 @@ CHATML = (
 
 @pytest.fixture(scope="module")
 def chat_tok():
-    """A word-level tokenizer with ChatML's turn markers as special tokens and a ChatML-like template."""
+    return chatml_tokenizer()
+
+
+def chatml_tokenizer(extra: tuple[str, ...] = ()):
+    """A word-level tokenizer with ChatML's turn markers as special tokens and a ChatML-like
+    template; ``extra``: more words, after the fixed ones (whose ids stay)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     words = ["<pad>", "<eos>", "<unk>", "<|im_start|>", "<|im_end|>", "system", "user", "assistant",
-             "be", "short", "hi", "hello", "bye", "?", "see", "you"]
+             "be", "short", "hi", "hello", "bye", "?", "see", "you", *extra]
     core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",

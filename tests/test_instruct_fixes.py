@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from datasets import Dataset, DatasetDict
+from test_generation import CHATML, chatml_tokenizer
 
 from surecl.config import build_config
 from surecl.data.encode import TaskEncoder
@@ -19,11 +20,6 @@ from surecl.data.loading import load_stream
 from surecl.data.task import Example, Task
 from surecl.errors import SureclError
 
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
-)
-
 SYSTEM_HEADER = (  # SmolLM2's way: a system turn of the template's own where the conversation has none
     "{% if messages[0]['role'] != 'system' %}<|im_start|>system be short<|im_end|> {% endif %}" + CHATML
 )
@@ -31,18 +27,7 @@ SYSTEM_HEADER = (  # SmolLM2's way: a system turn of the template's own where th
 
 @pytest.fixture(scope="module")
 def chat_tok():
-    """A word-level tokenizer with ChatML's turn markers as special tokens and a ChatML-like template."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["<pad>", "<eos>", "<unk>", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "be", "short", "hi", "hello",
-             "bye", "?", "see", "you", "Answer", ":", "say", "Task", "Dataset", "grp", "qa", "Option", ",", "red", "blue"]
-    core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
-    tok.chat_template = CHATML
-    return tok
+    return chatml_tokenizer(("Answer", ":", "say", "Task", "Dataset", "grp", "qa", "Option", ",", "red", "blue"))
 
 
 def ids(tok, words: str) -> list[int]:
