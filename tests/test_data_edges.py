@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -422,3 +423,47 @@ def test_a_folder_of_one_file_named_after_no_split_is_the_train_split(tmp_path, 
     with caplog.at_level(logging.WARNING, logger="surecl"):
         task = load_hf_task(HFTaskConfig(path=str(fold), test_fraction=0.5))
     assert len(task.train) == 2 and len(task.test) == 2 and task.labels == ["neg", "pos"] and not caplog.records
+
+
+def _bench(root, tasks):
+    """A CL_Benchmark-style folder: ``tasks`` = [(group, name)], 8 rows per split, labels x / y."""
+    (root / "instruction_config.json").parent.mkdir(parents=True, exist_ok=True)
+    (root / "instruction_config.json").write_text(json.dumps({g: [{"instruction": "Which? "}] for g, _ in tasks}))
+    for group, name in tasks:
+        (root / group / name).mkdir(parents=True)
+        for split in ("train", "test"):
+            (root / group / name / f"{split}.json").write_text(json.dumps([{"sentence": f"{name}{i}", "label": "xy"[i % 2]} for i in range(8)]))
+        (root / group / name / "labels.json").write_text(json.dumps(["x", "y"]))
+    return root
+
+
+def test_a_task_folder_named_decomposed_is_found_by_its_composed_name(tmp_path):
+    """A folder made on macOS is named NFD; data.tasks and a manifest's order are read NFC:
+    "lacks task été" although the folder was there."""
+    bench = _bench(tmp_path / "bench", [("SC", "e\u0301te\u0301"), ("TC", "topics")])
+    base = [f"data.benchmark={bench}", "data.n_train=4", "data.n_test=4"]
+    assert [t.name for t in load_stream(build_config("tiny,seq_lora", [*base, "data.tasks=[été,topics]"]))] == ["été", "topics"]
+    (bench / "MANIFEST.json").write_text(json.dumps({"order": ["topics", "été"]}))
+    assert [t.name for t in load_stream(build_config("tiny,seq_lora", base))] == ["topics", "été"]
+
+
+def test_a_manifest_without_an_order_means_every_task(tmp_path):
+    """README: order default is the manifest's order, else every task the folder holds; a manifest
+    without "order" gave "none of the tasks  is present"."""
+    bench = _bench(tmp_path / "bench", [("SC", "moods"), ("TC", "topics")])
+    (bench / "MANIFEST.json").write_text(json.dumps({"version": 1, "sources": {}}))
+    assert [t.name for t in load_stream(build_config("tiny,seq_lora", [f"data.benchmark={bench}", "data.n_train=4"]))] == ["moods", "topics"]
+
+
+def test_the_task_prefix_makes_the_group_part_of_a_tasks_fingerprint(tmp_path):
+    """data.task_prefix puts the group in every prompt: a task folder moved to another group is
+    other prompts, so its fingerprint (what a resume and a finished run's check compare) differs;
+    without the prefix it is the same data, and the fingerprint is what it always was."""
+    from surecl.run_results import fingerprints
+
+    one = _bench(tmp_path / "one", [("GB", "b")])
+    two = _bench(tmp_path / "two", [("GZ", "b")])
+    a, b = (load_stream(build_config("tiny,seq_lora", [f"data.benchmark={r}", "data.n_train=4"]))[0] for r in (one, two))
+    assert a.fingerprint() == b.fingerprint() and a.fingerprint(True) != b.fingerprint(True)
+    run = types.SimpleNamespace(tasks=[a], cfg=build_config("tiny,seq_lora", ["data.task_prefix=true"]))
+    assert fingerprints(run) == {"b": a.fingerprint(True)}

@@ -290,7 +290,7 @@ def test_non_finite_surprise_is_a_clear_error(tmp_path, monkeypatch, tiny_cache)
 def test_dry_run_prints_the_protocol_of_a_paper_preset(t5_dir, tmp_path, capsys):
     path, _ = t5_dir
     code = main(["run", "--dry-run", "--out", str(tmp_path / "never"), "--config", "paper-t5,lnt,slow_surprise",
-                 f"model.name={path}", "data.benchmark=tiny"])
+                 f"model.name={path}", "data.benchmark=tiny", "data.order=default"])
     out = capsys.readouterr().out
     assert code == 0
     assert not (tmp_path / "never").exists()  # nothing written, nothing trained

@@ -104,7 +104,7 @@ def _check_same_data(out: Path, results: dict, cfg) -> None:
 
     key = json.dumps([cfg.to_dict().get("data"), cfg.seed], sort_keys=True, default=str)
     if key not in _FINGERPRINTS:  # a sweep asks once per finished run: many share one stream
-        _FINGERPRINTS[key] = {t.name: t.fingerprint() for t in load_stream(cfg)}
+        _FINGERPRINTS[key] = {t.name: t.fingerprint(cfg.data.task_prefix) for t in load_stream(cfg)}
     now = _FINGERPRINTS[key]
     changed = [name for name in now if name in saved and saved[name] != now[name]]
     if changed:

@@ -180,7 +180,7 @@ def finish(run) -> dict:
 def fingerprints(run) -> dict[str, str]:
     """Each task's :meth:`~surecl.data.task.Task.fingerprint` (computed once)."""
     if getattr(run, "data_fingerprints", None) is None:
-        run.data_fingerprints = {t.name: t.fingerprint() for t in run.tasks}
+        run.data_fingerprints = {t.name: t.fingerprint(run.cfg.data.task_prefix) for t in run.tasks}
     return run.data_fingerprints
 
 
@@ -244,6 +244,6 @@ def config_header(run) -> str | None:
         lines.append(f"#   model: a {run.model_class} with name_or_path {run.model_name_or_path or '(none: built in code)'!s}; "
                      "model.name below is not the model that ran")
     if run.supplied_tasks:
-        lines.append("#   tasks (data.* below is not the data that ran), SHA-256 fingerprints (Task.fingerprint()) as passed:")
+        lines.append("#   tasks (data.* below is not the data that ran), SHA-256 fingerprints (Task.fingerprint(data.task_prefix)) as passed:")
         lines += [f"#     {name}: {digest}" for name, digest in prov["data"]["given"].items()]
     return "\n".join(lines) + "\n"

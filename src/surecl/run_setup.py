@@ -90,7 +90,7 @@ def build_run(
         release_at_exit()
     if tasks is not None:
         tasks = caller_tasks(tasks, cfg)  # in-memory datasets read into tasks
-    run.given_fingerprints = {t.name: t.fingerprint() for t in tasks} if tasks is not None else None
+    run.given_fingerprints = {t.name: t.fingerprint(cfg.data.task_prefix) for t in tasks} if tasks is not None else None
     """Each task passed from Python as it was passed (before checks and sampling)."""
     # the local main process first: it builds what a cold cache lacks (the embedded benchmark,
     # the tiny model, SmolLM2's dequantised weights) and the others then read it; transformers'

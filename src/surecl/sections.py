@@ -145,7 +145,7 @@ class DataConfig:
     train_sampling: str = "balanced"
     """How ``n_train`` rows are drawn: ``balanced`` (round-robin over labels; the default, so a
     sample of at least as many rows as classes holds every class, their counts within one of each
-    other; with fewer rows than classes each seed holds its own draw of classes) or ``random`` (uniform, keeping the class priors: the
+    other while every class has rows left, a class with fewer taken whole; with fewer rows than classes each seed holds its own draw of classes) or ``random`` (uniform, keeping the class priors: the
     paper's protocol, "randomly select")."""
     test_sampling: str = "balanced"
     """How ``n_test`` rows are drawn: ``balanced`` or ``random`` (the paper's; class priors

@@ -8,6 +8,7 @@ loads the embedded default benchmark, which is written in this layout.
 from __future__ import annotations
 
 import json
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,16 @@ def read_json(path: Path) -> Any:
         raise SureclError(f"{path}: malformed JSON ({str(exc).splitlines()[0]})") from None
 
 
+def _text(value: str, where: str) -> str:
+    """``value`` if it is text UTF-8 can write, else one line naming ``where`` (JSON's ``\\ud800``
+    escapes give a lone surrogate, which no tokenizer or fingerprint can read)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SureclError(f"{where}: invalid Unicode (a lone surrogate escape such as \\ud800)") from None
+    return value
+
+
 def parse_rows(rows: Any, source: str, lines: list[int] | None = None) -> list[Example]:
     """Rows of ``{"label": str, "sentence": str}``; anything else is named by row number (or,
     with ``lines``, by each row's line in its file)."""
@@ -62,6 +73,7 @@ def parse_rows(rows: Any, source: str, lines: list[int] | None = None) -> list[E
                 raise SureclError(f"{source} {at}: missing '{key}'")
             if not isinstance(row[key], str):
                 raise SureclError(f"{source} {at}: '{key}' must be a string")
+            _text(row[key], f"{source} {at}: '{key}'")
         out.append(Example(sentence=row["sentence"], label=clean_label(row["label"])))
     return out
 
@@ -80,7 +92,7 @@ def _instructions(root: Path) -> dict[str, str]:
             entry = entry.get("instruction")
         if not isinstance(entry, str):
             raise SureclError(f"{path}: group {group!r} has no instruction string")
-        out[group] = entry
+        out[group] = _text(entry, f"{path}: group {group!r}'s instruction")
     return out
 
 
@@ -88,7 +100,7 @@ def index_tasks(root: Path) -> dict[str, Path]:
     """Task name -> its folder, for every ``<group>/<Task>`` holding a labels.json."""
     found: dict[str, Path] = {}
     for labels in sorted(root.glob("*/*/labels.json")):
-        name = labels.parent.name
+        name = unicodedata.normalize("NFC", labels.parent.name)  # a folder made on macOS is named NFD; names are read NFC
         if name in found:  # data.tasks names a task by its name alone: which one would be read?
             raise SureclError(f"{root}: two tasks named {name!r} ({found[name].relative_to(root)} and "
                               f"{labels.parent.relative_to(root)}); rename one of the folders")
@@ -106,6 +118,8 @@ def load_task(folder: Path, instructions: dict[str, str], invalid_labels: str = 
     labels = read_json(folder / "labels.json")
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise SureclError(f"{folder / 'labels.json'}: expected a JSON list of label strings")
+    for i, x in enumerate(labels):
+        _text(x, f"{folder / 'labels.json'} label {i}")
     # COPA has no instruction upstream; the options line still tells the model what to answer.
     instruction = instructions.get(group, instructions.get(name, ""))
     if not instruction and group not in ("COPA",) and name != "COPA":
@@ -132,17 +146,19 @@ def _wanted(root: Path, order: str, tasks: list[str]) -> list[str]:
     """The task names ``tasks``, or ``order`` (1-6, or ``default``: the folder's
     ``MANIFEST.json`` order, else every task it holds), asks for, in order."""
     if tasks:
-        return list(tasks)
+        return [unicodedata.normalize("NFC", t) for t in tasks]
     if order in ORDERS:
         return list(ORDERS[order])
     if order == "default":
         manifest = root / "MANIFEST.json"
         if manifest.is_file():
             data = read_json(manifest)
-            order_list = data.get("order", []) if isinstance(data, dict) else None
-            if not isinstance(order_list, list) or not all(isinstance(t, str) for t in order_list):
-                raise SureclError(f"{manifest}: expected an object whose 'order' is a list of task names")
-            return list(order_list)
+            if isinstance(data, dict) and "order" not in data:  # a manifest naming no order: every task the folder holds
+                return available_tasks(root)
+            order_list = data.get("order") if isinstance(data, dict) else None
+            if not isinstance(order_list, list) or not all(isinstance(t, str) for t in order_list) or not order_list:
+                raise SureclError(f"{manifest}: expected an object whose 'order' is a non-empty list of task names")
+            return [unicodedata.normalize("NFC", t) for t in order_list]
         return available_tasks(root)
     raise SureclError(f"data.order: unknown order {order!r} (choose from {', '.join(ORDERS)} or default)")
 

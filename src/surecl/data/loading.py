@@ -17,6 +17,9 @@ from surecl.errors import SureclError
 
 def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
     data = cfg.data
+    if data.benchmark in ("tiny", "none") and data.order != "default" and not data.tasks:  # (a named order's list: data.tasks)
+        what = "the tiny benchmark" if data.benchmark == "tiny" else "a stream of data.jsonl / data.hf tasks"
+        raise SureclError(f"data.order: {what} has one order (default), not {data.order!r}; give another with data.tasks")
     if data.benchmark == "tiny":
         tasks = tiny_generation_stream() if data.kind == "generate" else tiny_stream()
         if data.tasks:

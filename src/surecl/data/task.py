@@ -110,14 +110,18 @@ class Task:
         """The metric its scores are in: ``metric``, else its kind's default."""
         return self.metric or METRICS.get(self.kind, ("accuracy",))[0]
 
-    def fingerprint(self) -> str:
+    def fingerprint(self, group: bool = False) -> str:
         """SHA-256 of what a run reads of the task: its kind, instruction, labels and every
-        sampled train and test row, in order (a checkpoint records it; a resume on other rows stops)."""
+        sampled train and test row, in order (a checkpoint records it; a resume on other rows
+        stops); ``group``: its group too, which ``data.task_prefix`` puts in every prompt (only
+        then, so the fingerprints of other runs stay as they were)."""
         import hashlib
         import json
 
         rows = {"kind": self.kind, "instruction": self.instruction, "labels": list(self.labels),
                 "train": [[e.sentence, e.label] for e in self.train], "test": [[e.sentence, e.label] for e in self.test]}
+        if group:
+            rows["group"] = self.group or self.name  # what the prefix names (encode.task_lead)
         if self.kind == "generate":  # (only here, so the classification and text fingerprints stay as they were)
             rows["metric"] = self.score_metric
             for split in ("train", "test"):
@@ -207,7 +211,8 @@ def subsample(rows: list[Example], n: int, rng: random.Random, balanced: bool) -
     """Keep ``n`` rows (all if n <= 0 or n >= len); class-balanced by round-robin over labels:
     each round takes one more row of every label that has one left, so a sample of at least as
     many rows as labels holds every label (a last round that cannot take one of every label
-    takes the labels first in sorted order: the counts differ by one at most). With fewer rows
+    takes the labels first in sorted order: the counts differ by one at most while every label has
+    rows left; a label with fewer is taken whole and the others fill its share). With fewer rows
     than labels, which labels the sample holds is a draw from ``rng`` (it differs by seed; it
     was the first labels in sorted order on every seed); only then is ``rng`` read for it, so
     every other sample is the one drawn before."""
