@@ -207,6 +207,6 @@ def test_a_generation_tasks_prompt_json_gives_the_prompt_head_its_rows_were_enco
     def ids(text):
         return tok(text, add_special_tokens=False)["input_ids"]
 
-    bos = [tok.bos_token_id] if getattr(tok, "add_bos_token", False) and tok.bos_token_id is not None else []
+    start = json.loads((out / "adapters" / "fast" / "prompt.json").read_text())["template"]["start_ids"]
     row = task.test[0]
-    assert run.test_sets.encoded[0][0].prompt == bos + ids(entry["prompt_head"]) + ids(row.sentence) + ids("\nAnswer:")
+    assert run.test_sets.encoded[0][0].prompt == start + ids(entry["prompt_head"]) + ids(row.sentence) + ids("\nAnswer:")

@@ -204,3 +204,27 @@ def test_end_eos_leaves_classification_prompts_and_the_full_sequence_as_they_wer
     [g1] = TaskEncoder(chat_tok, 32, end_eos=True, template="plain").encode(task, task.train)
     assert as_full_sequence(g1, eos) == as_full_sequence(g0, eos)
     assert as_input_reconstruction(g1).answer == [-100] + g1.prompt[1:] and as_input_reconstruction(g1).answer[-1] == eos
+
+
+def test_a_prompt_begins_with_the_bos_its_tokenizer_adds_itself():
+    """A Llama / Mistral / Gemma tokenizer adds its BOS through its post-processor; under
+    transformers 5 its ``add_bos_token`` reads False, so prompts were built without the BOS the
+    model was trained with. The start is read from the tokenizer's own encoding."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from surecl.data.encode import TaskEncoder, start_ids
+
+    words = ["<pad>", "<s>", "</s>", "<unk>", "a", "b", "red", "blue", "Answer", ":", "Option", ","]
+    core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    assert not getattr(tok, "add_bos_token", False) and tok("a")["input_ids"] == [1, 4]
+    assert start_ids(tok) == [1]
+    task = Task("t", "", ["red", "blue"], [Example("a b", "red")], [Example("b a", "blue")])
+    enc = TaskEncoder(tok, 64).encode(task, task.train)
+    assert enc[0].prompt[0] == 1 and enc[0].prompt.count(1) == 1
+    core.post_processor = None  # GPT-2's way: nothing before a text
+    plain = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    assert start_ids(plain) == [] and TaskEncoder(plain, 64).encode(task, task.train)[0].prompt[0] != 1

@@ -370,7 +370,7 @@ def _generation_spec(chat: bool, metric: str, eos: bool = False) -> dict:
                              "max_length // 2 tokens for them where needed (a template start longer than max_length stays "
                              "whole, over it); a longer conversation loses its first tokens"}
     else:
-        out = {"prompt": "[bos_token_id when not null] + prompt_head + input + '\\nAnswer:', each part tokenised alone",
+        out = {"prompt": "start_ids + prompt_head + input + '\\nAnswer:', each part tokenised alone",
                "answer": "' ' + target, then the EOS token",
                "truncation": "the input's ids are cut to max(max_length - len(answer ids) - len(other prompt ids), 1); a target "
                              "longer than max_length leaves keeps at least max_length // 2 of its tokens"}
@@ -395,11 +395,12 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
     import json
     import string
 
-    from surecl.data.encode import prompt_parts, task_lead
+    from surecl.data.encode import prompt_parts, start_ids, task_lead
 
     cfg = ctx.cfg
     tok = ctx.tokenizer
-    bos = tok.bos_token_id if getattr(tok, "add_bos_token", False) and tok.bos_token_id is not None else None
+    start = start_ids(tok)  # what the tokenizer puts before a text (BOS), which every prompt begins with
+    bos = start[0] if len(start) == 1 else None
     mode = cfg.eval.mode
     tasks = []
     for j, task in enumerate(ctx.tasks):
@@ -447,7 +448,9 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
             "task_prefix": "Task:{group}\\nDataset:{name}\\n" if cfg.data.task_prefix else None,
             "answer": "' ' + label, then the EOS token",
             "tokenisation": "prompt_head, input and prompt_tail each tokenised alone with add_special_tokens=False and the ids "
-                            "concatenated; bos_token_id (when not null) first; eos_token_id last when encoder_eos",
+                            "concatenated; start_ids (the tokens the tokenizer itself puts before a text: a BOS) first; "
+                            "eos_token_id last when encoder_eos",
+            "start_ids": start,
             "bos_token_id": bos,
             "eos_token_id": tok.eos_token_id,
             "pad_token_id": tok.pad_token_id,

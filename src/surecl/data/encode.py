@@ -52,6 +52,25 @@ def build_prompt(task: Task, sentence: str, task_prefix: bool = False) -> str:
     return "".join(prompt_parts(task, sentence, task_prefix))
 
 
+def start_ids(tok) -> list[int]:
+    """The special tokens the tokenizer itself puts before a text (Llama's, Mistral's, Gemma's
+    BOS; none for GPT-2-style or T5 tokenizers), read from its own encoding of a word: its
+    ``add_bos_token`` attribute says nothing under transformers 5 for a tokenizer with a
+    ``tokenizer.json`` (whose post-processor adds the BOS), so a prompt built from it lost it."""
+    cached = getattr(tok, "_surecl_start_ids", None)
+    if cached is not None:
+        return list(cached)
+    whole = list(tok("a")["input_ids"])
+    bare = list(tok("a", add_special_tokens=False)["input_ids"])
+    at = next((k for k in range(len(whole) - len(bare) + 1) if whole[k : k + len(bare)] == bare), 0) if bare else 0
+    lead = whole[:at]
+    try:
+        tok._surecl_start_ids = tuple(lead)
+    except AttributeError:  # a tokenizer that takes no new attribute: read again next time
+        pass
+    return lead
+
+
 def led_turns(turns, lead: str) -> tuple[tuple[str, str], ...]:
     """A conversation with ``lead`` (:func:`task_lead`) at the start of its first user turn, as
     a prompt / response row's one user turn begins with it; a conversation without a user turn
@@ -130,8 +149,7 @@ class TaskEncoder:
 
     def prompt_ids(self, task: Task, sentence: str) -> list[int]:
         head, body, tail = prompt_parts(task, sentence, self.task_prefix)
-        bos = [self.tok.bos_token_id] if getattr(self.tok, "add_bos_token", False) and self.tok.bos_token_id is not None else []
-        head_ids, tail_ids = bos + self._ids(head), self._ids(tail) + self._eos()
+        head_ids, tail_ids = start_ids(self.tok) + self._ids(head), self._ids(tail) + self._eos()
         room = max(self.max_length - len(head_ids) - len(tail_ids), 1)
         body_ids = self._ids(body)
         self._sentence_cuts += len(body_ids) > room
@@ -249,8 +267,7 @@ class TaskEncoder:
                         break
             self._sentence_cuts += keep < len(body)
             return enc
-        bos = [self.tok.bos_token_id] if getattr(self.tok, "add_bos_token", False) and self.tok.bos_token_id is not None else []
-        head = bos + self._ids(task_lead(task, self.task_prefix))
+        head = start_ids(self.tok) + self._ids(task_lead(task, self.task_prefix))
         tail = self._ids("\nAnswer:") + self._eos()
         body = self._ids(ex.sentence)
         answer = self._ids(" " + ex.label) + [self.tok.eos_token_id]
