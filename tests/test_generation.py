@@ -307,8 +307,9 @@ def test_rouge_l_is_rouge_scores_and_exact_match_normalises():
 def test_exact_match_of_a_target_that_normalises_to_nothing_needs_its_text():
     """A choice letter "A" (or "the", "?!") normalises to nothing, as would an empty answer or
     any punctuation: such a target is compared as written, up to case and whitespace."""
-    assert exact_match(["", "The", "(A)", ": : :", "?"], ["A", "A", "A", "a", "?!"]) == 0.0
-    assert exact_match([" a ", "THE", "?!"], ["A", "the", "?!"]) == 100.0
+    assert exact_match(["", "The", "B", ": : :", "?"], ["A", "A", "A", "a", "?!"]) == 0.0
+    assert exact_match([" a ", "THE", "?!", "A.", "(A)", "a"], ["A", "the", "?!", "A", "A", "A."]) == 100.0
+    assert exact_match(["B.", "(B)"], ["B", "B"]) == 100.0  # "A" reads as every other letter does
     assert exact_match(["B", "a cat"], ["B", "cat"]) == 100.0  # targets with words normalise as before
 
 

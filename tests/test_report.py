@@ -1524,6 +1524,7 @@ def test_write_refuses_two_files_of_one_name(runs, tmp_path):
         ("seq_lora model.name=/models/a x=y", ("seq_lora", (("model.name", "/models/a x=y"),), False)),
         ("seq_lora data.template=a b=c train.lr=1e-4 (fast)", ("seq_lora", (("data.template", "a b=c"), ("train.lr", "1e-4")), True)),
         ("seq_lora log_every=5", ("seq_lora", (("log_every", "5"),), False)),
+        ("seq_lora method=ewc", ("seq_lora", (("method", "ewc"),), False)),  # a grid over the method
         ("seq_lora ewc.lam=1000", ("seq_lora", (("ewc.lam", "1000"),), False)),  # an outside method's section too
     ],
 )

@@ -379,7 +379,8 @@ def _generation_spec(chat: bool, metric: str, eos: bool = False) -> dict:
     if metric == "exact_match":
         out["scoring"] = ("exact match after SQuAD's normalisation of prediction and target: lower-case, punctuation deleted, "
                           "the articles a / an / the removed, whitespace collapsed; a target that normalises to nothing "
-                          "('A', 'the') is compared as written, up to case and whitespace")
+                          "('A', 'the') keeps its articles, and one still empty (punctuation alone) is compared as written, "
+                          "up to case and whitespace")
     elif metric == "rouge_l":
         out["scoring"] = "rouge-score's ROUGE-L F-measure x100 (its default tokenizer: lower-cased ASCII letters and digits; Porter stemming)"
     return out

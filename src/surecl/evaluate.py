@@ -188,8 +188,9 @@ def normalise_answer(text: str) -> str:
 
 def exact_match(predictions: list[str], gold: list[str]) -> float:
     """Percent of answers equal to their target after :func:`normalise_answer`. A target that
-    normalises to nothing (a choice letter "A", "the", "?!") is compared as written, up to case
-    and whitespace: normalised, an empty answer or any punctuation would equal it."""
+    normalises to nothing (the choice letter "A", "the", "?!"), which an empty answer or any
+    punctuation would equal, keeps its articles ("A." is "a" as "B." is "b"), and one that is
+    still nothing (punctuation alone) is compared as written, up to case and whitespace."""
     if not gold:
         return 0.0
     return 100.0 * sum(_same_answer(p, g) for p, g in zip(predictions, gold)) / len(gold)
@@ -199,7 +200,15 @@ def _same_answer(prediction: str, gold: str) -> bool:
     key = normalise_answer(gold)
     if key:
         return normalise_answer(prediction) == key
+    key = _with_articles(gold)
+    if key:
+        return _with_articles(prediction) == key
     return " ".join(prediction.lower().split()) == " ".join(gold.lower().split())
+
+
+def _with_articles(text: str) -> str:
+    """:func:`normalise_answer` keeping a / an / the."""
+    return " ".join(_PUNCT.sub("", text.lower()).split())
 
 
 def rouge_l(predictions: list[str], gold: list[str]) -> float:

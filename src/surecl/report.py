@@ -537,9 +537,9 @@ def order_key(o: str):
     return (not o.isdigit(), o.zfill(6))
 
 
-_GRID_KEY = re.compile(r"(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+|log_every)=")
-"""The start of a grid word of a row name: a config key (``section.key``; a sweep refuses
-``seed`` and ``preset`` as grid keys) and ``=``."""
+_GRID_KEY = re.compile(r"(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+|log_every|method)=")
+"""The start of a grid word of a row name: a config key (``section.key``, or a top-level one a
+sweep takes as a grid key: ``method``, ``log_every``; it refuses ``seed`` and ``preset``) and ``=``."""
 
 
 def parse_row(name: str) -> tuple[str, tuple[tuple[str, str], ...], bool]:
