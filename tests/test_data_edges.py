@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import types
 from collections import Counter
 from pathlib import Path
 
@@ -425,15 +424,18 @@ def test_a_folder_of_one_file_named_after_no_split_is_the_train_split(tmp_path, 
     assert len(task.train) == 2 and len(task.test) == 2 and task.labels == ["neg", "pos"] and not caplog.records
 
 
-def _bench(root, tasks):
-    """A CL_Benchmark-style folder: ``tasks`` = [(group, name)], 8 rows per split, labels x / y."""
+TINY_LABELS = ("warm", "cool")  # words the tiny model's tokenizer knows
+
+
+def _bench(root, tasks, labels=("x", "y")):
+    """A CL_Benchmark-style folder: ``tasks`` = [(group, name)], 8 rows per split, two labels."""
     (root / "instruction_config.json").parent.mkdir(parents=True, exist_ok=True)
     (root / "instruction_config.json").write_text(json.dumps({g: [{"instruction": "Which? "}] for g, _ in tasks}))
     for group, name in tasks:
         (root / group / name).mkdir(parents=True)
         for split in ("train", "test"):
-            (root / group / name / f"{split}.json").write_text(json.dumps([{"sentence": f"{name}{i}", "label": "xy"[i % 2]} for i in range(8)]))
-        (root / group / name / "labels.json").write_text(json.dumps(["x", "y"]))
+            (root / group / name / f"{split}.json").write_text(json.dumps([{"sentence": f"{name}{i}", "label": labels[i % 2]} for i in range(8)]))
+        (root / group / name / "labels.json").write_text(json.dumps(list(labels)))
     return root
 
 
@@ -455,15 +457,62 @@ def test_a_manifest_without_an_order_means_every_task(tmp_path):
     assert [t.name for t in load_stream(build_config("tiny,seq_lora", [f"data.benchmark={bench}", "data.n_train=4"]))] == ["moods", "topics"]
 
 
-def test_the_task_prefix_makes_the_group_part_of_a_tasks_fingerprint(tmp_path):
-    """data.task_prefix puts the group in every prompt: a task folder moved to another group is
-    other prompts, so its fingerprint (what a resume and a finished run's check compare) differs;
-    without the prefix it is the same data, and the fingerprint is what it always was."""
-    from surecl.run_results import fingerprints
+def test_a_resume_whose_prompts_are_built_otherwise_stops(tmp_path, tiny_cache, monkeypatch):
+    """The task's rows are the same but its prompts are not (here its folder moved to another
+    group under data.task_prefix, whose prompts name the group; a tokenizer that now adds a BOS
+    is the same case): the checkpoint records each task's encoded rows, and the resume stops in
+    one line instead of training the rest of the run on other inputs."""
+    import surecl.plugins.faults as faults
+    from surecl.trainer import run
 
-    one = _bench(tmp_path / "one", [("GB", "b")])
-    two = _bench(tmp_path / "two", [("GZ", "b")])
-    a, b = (load_stream(build_config("tiny,seq_lora", [f"data.benchmark={r}", "data.n_train=4"]))[0] for r in (one, two))
-    assert a.fingerprint() == b.fingerprint() and a.fingerprint(True) != b.fingerprint(True)
-    run = types.SimpleNamespace(tasks=[a], cfg=build_config("tiny,seq_lora", ["data.task_prefix=true"]))
-    assert fingerprints(run) == {"b": a.fingerprint(True)}
+    bench = _bench(tmp_path / "bench", [("red", "b"), ("green", "c")], TINY_LABELS)  # groups the tiny tokenizer reads (Task:red)
+    cfg = build_config("tiny,seq_lora", [f"data.benchmark={bench}", "data.n_train=8", "data.n_test=4", "data.task_prefix=true",
+                                         "train.checkpoint_every=1", "eval.before=false"])
+    real = faults.fault_point
+
+    def stop(name):
+        if name == "step:1:0":
+            raise KeyboardInterrupt
+        real(name)
+
+    monkeypatch.setattr(faults, "fault_point", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    monkeypatch.setattr(faults, "fault_point", real)
+    (bench / "blue").mkdir()
+    (bench / "red" / "b").rename(bench / "blue" / "b")
+    (bench / "instruction_config.json").write_text(json.dumps({g: [{"instruction": "Which? "}] for g in ("blue", "green")}))
+    with pytest.raises(SureclError, match=r"the prompts of task b are built otherwise than when stage-0001"):
+        run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    (bench / "blue" / "b").rename(bench / "red" / "b")
+    (bench / "instruction_config.json").write_text(json.dumps({g: [{"instruction": "Which? "}] for g in ("red", "green")}))
+    assert run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)["accuracy_matrix"][1][1] is not None
+
+
+def test_a_checkpoint_naming_its_tasks_decomposed_resumes(tmp_path, tiny_cache, monkeypatch):
+    """A run started on a folder named NFD (macOS) recorded its task names so; they are read NFC
+    now, and its checkpoint still resumes (it was "a different task stream")."""
+    import unicodedata
+
+    import surecl.plugins.faults as faults
+    from surecl.trainer import run
+
+    bench = _bench(tmp_path / "bench", [("SC", "été"), ("TC", "topics")], TINY_LABELS)
+    cfg = build_config("tiny,seq_lora", [f"data.benchmark={bench}", "data.n_train=8", "data.n_test=4", "train.checkpoint_every=1",
+                                         "eval.before=false"])
+    real = faults.fault_point
+
+    def stop(name):
+        if name == "step:1:0":
+            raise KeyboardInterrupt
+        real(name)
+
+    monkeypatch.setattr(faults, "fault_point", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    monkeypatch.setattr(faults, "fault_point", real)
+    for meta in (tmp_path / "run" / "checkpoints").glob("*/meta.json"):  # as an earlier surecl wrote it
+        text = meta.read_text(encoding="utf-8")
+        meta.write_text(text.replace(json.dumps("été")[1:-1], json.dumps(unicodedata.normalize("NFD", "été"))[1:-1]).replace("été", unicodedata.normalize("NFD", "été")), encoding="utf-8")
+    res = run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
+    assert res["tasks"] == ["topics", "été"] and res["accuracy_matrix"][1][1] is not None

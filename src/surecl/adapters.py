@@ -76,6 +76,28 @@ def _restore_base_layers(model: torch.nn.Module) -> None:
         setattr(model.get_submodule(parent) if parent else model, child, module.get_base_layer())
 
 
+def adaptable_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The layers a LoRA adapter can wrap here, as ``named_modules`` gives them: ``nn.Linear``
+    and transformers' ``Conv1D`` (GPT-2's ``c_attn``, ``c_fc``: a linear layer stored
+    transposed, which PEFT adapts as one)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))]
+
+
+def layer_names(layers: list[tuple[str, torch.nn.Module]], shown: int = 12) -> str:
+    """The layers' short names (the last part of each name), each once in model order, the
+    first ``shown`` of them: what a message suggests for ``lora.target_modules``."""
+    names = list(dict.fromkeys(n.rsplit(".", 1)[-1] for n, _ in layers))
+    return ", ".join(names[:shown]) + (f" (and {len(names) - shown} more)" if len(names) > shown else "")
+
+
+def names_layer(name: str, target: str) -> bool:
+    """Whether ``target`` (an entry of ``lora.target_modules``) names the module ``name``, as
+    PEFT matches a list of names: the whole name, or its end after a dot."""
+    return name == target or name.endswith(f".{target}")
+
+
 class DualLoRA(Plugin):
     """Owns the PEFT model, its fast (and optionally slow) adapter and the EMA between them.
 
@@ -97,24 +119,33 @@ class DualLoRA(Plugin):
             target_modules=list(lora.target_modules),
             task_type=TaskType.SEQ_2_SEQ_LM if is_seq2seq else TaskType.CAUSAL_LM,
         )
+        targets = list(lora.target_modules)
         try:
             self.model = get_peft_model(base, self.peft_config, adapter_name=FAST)
         except ValueError as exc:
             _restore_base_layers(base)  # peft adapted the matching modules before the one it refused
             if "is not supported" in str(exc):  # peft prints the whole module (a block of layers) before these words
-                raise SureclError(f"lora.target_modules: {list(lora.target_modules)} names a module that is not a linear layer; "
+                raise SureclError(f"lora.target_modules: {targets} names a module that is not a linear layer; "
                                   "surecl adapts linear layers only (e.g. q_proj, v_proj, or a T5's q, v)") from None
+            if "not found in the base model" in str(exc):  # peft's words where no name matches
+                raise SureclError(f"lora.target_modules: {targets} names no layer of this model; its linear layers: "
+                                  f"{layer_names(adaptable_layers(base))}") from None
             raise SureclError(f"lora.target_modules: {' '.join(str(exc).split())[:300]}") from None
         from peft.tuners.lora import Linear as LoraLinear
         from peft.tuners.lora import LoraLayer
 
         adapted = [(n, m) for n, m in self.model.named_modules() if isinstance(m, LoraLayer)]
         other = [n.rsplit(".", 1)[-1] for n, m in adapted if not isinstance(m, LoraLinear)]
-        if not adapted or other:
-            what = f"names {other[0]}, not a linear layer" if other else "names no linear layer of this model"
+        # PEFT adapts what matches and drops a name that matches nothing (a typo: v_prj) without a word
+        unmatched = [t for t in targets if not any(names_layer(n, t) for n, _ in adapted)]
+        if not adapted or other or unmatched:
             self.model.unload()  # the base as it came (a caller's model, SureTrainer's, is used again)
-            raise SureclError(f"lora.target_modules: {list(lora.target_modules)} {what}; surecl adapts linear layers only "
-                              "(e.g. q_proj, v_proj, or a T5's q, v)")
+            if other:
+                raise SureclError(f"lora.target_modules: {targets} names {other[0]}, not a linear layer; surecl adapts linear "
+                                  "layers only (e.g. q_proj, v_proj, or a T5's q, v)")
+            what = f"{', '.join(unmatched)} name" + ("s" if len(unmatched) == 1 else "")
+            raise SureclError(f"lora.target_modules: {targets}: {what} no layer of this model; its linear layers: "
+                              f"{layer_names(adaptable_layers(base))}")
         self._lora_dtype_fp32()
         self.steps = 0
         self.updates = 0

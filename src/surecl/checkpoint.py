@@ -764,7 +764,7 @@ def load_latest(root: Path, log: Callable[[str], None] = lambda message: None,
                 if not (isinstance(meta.get("config"), dict) and isinstance(meta.get("tasks"), list)):
                     raise ValueError("config or tasks")
                 tensors = load_file(str(folder / "tensors.safetensors"))
-                found = Checkpoint(folder, {"config": meta["config"], "tasks": meta["tasks"], "data": meta.get("data"), "base": meta.get("base"), "general": meta.get("general")}, _components(meta, tensors))
+                found = Checkpoint(folder, {"config": meta["config"], "tasks": meta["tasks"], "data": meta.get("data"), "encoding": meta.get("encoding"), "base": meta.get("base"), "general": meta.get("general")}, _components(meta, tensors))
             except Exception:  # noqa: BLE001 - whatever a damaged file raises, the previous checkpoint is tried
                 found = None
         if found is None:

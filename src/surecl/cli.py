@@ -16,6 +16,7 @@ import signal
 import sys
 import tempfile
 import threading
+import unicodedata
 from pathlib import Path
 
 from surecl.errors import RunBusy, SureclError
@@ -100,11 +101,12 @@ def _check_same_data(out: Path, results: dict, cfg) -> None:
     saved = data.get("fingerprints")
     if not isinstance(saved, dict) or not saved or data.get("source") != "config":
         return
+    saved = {unicodedata.normalize("NFC", str(k)): v for k, v in saved.items()}  # names as they are read now
     from surecl.data.loading import load_stream
 
     key = json.dumps([cfg.to_dict().get("data"), cfg.seed], sort_keys=True, default=str)
     if key not in _FINGERPRINTS:  # a sweep asks once per finished run: many share one stream
-        _FINGERPRINTS[key] = {t.name: t.fingerprint(cfg.data.task_prefix) for t in load_stream(cfg)}
+        _FINGERPRINTS[key] = {t.name: t.fingerprint() for t in load_stream(cfg)}
     now = _FINGERPRINTS[key]
     changed = [name for name in now if name in saved and saved[name] != now[name]]
     if changed:

@@ -213,9 +213,12 @@ def load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None = 
     if cfg.name == SMOLLM2:
         path = smollm2_folder(cache_dir)
     elif cfg.name == TINY:
+        if cfg.dtype == "bf16":  # base_dtype holds it in fp32 whatever is asked: say so rather than record fp32 silently
+            raise SureclError(f"model.dtype=bf16: the tiny model is held in fp32 whatever model.dtype asks; leave model.dtype at "
+                              f"auto or fp32 (its folder, model.name={cache_dir / 'models' / TINY_VERSION}, loads in bf16)")
         path = tiny_folder(cache_dir)
     else:
-        path = Path(cfg.name)
+        path = Path(cfg.name).expanduser()  # model.name=~/models/x, as a shell would give it
         if not path.exists() and (cfg.name.startswith((".", "/", "~")) or os.sep in cfg.name and cfg.name.count("/") != 1):
             raise SureclError(f"model.name: path {cfg.name} does not exist")
         path = path if path.exists() else cfg.name  # a hub id: only works where the hub is reachable
@@ -243,7 +246,8 @@ def load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None = 
 
 def prepare_model(model: torch.nn.Module, tokenizer, device: torch.device, path: str = "", note: str = "") -> LoadedModel:
     """A loaded transformers model and its tokenizer made ready for a run, as :func:`load_model`
-    does for the configured one: a pad token (the EOS token when there is none), left padding,
+    does for the configured one: a pad token (the EOS token when there is none; an
+    encoder-decoder's config without a ``pad_token_id`` takes the tokenizer's), left padding,
     base frozen and in eval mode, on ``device``. Also the entry for a model the caller built
     (``ContinualRun(..., model=, tokenizer=)``); its dtype is kept as it is."""
     if not hasattr(model, "config") or not hasattr(model, "get_output_embeddings"):
@@ -263,6 +267,10 @@ def prepare_model(model: torch.nn.Module, tokenizer, device: torch.device, path:
     for p in model.parameters():
         p.requires_grad_(False)
     is_seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
+    if is_seq2seq and getattr(model.config, "pad_token_id", None) is None:
+        # an encoder-decoder shifts its labels right with the config's pad token (-100 read as
+        # it): without one every forward with labels stops ("pad_token_id has to be defined")
+        model.config.pad_token_id = tokenizer.pad_token_id
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     path = path or getattr(model.config, "_name_or_path", "") or type(model).__name__
     return LoadedModel(model=model, tokenizer=tokenizer, is_seq2seq=is_seq2seq, path=str(path), dtype=dtype, note=note)

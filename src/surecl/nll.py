@@ -2,12 +2,13 @@
 
 A causal batch may carry a shared prompt prefix (``prefix_ids``, see ``collate``): it then
 runs once and the rows attend to its KV cache; the result is the same as for the whole rows,
-except under a sliding window shorter than the rows span: transformers places the window by
-index in the padded batch, where a row's left padding sits after the prefix, so a run turns
-``model.share_prefix`` off for a model whose window is shorter than its positions
-(:func:`sliding_window_in_use`; :func:`prefix_sharing` for a direct call).
+except where the model places something by the keys' index in the padded batch, where a row's
+left padding sits after the prefix: a sliding window shorter than the rows span, GPT-Neo's
+local layers, MPT's ALiBi bias; a run turns ``model.share_prefix`` off for such a model
+(:func:`shared_prefix_obstacle`; :func:`prefix_sharing` for a direct call).
 Without one, on an accelerator in training, the left padding's positions attend to themselves
-(:func:`pad_self_mask`) rather than to nothing.
+(:func:`pad_self_mask`) rather than to nothing, where the model takes a 4D mask
+(:func:`takes_pad_self_mask`).
 
 Returns, for each row of a collated batch, the summed NLL and the number of tokens scored, so
 callers choose the reduction (mean = the paper's surprise, sum = its ablation) and scope
@@ -137,6 +138,21 @@ def _sliding_window(config) -> int | None:
     return None
 
 
+def takes_pad_self_mask(config, width: int) -> bool:
+    """Whether a model with ``config`` reads :func:`pad_self_mask` for a batch ``width`` tokens
+    wide as it reads the 2D mask: not where it builds something else from the 2D mask itself,
+    which a 4D one breaks (BLOOM's and Falcon's ``alibi=True`` ALiBi bias, a position per real
+    key: "too many values to unpack"), nor for rows longer than a sliding-window model's
+    window, whose layers build a banded mask of their own from the 2D one. The one place this
+    is decided; such a model keeps the plain mask."""
+    if config is None:
+        return False
+    if getattr(config, "model_type", None) == "bloom" or getattr(config, "alibi", False) is True:
+        return False
+    window = _sliding_window(config)
+    return window is None or width <= window
+
+
 def prefixed(model, batch: dict[str, torch.Tensor], want_logits: bool, pads_self: bool | None = None) -> tuple[dict, torch.Tensor | None]:
     """Keyword arguments for the rows' forward; with ``prefix_ids`` in the batch, the shared
     prefix runs once (batch 1) and its KV cache, repeated per row, is what the rows attend to.
@@ -147,8 +163,8 @@ def prefixed(model, batch: dict[str, torch.Tensor], want_logits: bool, pads_self
     under a sliding window the rows outspan; see the module docstring).
     Without a prefix, ``pads_self`` (default :func:`pads_self_default`) gives a padded batch
     the 4D :func:`pad_self_mask` instead of its 2D mask (boolean for SDPA, additive in the
-    embeddings' dtype for eager attention; other kernels, and rows longer than a sliding-window
-    model's window, whose layers build a banded mask of their own from the 2D one, keep it).
+    embeddings' dtype for eager attention; other kernels, and the models
+    :func:`takes_pad_self_mask` excludes, keep it).
     Returns the kwargs and, if ``want_logits``, the prefix's logits [P, V] (else None)."""
     mask = batch["attention_mask"]
     prefix = batch.get("prefix_ids")
@@ -158,9 +174,8 @@ def prefixed(model, batch: dict[str, torch.Tensor], want_logits: bool, pads_self
         if pads_self and not bool(mask.all()):
             inner = getattr(model, "module", model)  # DDP's wrapper forwards no attributes; PEFT's does
             config = getattr(inner, "config", None)
-            impl = getattr(config, "_attn_implementation", None)
-            window = _sliding_window(config)
-            if window is None or mask.shape[1] <= window:
+            if takes_pad_self_mask(config, mask.shape[1]):
+                impl = getattr(config, "_attn_implementation", None)
                 if impl == "sdpa":
                     return {"attention_mask": pad_self_mask(mask)}, None
                 if impl == "eager":
@@ -190,14 +205,42 @@ def _rows_nll(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor) 
 
 def prefix_sharing(model, asked: bool = True) -> bool:
     """Whether a batch for ``model`` may split off its shared prompt prefix: as ``asked``, except
-    for a model whose attention's sliding window is shorter than its positions
-    (:func:`sliding_window_in_use`), whose rows run whole. A run decides this once
+    for a model that places something by the keys' index in the padded batch
+    (:func:`shared_prefix_obstacle`), whose rows run whole. A run decides this once
     (``build_run``, with a note); the evaluation and scoring functions called directly ask here."""
     if not asked:
         return False
     inner = getattr(model, "module", model)  # DDP forwards no attributes; PEFT forwards config
     config = getattr(inner, "config", None)
-    return config is None or sliding_window_in_use(config) is None
+    return config is None or shared_prefix_obstacle(config) is None
+
+
+def shared_prefix_obstacle(config) -> str | None:
+    """Why a causal model's rows cannot share a prompt prefix, or None where they can.
+
+    With ``model.share_prefix`` a row's left padding sits between the shared prefix and the
+    row's own tokens. A model that places something by the keys' indices in the batch, not by
+    ``position_ids`` or the attention mask, then sees the prefix as many positions further away
+    as the row has pads (the batch it is in): a sliding window shorter than the positions
+    (:func:`sliding_window_in_use`: prefix tokens inside the true window masked), and an ALiBi
+    bias by key index (:func:`alibi_by_index`, MPT: every prefix token's bias moved). Whole
+    left-padded rows are batch-invariant under both. BLOOM's and Falcon's ALiBi counts the
+    real keys of the mask, so the shared prefix stays."""
+    window = sliding_window_in_use(config)
+    if window is not None:
+        return f"its attention's sliding window ({window} tokens, shorter than its positions) is placed by index in the padded batch"
+    if alibi_by_index(config):
+        return "its ALiBi bias is placed by the keys' index in the padded batch"
+    return None
+
+
+def alibi_by_index(config) -> bool:
+    """Whether a model's ALiBi bias is placed by the keys' index in the batch (MPT's
+    ``attn_config.alibi``; a dict in a remote-code config) rather than by the real keys its
+    attention mask counts (BLOOM, Falcon's ``alibi``)."""
+    attn = getattr(config, "attn_config", None)
+    alibi = attn.get("alibi") if isinstance(attn, dict) else getattr(attn, "alibi", None)
+    return alibi is True
 
 
 def sliding_window_in_use(config) -> int | None:
@@ -205,7 +248,8 @@ def sliding_window_in_use(config) -> int | None:
     positions (``n_positions`` / ``max_position_embeddings``; or none known), else None: its
     own config's ``sliding_window`` or its text model's (Gemma-3), unless ``use_sliding_window``
     is false (Qwen2) or ``layer_types`` names no ``sliding_attention`` layer (Gemma-2/3 name
-    some; Mistral has no ``layer_types``: every layer).
+    some; Mistral has no ``layer_types``: every layer); GPT-Neo's ``window_size`` where
+    ``attention_layers`` names a ``local`` layer.
 
     transformers places that window by the keys' indices in the batch, not by ``position_ids``.
     With ``model.share_prefix`` a row's left padding sits between the shared prefix and the
@@ -218,7 +262,9 @@ def sliding_window_in_use(config) -> int | None:
     :func:`check_context` checks), so such a model keeps the shared prefix."""
     for c in (config, getattr(config, "text_config", None)):
         window = getattr(c, "sliding_window", None)
-        if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        if not _whole(window) and "local" in (getattr(c, "attention_layers", None) or ()):
+            window = getattr(c, "window_size", None)  # GPT-Neo's local layers
+        if not _whole(window) or window <= 0:
             continue
         if getattr(c, "use_sliding_window", True) is False:
             continue
@@ -230,6 +276,11 @@ def sliding_window_in_use(config) -> int | None:
             continue
         return window
     return None
+
+
+def _whole(value) -> bool:
+    """Whether ``value`` is an int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def model_positions(config) -> int | None:

@@ -135,7 +135,7 @@ def _model_line(cfg: RunConfig) -> str:
     name = cfg.model.name
     if name in ("smollm2-135m", "tiny"):
         return f"model: {name} (built in; causal LM)"
-    folder = Path(name)
+    folder = Path(name).expanduser()  # as the loader reads it (surecl.model.load_model)
     if not (folder / "config.json").is_file():
         return f"model: {name} (not a local folder: loaded by name at run time; LoRA targets not checked)"
     import torch
@@ -150,15 +150,17 @@ def _model_line(cfg: RunConfig) -> str:
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SureclError(f"model.name: cannot load {name!r}: {first}") from None
-    leaves = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    found = {t: sum(1 for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] == t) for t in cfg.lora.target_modules}
+    from surecl.adapters import adaptable_layers, layer_names, names_layer
+
+    layers = adaptable_layers(model)  # linear layers and GPT-2's Conv1D, as PEFT adapts them
+    found = {t: sum(1 for n, _ in layers if names_layer(n, t)) for t in cfg.lora.target_modules}
     missing = [t for t, k in found.items() if k == 0]
     kind = "encoder-decoder" if seq2seq else "causal LM"
     arch = ",".join(getattr(config, "architectures", None) or [config.model_type])
     params = sum(p.numel() for p in model.parameters())
     line = f"model: {name} ({arch}, {kind}, {params / 1e6:.1f}M parameters); LoRA on " + ", ".join(f"{t} x{k}" for t, k in found.items())
     if missing:
-        line += f"\n  warning: no linear layer named {', '.join(missing)} in this model (its linear layers: {', '.join(sorted(leaves))})"
+        line += f"\n  warning: no linear layer named {', '.join(missing)} in this model (its linear layers: {layer_names(layers)})"
     return line
 
 

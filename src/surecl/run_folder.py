@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import unicodedata
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ from surecl.errors import SureclError
 from surecl.model import host_info
 from surecl.plugins.tracking import MARK
 from surecl.processes import agreed, from_main
-from surecl.run_results import config_header, fingerprints, probe_fingerprints
+from surecl.run_results import config_header, encoding_digests, fingerprints, probe_fingerprints
 from surecl.run_state import RunState
 
 
@@ -194,7 +195,7 @@ def save(run) -> None:
     checkpoint.save(
         run.out_dir / "checkpoints", name, components,
         {"config": run.cfg.to_dict(), "tasks": [t.name for t in run.tasks], "data": fingerprints(run),
-         "base": getattr(run, "base_fingerprint", None), "general": probe_fingerprints(run)},
+         "encoding": encoding_digests(run), "base": getattr(run, "base_fingerprint", None), "general": probe_fingerprints(run)},
         keep=run.cfg.train.keep_checkpoints, owned=_owned_checkpoints(run),
     )
     run.outputs.forget_missing("checkpoints")
@@ -239,18 +240,27 @@ def restore(run) -> Path | None:
         return None
     from surecl.config import same_config
 
-    if found.meta["tasks"] != [t.name for t in run.tasks] or not same_config(found.meta["config"], run.cfg):
+    def nfc(names):  # task names as they are read now (a checkpoint of a decomposed, macOS, name)
+        return {unicodedata.normalize("NFC", str(k)): v for k, v in names.items()} if isinstance(names, dict) else names
+
+    if [unicodedata.normalize("NFC", str(t)) for t in found.meta["tasks"]] != [t.name for t in run.tasks] or not same_config(found.meta["config"], run.cfg):
         raise SureclError(f"{run.out_dir}: holds a run with a different config or task stream; use another --out")
-    saved = found.meta.get("data") or {}  # checkpoints written before fingerprints have none
+    saved = nfc(found.meta.get("data") or {})  # checkpoints written before fingerprints have none
     for name, digest in fingerprints(run).items():
         if name in saved and saved[name] != digest:
             raise SureclError(f"{run.out_dir}: the data of task {name} changed since {found.folder.name} was written (other "
                               "sampled rows at the same config); restore that data, or rerun with --fresh to start over on this data")
+    saved = nfc(found.meta.get("encoding") or {})  # checkpoints written before these were recorded have none
+    for name, digest in encoding_digests(run).items():
+        if name in saved and saved[name] != digest:
+            raise SureclError(f"{run.out_dir}: the prompts of task {name} are built otherwise than when {found.folder.name} was "
+                              "written (the tokenizer's start tokens, the task's group under data.task_prefix, or surecl's prompt "
+                              "format changed): the rest of the run would train on other inputs; rerun with --fresh, or use another --out")
     base, saved_base = getattr(run, "base_fingerprint", None), found.meta.get("base")
     if base is not None and saved_base is not None and base != saved_base:
         raise SureclError(f"{run.out_dir}: the base model ({run.cfg.model.name}) is not the one {found.folder.name} was trained on "
                           "(its weights changed since); restore that model, or rerun with --fresh to start over on this one")
-    saved = found.meta.get("general") or {}
+    saved = nfc(found.meta.get("general") or {})
     for name, digest in probe_fingerprints(run).items():
         if name in saved and saved[name] != digest:
             raise SureclError(f"{run.out_dir}: the general-ability probe's part {name} changed since {found.folder.name} was written "

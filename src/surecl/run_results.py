@@ -180,8 +180,29 @@ def finish(run) -> dict:
 def fingerprints(run) -> dict[str, str]:
     """Each task's :meth:`~surecl.data.task.Task.fingerprint` (computed once)."""
     if getattr(run, "data_fingerprints", None) is None:
-        run.data_fingerprints = {t.name: t.fingerprint(run.cfg.data.task_prefix) for t in run.tasks}
+        run.data_fingerprints = {t.name: t.fingerprint() for t in run.tasks}
     return run.data_fingerprints
+
+
+def encoding_digests(run) -> dict[str, str]:
+    """Each task's SHA-256 of its rows as encoded (prompt, answer and mask ids, train then test;
+    computed once): a checkpoint records them, so a resume whose prompts would be built
+    otherwise (another tokenizer's start tokens, a task's group under ``data.task_prefix``,
+    surecl's own prompt format changed) stops instead of training on the new ones."""
+    if getattr(run, "encoded_digests", None) is None:
+        import hashlib
+        import json
+
+        out = {}
+        for task, train, test in zip(run.tasks, run.train_sets.encoded, run.test_sets.encoded):
+            h = hashlib.sha256()
+            for rows in (train, test):
+                for e in rows:
+                    h.update(json.dumps([list(e.prompt), list(e.answer), None if e.mask is None else list(e.mask)]).encode())
+                h.update(b"|")
+            out[task.name] = h.hexdigest()
+        run.encoded_digests = out
+    return run.encoded_digests
 
 
 def base_fingerprint(model) -> str:
@@ -244,6 +265,6 @@ def config_header(run) -> str | None:
         lines.append(f"#   model: a {run.model_class} with name_or_path {run.model_name_or_path or '(none: built in code)'!s}; "
                      "model.name below is not the model that ran")
     if run.supplied_tasks:
-        lines.append("#   tasks (data.* below is not the data that ran), SHA-256 fingerprints (Task.fingerprint(data.task_prefix)) as passed:")
+        lines.append("#   tasks (data.* below is not the data that ran), SHA-256 fingerprints (Task.fingerprint()) as passed:")
         lines += [f"#     {name}: {digest}" for name, digest in prov["data"]["given"].items()]
     return "\n".join(lines) + "\n"

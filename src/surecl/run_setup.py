@@ -15,6 +15,7 @@ import math
 import os
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from accelerate import Accelerator
@@ -29,7 +30,7 @@ from surecl.data.task import Task
 from surecl.errors import SureclError
 from surecl.methods.base import check_declarations
 from surecl.model import default_cache_dir, load_model, prepare_model
-from surecl.nll import model_positions, sliding_window_in_use  # noqa: F401  (re-exported)
+from surecl.nll import model_positions, shared_prefix_obstacle, sliding_window_in_use  # noqa: F401  (re-exported)
 from surecl.plan import check_task_names, ema_units
 from surecl.plugins.base import Plugin, Plugins
 from surecl.plugins.faults import FaultInjection
@@ -90,7 +91,7 @@ def build_run(
         release_at_exit()
     if tasks is not None:
         tasks = caller_tasks(tasks, cfg)  # in-memory datasets read into tasks
-    run.given_fingerprints = {t.name: t.fingerprint(cfg.data.task_prefix) for t in tasks} if tasks is not None else None
+    run.given_fingerprints = {t.name: t.fingerprint() for t in tasks} if tasks is not None else None
     """Each task passed from Python as it was passed (before checks and sampling)."""
     # the local main process first: it builds what a cold cache lacks (the embedded benchmark,
     # the tiny model, SmolLM2's dequantised weights) and the others then read it; transformers'
@@ -115,6 +116,10 @@ def build_run(
         if cfg.model.attn_implementation != "auto":
             raise SureclError(f"model.attn_implementation={cfg.model.attn_implementation}: a model the caller built keeps the "
                               "attention it was built with; build it with attn_implementation=... instead, or leave this at auto")
+        asked, given = DTYPES.get(cfg.model.dtype), _weights_dtype(model)
+        if asked is not None and given is not None and given != asked:
+            raise SureclError(f"model.dtype={cfg.model.dtype}: a model the caller built keeps the dtype it was built in ({given}); "
+                              f"convert it first (model.to(torch.{asked})), or leave this at auto")
         loaded = prepare_model(model, tokenizer, run.device)
     run.model_name_or_path = str(getattr(loaded.model.config, "_name_or_path", "") or "") if model is not None else cfg.model.name
     run.model_class = type(loaded.model).__name__
@@ -122,12 +127,11 @@ def build_run(
     run.tokenizer, run.is_seq2seq, run.model_path = loaded.tokenizer, loaded.is_seq2seq, loaded.path
     run.base_dtype = loaded.dtype
     run.share_prefix = cfg.model.share_prefix and not run.is_seq2seq
-    sliding = sliding_window_in_use(loaded.model.config) if run.share_prefix else None
-    if sliding is not None:  # training, scoring and evaluation all read run.share_prefix
+    obstacle = shared_prefix_obstacle(loaded.model.config) if run.share_prefix else None
+    if obstacle is not None:  # training, scoring and evaluation all read run.share_prefix
         run.share_prefix = False
-        run.log(f"model.share_prefix: off for this model: its attention's sliding window ({sliding} tokens, shorter than its "
-                "positions) is placed by index in the padded batch, where a shared prefix puts each row's left padding between "
-                "the prefix and the row, so scores would depend on the batch; each row runs whole")
+        run.log(f"model.share_prefix: off for this model: {obstacle}, where a shared prefix puts each row's left padding "
+                "between the prefix and the row, so scores would depend on the batch; each row runs whole")
     for warning in config_warnings(cfg):
         run.log(f"warning: {warning}")
     if loaded.note:
@@ -222,6 +226,19 @@ def build_run(
             run.log(f"warning: {warning}")
 
 
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+"""``model.dtype``'s values, as torch names the dtypes (``auto`` aside)."""
+
+
+def _weights_dtype(model) -> str | None:
+    """The dtype a caller's model holds its weights in (its first parameter's, as
+    :func:`~surecl.model.prepare_model` reports it), or None where it has none to read."""
+    try:
+        return str(next(model.parameters()).dtype).removeprefix("torch.")
+    except (AttributeError, TypeError, StopIteration):
+        return None
+
+
 def warn_slow_window(run) -> None:
     """Warn when the slow adapter's EMA window outlasts the first task (no bias correction)."""
     cfg = run.cfg
@@ -250,31 +267,41 @@ def _registered_name(plugin, name: str) -> None:
 
 
 def check_context(run, config) -> None:
-    """A causal model's rows fit the positions it has (``n_positions`` /
-    ``max_position_embeddings``): prompt + answer and one generated token past the answer, and
-    prompt + the tokens evaluation generates (:func:`~surecl.run_eval.new_token_budget`), for the
-    stream's train and test rows and the general probe's. GPT-2's learned positions stop with an
-    index error past 1,024, a rotary model's answers past its trained length mean little.
+    """A model's rows fit the positions it has (``n_positions`` / ``max_position_embeddings``; an
+    encoder-decoder's ``max_position_embeddings`` alone: T5's positions are relative, and an
+    older T5 config's ``n_positions`` bounds nothing; none known: nothing to check). A causal model: prompt + answer
+    and one generated token past the answer, and prompt + the tokens evaluation generates
+    (:func:`~surecl.run_eval.new_token_budget`), for the stream's train and test rows and the
+    general probe's. GPT-2's learned positions stop with an index error past 1,024, a rotary
+    model's answers past its trained length mean little. An encoder-decoder (BART: learned
+    positions on each side): the prompt on the encoder side, and on the decoder side the answer,
+    or the tokens evaluation generates, or what the surprise a replay policy scores has the
+    decoder read (:func:`_decoder_read`: ``replay.scope=sequence`` prompt + answer,
+    ``input`` the prompt).
     The method's longest input prefix (:meth:`~surecl.methods.Method.longest_prefix`: Progressive
-    Prompts' soft prompts) goes before the stream's rows. ``model.max_length`` bounds the prompt,
-    not the answer after it."""
+    Prompts' soft prompts) goes before the stream's rows (an encoder-decoder's encoder input).
+    ``model.max_length`` bounds the prompt, not the answer after it."""
     from surecl.run_eval import new_token_budget
 
-    if run.is_seq2seq:
-        return
-    context = model_positions(config)
+    # an encoder-decoder's absolute positions are its max_position_embeddings (BART, Pegasus,
+    # Marian); T5's are relative, though older T5 configs still carry n_positions=512
+    context = model_positions(SimpleNamespace(max_position_embeddings=getattr(config, "max_position_embeddings", None))
+                              if run.is_seq2seq else config)
     if context is None:
         return
     # The method's input prefix (Progressive Prompts: every task's soft prompt) goes before the
     # stream's rows, not the probe's: the rows as encoded do not hold it yet.
     method = method_class(run.cfg.method)
     prefix = method.longest_prefix(method_config(run.cfg), len(run.tasks))
-    checked = [(f"task {t.name}", rows, 0, prefix) for t, rows in zip(run.tasks, run.train_sets.encoded)]
-    checked += [(f"task {t.name}", rows, new_token_budget(run.cfg, t, rows, answers), prefix)
+    checked = [(f"task {t.name}", rows, 0, prefix, True) for t, rows in zip(run.tasks, run.train_sets.encoded)]
+    checked += [(f"task {t.name}", rows, new_token_budget(run.cfg, t, rows, answers), prefix, False)
                 for t, rows, answers in zip(run.tasks, run.test_sets.encoded, run.label_answers)]
-    checked += [(f"the general-ability probe's {t.name} part", rows, new_token_budget(run.cfg, t, rows, None), 0)
+    checked += [(f"the general-ability probe's {t.name} part", rows, new_token_budget(run.cfg, t, rows, None), 0, False)
                 for t, rows in zip(run.general.tasks, run.general_sets)] if run.general else []
-    for where, rows, budget, before in checked:
+    if run.is_seq2seq:
+        _check_seq2seq_context(run, context, checked, method)
+        return
+    for where, rows, budget, before, _ in checked:
         longest = max((before + len(e.prompt) + max(len(e.answer) + 1, budget) for e in rows), default=0)
         if longest > context:
             raise SureclError(f"{where}: rows of up to {longest} tokens ("
@@ -284,3 +311,44 @@ def check_context(run, config) -> None:
                               f"model.max_length (now {run.cfg.model.max_length}) by at least {longest - context}"
                               + (" or eval.max_new_tokens" if budget else "")
                               + (" or the method's prefix" + (" (prompts.length)" if method.name == "progressive_prompts" else "") if before else ""))
+
+
+def _check_seq2seq_context(run, context: int, checked: list, method) -> None:
+    """:func:`check_context` for an encoder-decoder whose positions are counted on each side
+    (BART's learned positions: an index error past them). ``checked``: (where, rows, budget,
+    prefix tokens, whether the rows are the stream's training rows, which a replay policy scores)."""
+    cfg = run.cfg
+    scoring = method.continual and cfg.replay.policy != "none" and policy_class(cfg.replay.policy).uses_scores
+    scope = cfg.replay.scope if scoring else "label"
+    eos = getattr(getattr(run, "tokenizer", None), "eos_token_id", None)
+    for where, rows, budget, before, scored in checked:
+        encoder = max((before + len(e.prompt) for e in rows), default=0)
+        if encoder > context:
+            raise SureclError(f"{where}: encoder inputs of up to {encoder} tokens ("
+                              + (f"method {method.name}'s {before} prefix tokens, then the prompt" if before else "the prompt")
+                              + f") do not fit the model's {context} positions; lower model.max_length (now {cfg.model.max_length}) "
+                              f"by at least {encoder - context}" + (" or the method's prefix" if before else "")
+                              + (" (prompts.length)" if before and method.name == "progressive_prompts" else ""))
+        read = _decoder_read(scope, eos) if scored else (lambda e: 0)
+        decoder = max((max(len(e.answer), budget, read(e)) for e in rows), default=0)
+        if decoder > context:
+            by_scope = scored and scope != "label"
+            what = "the answer" + (f", or the {budget} tokens evaluation generates" if budget else "")
+            if by_scope:
+                what += f", or the {'prompt + answer' if scope == 'sequence' else 'prompt'} replay.scope={scope} scores"
+            raise SureclError(f"{where}: the decoder reads up to {decoder} tokens ({what}), more than the model's {context} "
+                              f"positions; lower model.max_length (now {cfg.model.max_length}) by at least {decoder - context}"
+                              + (" or eval.max_new_tokens" if budget else "") + (" or use replay.scope=label" if by_scope else ""))
+
+
+def _decoder_read(scope: str, eos: int | None):
+    """The tokens an encoder-decoder's decoder reads when the surprise of a training row is
+    scored at ``scope`` (:func:`~surecl.replay.surprise.score_examples`): the answer at
+    ``label``; prompt + answer at ``sequence``; the prompt at ``input``."""
+    from surecl.replay.surprise import as_full_sequence, as_input_reconstruction
+
+    if scope == "sequence":
+        return lambda e: len(as_full_sequence(e, eos).answer)
+    if scope == "input":
+        return lambda e: len(as_input_reconstruction(e).answer)
+    return lambda e: len(e.answer)

@@ -110,18 +110,16 @@ class Task:
         """The metric its scores are in: ``metric``, else its kind's default."""
         return self.metric or METRICS.get(self.kind, ("accuracy",))[0]
 
-    def fingerprint(self, group: bool = False) -> str:
+    def fingerprint(self) -> str:
         """SHA-256 of what a run reads of the task: its kind, instruction, labels and every
         sampled train and test row, in order (a checkpoint records it; a resume on other rows
-        stops); ``group``: its group too, which ``data.task_prefix`` puts in every prompt (only
-        then, so the fingerprints of other runs stay as they were)."""
+        stops). The prompts built from them a checkpoint records apart
+        (:func:`surecl.run_results.encoding_digests`)."""
         import hashlib
         import json
 
         rows = {"kind": self.kind, "instruction": self.instruction, "labels": list(self.labels),
                 "train": [[e.sentence, e.label] for e in self.train], "test": [[e.sentence, e.label] for e in self.test]}
-        if group:
-            rows["group"] = self.group or self.name  # what the prefix names (encode.task_lead)
         if self.kind == "generate":  # (only here, so the classification and text fingerprints stay as they were)
             rows["metric"] = self.score_metric
             for split in ("train", "test"):

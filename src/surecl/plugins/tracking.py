@@ -36,6 +36,7 @@ import json
 import math
 import os
 import time
+import unicodedata
 
 from surecl.errors import SureclError
 from surecl.metrics import task_metrics
@@ -315,10 +316,10 @@ def _read_mark(path) -> dict:
                "general_initial": bool(data.get("general_initial", False)), "summary": bool(data["summary"]),
                "hparams": bool(data.get("hparams", False))}
         if isinstance(data.get("config"), dict) and isinstance(data.get("tasks"), list):
-            out["config"], out["tasks"] = data["config"], [str(t) for t in data["tasks"]]
-        for key in ("data", "base", "general"):  # marks since these were recorded
+            out["config"], out["tasks"] = data["config"], [unicodedata.normalize("NFC", str(t)) for t in data["tasks"]]
+        for key in ("data", "base", "general"):  # marks since these were recorded (task names as read now: NFC)
             if key in data:
-                out[key] = data[key]
+                out[key] = {unicodedata.normalize("NFC", str(k)): v for k, v in data[key].items()} if isinstance(data[key], dict) else data[key]
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return {}
     return out
