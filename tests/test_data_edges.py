@@ -462,23 +462,14 @@ def test_a_resume_whose_prompts_are_built_otherwise_stops(tmp_path, tiny_cache, 
     group under data.task_prefix, whose prompts name the group; a tokenizer that now adds a BOS
     is the same case): the checkpoint records each task's encoded rows, and the resume stops in
     one line instead of training the rest of the run on other inputs."""
-    import surecl.plugins.faults as faults
+    from tiny_runs import stopped_at
+
     from surecl.trainer import run
 
     bench = _bench(tmp_path / "bench", [("red", "b"), ("green", "c")], TINY_LABELS)  # groups the tiny tokenizer reads (Task:red)
     cfg = build_config("tiny,seq_lora", [f"data.benchmark={bench}", "data.n_train=8", "data.n_test=4", "data.task_prefix=true",
                                          "train.checkpoint_every=1", "eval.before=false"])
-    real = faults.fault_point
-
-    def stop(name):
-        if name == "step:1:0":
-            raise KeyboardInterrupt
-        real(name)
-
-    monkeypatch.setattr(faults, "fault_point", stop)
-    with pytest.raises(KeyboardInterrupt):
-        run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
-    monkeypatch.setattr(faults, "fault_point", real)
+    stopped_at(monkeypatch, "step:1:0", lambda: run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache))
     (bench / "blue").mkdir()
     (bench / "red" / "b").rename(bench / "blue" / "b")
     (bench / "instruction_config.json").write_text(json.dumps({g: [{"instruction": "Which? "}] for g in ("blue", "green")}))
@@ -494,23 +485,14 @@ def test_a_checkpoint_naming_its_tasks_decomposed_resumes(tmp_path, tiny_cache, 
     now, and its checkpoint still resumes (it was "a different task stream")."""
     import unicodedata
 
-    import surecl.plugins.faults as faults
+    from tiny_runs import stopped_at
+
     from surecl.trainer import run
 
     bench = _bench(tmp_path / "bench", [("SC", "été"), ("TC", "topics")], TINY_LABELS)
     cfg = build_config("tiny,seq_lora", [f"data.benchmark={bench}", "data.n_train=8", "data.n_test=4", "train.checkpoint_every=1",
                                          "eval.before=false"])
-    real = faults.fault_point
-
-    def stop(name):
-        if name == "step:1:0":
-            raise KeyboardInterrupt
-        real(name)
-
-    monkeypatch.setattr(faults, "fault_point", stop)
-    with pytest.raises(KeyboardInterrupt):
-        run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache)
-    monkeypatch.setattr(faults, "fault_point", real)
+    stopped_at(monkeypatch, "step:1:0", lambda: run(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache))
     for meta in (tmp_path / "run" / "checkpoints").glob("*/meta.json"):  # as an earlier surecl wrote it
         text = meta.read_text(encoding="utf-8")
         meta.write_text(text.replace(json.dumps("été")[1:-1], json.dumps(unicodedata.normalize("NFD", "été"))[1:-1]).replace("été", unicodedata.normalize("NFD", "été")), encoding="utf-8")

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from tiny_runs import stopped_at
 
 import surecl
-import surecl.plugins.faults as faults
 from surecl import registry
 from surecl.config import build_config
 from surecl.errors import SureclError
@@ -70,17 +70,7 @@ def _losses(out):
 
 
 def _killed_and_resumed(cfg, out, cache, monkeypatch, point):
-    real = faults.fault_point
-
-    def stop(name):
-        if name == point:
-            raise KeyboardInterrupt
-        real(name)
-
-    monkeypatch.setattr(faults, "fault_point", stop)
-    with pytest.raises(KeyboardInterrupt):
-        run(cfg, out, progress=False, cache_dir=cache)
-    monkeypatch.setattr(faults, "fault_point", real)
+    stopped_at(monkeypatch, point, lambda: run(cfg, out, progress=False, cache_dir=cache))
     return run(cfg, out, progress=False, cache_dir=cache)
 
 

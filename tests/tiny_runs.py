@@ -38,3 +38,23 @@ def orth_overlap(out: Path, cache: Path, overrides: list[str]) -> float:
     assert n == 2 * r.cfg.lora.r
     with torch.no_grad():
         return float(sum(orth_penalty(layer.past_a[:n], layer.fast_a) for layer in r.method.layers))
+
+
+def stopped_at(monkeypatch, point: str, call) -> None:
+    """``call()`` stopped by a Ctrl-C at the step fault point ``point`` (``step:<row>:<step>``,
+    :mod:`surecl.plugins.faults`), in this process: the run's KeyboardInterrupt is expected."""
+    import pytest
+
+    import surecl.plugins.faults as faults
+
+    real = faults.fault_point
+
+    def stop(name):
+        if name == point:
+            raise KeyboardInterrupt
+        real(name)
+
+    monkeypatch.setattr(faults, "fault_point", stop)
+    with pytest.raises(KeyboardInterrupt):
+        call()
+    monkeypatch.setattr(faults, "fault_point", real)
