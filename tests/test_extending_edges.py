@@ -184,3 +184,34 @@ def test_a_class_without_a_name_is_named_as_registered(registered, tiny_cache, t
     registered("no_name_here", Unnamed)
     with pytest.raises(SureclError, match=r"^method plugin 'no_name_here': its loss hook returned None"):
         run(build_config("tiny,no_name_here", SMALL), tmp_path / "run", progress=False, cache_dir=tiny_cache)
+
+
+class KeepFirst(surecl.ReplayPolicy):
+    """Neither a per-task quota nor online: keeps the first rows it is shown, its own rule."""
+
+    name = "keep_first"
+
+
+def test_the_dry_run_does_not_plan_a_policy_of_its_own_rule(registered_policy, capsys):
+    """The dry run planned an outside policy's buffer as an online one ("online", replay steps
+    counted from the second step); it now says it does not plan it."""
+    from surecl.cli import main
+
+    registered_policy("keep_first", KeepFirst)
+    assert main(["run", "--dry-run", "--config", "tiny,seq_lora", "replay.policy=keep_first", "data.tasks=[colors,animals]"]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 | animals |" in out and "| ? | its own (keep_first: neither a per-task quota nor online; not planned) |" in out
+    assert "| online |" not in out
+
+
+@pytest.fixture
+def registered_policy():
+    names = []
+
+    def add(name, cls, **kw):
+        surecl.register_policy(name, cls, **kw)
+        names.append(name)
+
+    yield add
+    for name in names:
+        registry.unregister_policy(name)

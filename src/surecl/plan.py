@@ -213,13 +213,20 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         has_buffer = policy != "none" and capacity > 0 and (policy_cls.online or (held > 0 and (not quota or capacity // held > 0)))
         # an online policy's buffer is offered its first entries after the first step
         first = 1 if policy_cls.online and k == 0 else 0
-        if not has_buffer:
+        # a policy of neither kind (an outside one's own rule): its buffer is not planned here
+        own = policy != "none" and not quota and not policy_cls.online
+        if own:
+            replay_steps = "?"
+        elif not has_buffer:
             replay_steps = 0
         else:
             sizes = planned_batch_sizes([n_train[t] for t in stage.tasks], cfg, [tasks[t].name for t in stage.tasks])
             replay_steps = sum(1 for step in range(first, steps) if replay_count(step, sizes, cfg) > 0)
         d = k + 1
-        q = f"floor({capacity}/{d}) = {capacity // d}" if quota else ("-" if policy == "none" else "online" + (", floor(S/k) per answer label" if policy_cls.per_label_quota else ""))
+        if own:
+            q = f"its own ({policy}: neither a per-task quota nor online; not planned)"
+        else:
+            q = f"floor({capacity}/{d}) = {capacity // d}" if quota else ("-" if policy == "none" else "online" + (", floor(S/k) per answer label" if policy_cls.per_label_quota else ""))
         names = "+".join(tasks[t].name for t in stage.tasks)
         lines.append(f"| {k + 1} | {names} | {n} | {sum(len(tasks[t].test) for t in stage.tasks)} | {steps} | {replay_steps} | {q} |")
     lines.append(f"\ntotal optimizer steps: {sum(steps_all)}")
