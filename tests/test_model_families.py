@@ -209,7 +209,8 @@ def test_the_dry_run_counts_gpt2s_conv1d_layers(tiny_loaded, tmp_path):
     cfg = build_config("tiny,seq_lora", [f"model.name={folder}", "lora.target_modules=[c_attn,c_fc,q_proj]"])
     line = _model_line(cfg)
     assert "LoRA on c_attn x2, c_fc x2, q_proj x0" in line
-    assert line.endswith("warning: no linear layer named q_proj in this model (its linear layers: c_attn, c_proj, c_fc, lm_head)")
+    assert line.endswith("error: the run stops: lora.target_modules names no layer named q_proj in this model (its linear layers: "
+                         "c_attn, c_proj, c_fc, lm_head)")
 
 
 @pytest.fixture

@@ -313,7 +313,7 @@ def test_dry_run_names_missing_lora_targets(t5_dir, capsys):
     path, _ = t5_dir
     assert main(["run", "--dry-run", "--config", "paper-llama,slow_surprise", f"model.name={path}", "data.benchmark=tiny"]) == 0
     out = capsys.readouterr().out
-    assert "warning: no linear layer named q_proj, v_proj in this model" in out
+    assert "error: the run stops: lora.target_modules names no layer named q_proj, v_proj in this model" in out
 
 
 def test_fp_ap_matrix_evaluates_the_diagonal_and_last_row_only(tmp_path, tiny_cache):

@@ -160,7 +160,9 @@ def _model_line(cfg: RunConfig) -> str:
     params = sum(p.numel() for p in model.parameters())
     line = f"model: {name} ({arch}, {kind}, {params / 1e6:.1f}M parameters); LoRA on " + ", ".join(f"{t} x{k}" for t, k in found.items())
     if missing:
-        line += f"\n  warning: no linear layer named {', '.join(missing)} in this model (its linear layers: {layer_names(layers)})"
+        # the run refuses a target_modules name that matches nothing (surecl.adapters.DualLoRA)
+        line += (f"\n  error: the run stops: lora.target_modules names no layer named {', '.join(missing)} in this model (its "
+                 f"linear layers: {layer_names(layers)})")
     return line
 
 
