@@ -54,15 +54,18 @@ class FullFT(surecl.Method):
 
 @pytest.fixture
 def registered():
-    names = []
+    """``registered(name, cls)`` registers a method (a policy: a ``surecl.ReplayPolicy``
+    subclass), unregistered after the test."""
+    added = []
 
     def add(name, cls, **kw):
-        surecl.register_method(name, cls, **kw)
-        names.append(name)
+        policy = issubclass(cls, surecl.ReplayPolicy)
+        (surecl.register_policy if policy else surecl.register_method)(name, cls, **kw)
+        added.append((name, policy))
 
     yield add
-    for name in names:
-        registry.unregister_method(name)
+    for name, policy in added:
+        (registry.unregister_policy if policy else registry.unregister_method)(name)
 
 
 def _losses(out):
@@ -192,26 +195,13 @@ class KeepFirst(surecl.ReplayPolicy):
     name = "keep_first"
 
 
-def test_the_dry_run_does_not_plan_a_policy_of_its_own_rule(registered_policy, capsys):
+def test_the_dry_run_does_not_plan_a_policy_of_its_own_rule(registered, capsys):
     """The dry run planned an outside policy's buffer as an online one ("online", replay steps
     counted from the second step); it now says it does not plan it."""
     from surecl.cli import main
 
-    registered_policy("keep_first", KeepFirst)
+    registered("keep_first", KeepFirst)
     assert main(["run", "--dry-run", "--config", "tiny,seq_lora", "replay.policy=keep_first", "data.tasks=[colors,animals]"]) == 0
     out = capsys.readouterr().out
     assert "| 2 | animals |" in out and "| ? | its own (keep_first: neither a per-task quota nor online; not planned) |" in out
     assert "| online |" not in out
-
-
-@pytest.fixture
-def registered_policy():
-    names = []
-
-    def add(name, cls, **kw):
-        surecl.register_policy(name, cls, **kw)
-        names.append(name)
-
-    yield add
-    for name in names:
-        registry.unregister_policy(name)

@@ -112,14 +112,14 @@ class DualLoRA(Plugin):
         self.beta = resolve_beta(dual, 1)
         """The EMA rate in use (the run sets it with :func:`resolve_beta` once it knows the
         steps per task, which ``dual.beta=auto`` needs)."""
+        targets = list(lora.target_modules)
         self.peft_config = PeftLoraConfig(
             r=lora.r,
             lora_alpha=lora.alpha,
             lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
+            target_modules=targets,
             task_type=TaskType.SEQ_2_SEQ_LM if is_seq2seq else TaskType.CAUSAL_LM,
         )
-        targets = list(lora.target_modules)
         try:
             self.model = get_peft_model(base, self.peft_config, adapter_name=FAST)
         except ValueError as exc:

@@ -16,7 +16,6 @@ import signal
 import sys
 import tempfile
 import threading
-import unicodedata
 from pathlib import Path
 
 from surecl.errors import RunBusy, SureclError
@@ -101,8 +100,10 @@ def _check_same_data(out: Path, results: dict, cfg) -> None:
     saved = data.get("fingerprints")
     if not isinstance(saved, dict) or not saved or data.get("source") != "config":
         return
-    saved = {unicodedata.normalize("NFC", str(k)): v for k, v in saved.items()}  # names as they are read now
     from surecl.data.loading import load_stream
+    from surecl.data.task import composed_keys
+
+    saved = composed_keys(saved)  # names as they are read now
 
     key = json.dumps([cfg.to_dict().get("data"), cfg.seed], sort_keys=True, default=str)
     if key not in _FINGERPRINTS:  # a sweep asks once per finished run: many share one stream

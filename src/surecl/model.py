@@ -79,6 +79,15 @@ def host_info(device: torch.device) -> dict:
     return info
 
 
+def weights_dtype(model) -> str | None:
+    """The dtype a model holds its weights in, as torch names it without ``torch.`` (its first
+    parameter's: ``float32``, ``bfloat16``), or None where it has none to read."""
+    try:
+        return str(next(model.parameters()).dtype).removeprefix("torch.")
+    except (AttributeError, TypeError, StopIteration):
+        return None
+
+
 def base_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
     if cfg.dtype == "fp32" or cfg.name == TINY:
         return torch.float32
@@ -271,6 +280,6 @@ def prepare_model(model: torch.nn.Module, tokenizer, device: torch.device, path:
         # an encoder-decoder shifts its labels right with the config's pad token (-100 read as
         # it): without one every forward with labels stops ("pad_token_id has to be defined")
         model.config.pad_token_id = tokenizer.pad_token_id
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    dtype = weights_dtype(model)
     path = path or getattr(model.config, "_name_or_path", "") or type(model).__name__
     return LoadedModel(model=model, tokenizer=tokenizer, is_seq2seq=is_seq2seq, path=str(path), dtype=dtype, note=note)

@@ -133,7 +133,7 @@ def _sliding_window(config) -> int | None:
     """A sliding-window model's window (its own config's, or its text model's), else None."""
     for c in (config, getattr(config, "text_config", None)):
         window = getattr(c, "sliding_window", None)
-        if isinstance(window, int) and not isinstance(window, bool):
+        if _whole(window):
             return window
     return None
 
@@ -287,4 +287,4 @@ def model_positions(config) -> int | None:
     """The positions a model config gives (``n_positions`` / ``max_position_embeddings``), or
     None where it names no positive whole number."""
     positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-    return positions if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0 else None
+    return positions if _whole(positions) and positions > 0 else None

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 import surecl.checkpoint as checkpoint
+from surecl.data.task import composed_keys
 from surecl.errors import SureclError
 from surecl.model import host_info
 from surecl.plugins.tracking import MARK
@@ -240,17 +241,14 @@ def restore(run) -> Path | None:
         return None
     from surecl.config import same_config
 
-    def nfc(names):  # task names as they are read now (a checkpoint of a decomposed, macOS, name)
-        return {unicodedata.normalize("NFC", str(k)): v for k, v in names.items()} if isinstance(names, dict) else names
-
     if [unicodedata.normalize("NFC", str(t)) for t in found.meta["tasks"]] != [t.name for t in run.tasks] or not same_config(found.meta["config"], run.cfg):
         raise SureclError(f"{run.out_dir}: holds a run with a different config or task stream; use another --out")
-    saved = nfc(found.meta.get("data") or {})  # checkpoints written before fingerprints have none
+    saved = composed_keys(found.meta.get("data") or {})  # (a checkpoint of a decomposed, macOS, task name)  # checkpoints written before fingerprints have none
     for name, digest in fingerprints(run).items():
         if name in saved and saved[name] != digest:
             raise SureclError(f"{run.out_dir}: the data of task {name} changed since {found.folder.name} was written (other "
                               "sampled rows at the same config); restore that data, or rerun with --fresh to start over on this data")
-    saved = nfc(found.meta.get("encoding") or {})  # checkpoints written before these were recorded have none
+    saved = composed_keys(found.meta.get("encoding") or {})  # checkpoints written before these were recorded have none
     for name, digest in encoding_digests(run).items():
         if name in saved and saved[name] != digest:
             raise SureclError(f"{run.out_dir}: the prompts of task {name} are built otherwise than when {found.folder.name} was "
@@ -260,7 +258,7 @@ def restore(run) -> Path | None:
     if base is not None and saved_base is not None and base != saved_base:
         raise SureclError(f"{run.out_dir}: the base model ({run.cfg.model.name}) is not the one {found.folder.name} was trained on "
                           "(its weights changed since); restore that model, or rerun with --fresh to start over on this one")
-    saved = nfc(found.meta.get("general") or {})
+    saved = composed_keys(found.meta.get("general") or {})
     for name, digest in probe_fingerprints(run).items():
         if name in saved and saved[name] != digest:
             raise SureclError(f"{run.out_dir}: the general-ability probe's part {name} changed since {found.folder.name} was written "

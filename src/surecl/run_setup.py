@@ -29,7 +29,7 @@ from surecl.data.loading import caller_stream, caller_tasks, load_stream, missin
 from surecl.data.task import Task
 from surecl.errors import SureclError
 from surecl.methods.base import check_declarations
-from surecl.model import default_cache_dir, load_model, prepare_model
+from surecl.model import default_cache_dir, load_model, prepare_model, weights_dtype
 from surecl.nll import model_positions, shared_prefix_obstacle, sliding_window_in_use  # noqa: F401  (re-exported)
 from surecl.plan import check_task_names, ema_units
 from surecl.plugins.base import Plugin, Plugins
@@ -116,7 +116,7 @@ def build_run(
         if cfg.model.attn_implementation != "auto":
             raise SureclError(f"model.attn_implementation={cfg.model.attn_implementation}: a model the caller built keeps the "
                               "attention it was built with; build it with attn_implementation=... instead, or leave this at auto")
-        asked, given = DTYPES.get(cfg.model.dtype), _weights_dtype(model)
+        asked, given = DTYPES.get(cfg.model.dtype), weights_dtype(model)
         if asked is not None and given is not None and given != asked:
             raise SureclError(f"model.dtype={cfg.model.dtype}: a model the caller built keeps the dtype it was built in ({given}); "
                               f"convert it first (model.to(torch.{asked})), or leave this at auto")
@@ -228,15 +228,6 @@ def build_run(
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 """``model.dtype``'s values, as torch names the dtypes (``auto`` aside)."""
-
-
-def _weights_dtype(model) -> str | None:
-    """The dtype a caller's model holds its weights in (its first parameter's, as
-    :func:`~surecl.model.prepare_model` reports it), or None where it has none to read."""
-    try:
-        return str(next(model.parameters()).dtype).removeprefix("torch.")
-    except (AttributeError, TypeError, StopIteration):
-        return None
 
 
 def warn_slow_window(run) -> None:

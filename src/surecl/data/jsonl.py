@@ -42,7 +42,7 @@ def _text_rows(items: list[tuple[int, dict]], path: Path | str, hint: bool = Fal
         text = obj.get("text", obj.get("sentence"))
         if text is None:
             why = ""
-            if hint and any(k in obj for k in ("prompt", "response", "completion", "output", "messages")):
+            if hint and any(k in obj for k in GENERATION_KEYS):
                 why = (" (a generation row: a header line {\"kind\": \"generate\"} has data.kind=text read each row's prompt and "
                        "target, or a conversation's turns, as one document)")
             raise SureclError(f"{path} line {lineno}: missing 'text'{why}")
@@ -54,7 +54,9 @@ def _text_rows(items: list[tuple[int, dict]], path: Path | str, hint: bool = Fal
     return out
 
 
-ROW_KEYS = ("sentence", "text", "prompt", "response", "completion", "output", "messages")
+GENERATION_KEYS = ("prompt", "response", "completion", "output", "messages")
+"""The keys of a generation row (prompt / response, Alpaca, chat)."""
+ROW_KEYS = ("sentence", "text", *GENERATION_KEYS)
 """A line holding any of these is a row, never the header."""
 
 

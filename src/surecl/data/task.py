@@ -11,6 +11,14 @@ from dataclasses import dataclass, field
 from surecl.errors import SureclError
 
 
+def composed_keys(names):
+    """A mapping keyed by task names (fingerprints, digests saved by an earlier run) with its
+    names in Unicode's composed form (NFC), as task names are read now; anything else as it is."""
+    if not isinstance(names, dict):
+        return names
+    return {unicodedata.normalize("NFC", str(k)): v for k, v in names.items()}
+
+
 class _TaskName:
     """A task name: letters (with their combining marks) and digits of any script (``avis_été``,
     ``情感``, ``हिंदी``), ``_ . + -`` after a first letter or digit; no space, path separator or

@@ -310,6 +310,8 @@ def _settle(trackers) -> None:
 def _read_mark(path) -> dict:
     """:data:`MARK`'s content ({} when missing or unreadable: everything is sent again); with the
     config and task names of the run that wrote it where it recorded them."""
+    from surecl.data.task import composed_keys
+
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         out = {"train": int(data["train"]), "rows": [int(r) for r in data["rows"]], "initial": bool(data["initial"]),
@@ -319,7 +321,7 @@ def _read_mark(path) -> dict:
             out["config"], out["tasks"] = data["config"], [unicodedata.normalize("NFC", str(t)) for t in data["tasks"]]
         for key in ("data", "base", "general"):  # marks since these were recorded (task names as read now: NFC)
             if key in data:
-                out[key] = {unicodedata.normalize("NFC", str(k)): v for k, v in data[key].items()} if isinstance(data[key], dict) else data[key]
+                out[key] = composed_keys(data[key])
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return {}
     return out
