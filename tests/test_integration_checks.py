@@ -208,3 +208,19 @@ def test_a_task_smaller_than_a_dropped_micro_batch_is_one_line(tiny_loaded, tmp_
     with pytest.raises(SureclError, match=r"task 0 has 6 training examples, fewer than one micro-batch .* \(8 per device x 1 process = 8\)") as err:
         trainer.next_task(sets[0])
     assert "\n" not in str(err.value) and len(trainer.policy) == 0  # refused before the buffer took anything
+
+
+def test_peft_all_linear_string_adapts_every_linear_layer_but_the_head(tiny_loaded, tmp_path):
+    """``target_modules="all-linear"``, as PEFT users write it (any other string is a list of
+    letters and stays refused above): every linear layer of the caller's model but lm_head."""
+    from peft.tuners.lora import LoraLayer
+
+    from surecl.adapters import adaptable_layers
+
+    model = copy.deepcopy(tiny_loaded.model)
+    expected = {n for n, _ in adaptable_layers(model)} - {"lm_head"}
+    collator = DataCollatorForLanguageModeling(tiny_loaded.tokenizer, mlm=False)
+    args = TrainingArguments(str(tmp_path), use_cpu=True, report_to=[], save_strategy="no")
+    SureTrainer(model=model, args=args, data_collator=collator, sure=SureArguments(target_modules="all-linear"))
+    adapted = {n for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+    assert len(expected) >= 7 and adapted == expected

@@ -9,6 +9,7 @@ encoder-decoder without a pad token in its config runs."""
 from __future__ import annotations
 
 import copy
+import json
 import logging
 
 import pytest
@@ -303,3 +304,54 @@ def test_an_encoder_decoder_without_a_pad_token_runs(tiny_loaded):
     nll, count = token_nll(loaded.model, collate(items, tok.pad_token_id, True), is_seq2seq=True)
     assert bool(torch.isfinite(nll).all()) and bool((count > 0).all())
     assert model.config.pad_token_id == tok.pad_token_id == tok.eos_token_id
+
+
+def test_all_linear_adapts_every_linear_layer_but_the_head(tiny_loaded, tmp_path):
+    """``lora.target_modules=[all-linear]`` (PEFT's shorthand) adapts every linear layer (GPT-2's
+    Conv1D too) but the output head, on causal and encoder-decoder models; the saved adapter
+    config names the layers it adapted; mixed with names it is refused in one line."""
+    from peft.tuners.lora import LoraLayer
+
+    from surecl.adapters import FAST, DualLoRA, adaptable_layers, names_layer
+    from surecl.config import DualConfig, LoraConfig
+
+    tok = tiny_loaded.tokenizer
+    for family, seq2seq in (("llama", False), ("gpt2", False), ("t5", True)):
+        model = copy.deepcopy(tiny_loaded.model) if family == "llama" else build(family, tok)
+        head = model.get_output_embeddings()
+        names = [n for n, _ in adaptable_layers(model)]
+        expected = {n for n, m in adaptable_layers(model) if m is not head}
+        assert len(expected) >= 4 and len(expected) == len(adaptable_layers(model)) - 1, family
+        dl = DualLoRA(model, LoraConfig(target_modules=["all-linear"]), DualConfig(), is_seq2seq=seq2seq)
+        adapted = {n.removeprefix("base_model.model.") for n, m in dl.model.named_modules() if isinstance(m, LoraLayer)}
+        assert adapted == expected, family
+        dl.model.save_pretrained(tmp_path / family, selected_adapters=[FAST])
+        saved = json.loads(next((tmp_path / family).rglob("adapter_config.json")).read_text())
+        # PEFT may save the shortest names that pick the same layers (T5's q, k, v, o, wi, wo)
+        assert {n for n in names if any(names_layer(n, t) for t in saved["target_modules"])} == expected, family
+    with pytest.raises(SureclError, match=r"^lora.target_modules: \['all-linear', 'q_proj'\] mixes all-linear"):
+        build_config("tiny,seq_lora", ["lora.target_modules=[all-linear,q_proj]"])
+
+
+def test_all_linear_trains_from_the_cli_and_dry_run(tmp_path, tiny_cache, tiny_loaded, monkeypatch, capsys):
+    """A run with ``lora.target_modules=all-linear`` trains the MLP's adapters too (their LoRA B
+    leaves zero), and a dry run on a model folder counts the layers it will adapt."""
+    from safetensors.torch import load_file
+
+    from surecl.cli import main
+
+    monkeypatch.setenv("SURECL_CACHE", str(tiny_cache))
+    out = tmp_path / "out"
+    code = main(["run", "--config", "tiny,seq_lora", *SMALL, "lora.target_modules=all-linear", "--out", str(out), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    weights = load_file(out / "adapters" / "fast" / "adapter_model.safetensors")
+    down = [v for k, v in weights.items() if "down_proj.lora_B" in k]
+    assert down and all(v.abs().sum() > 0 for v in down)
+    assert not any("lm_head" in k for k in weights)
+    folder = tmp_path / "gpt2"
+    build("gpt2", tiny_loaded.tokenizer).save_pretrained(folder)
+    tiny_loaded.tokenizer.save_pretrained(folder)
+    capsys.readouterr()
+    assert main(["run", "--config", "tiny,seq_lora", f"model.name={folder}", "lora.target_modules=all-linear", "--dry-run"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("model: "))
+    assert line.endswith("LoRA on all-linear x8"), line  # c_attn, c_proj, c_fc, mlp c_proj in each of 2 layers

@@ -27,7 +27,7 @@ from peft import TaskType, get_peft_model
 
 from surecl.errors import SureclError
 from surecl.plugins.base import Plugin
-from surecl.sections import DualConfig, LoraConfig
+from surecl.sections import ALL_LINEAR, DualConfig, LoraConfig
 
 FAST, SLOW = "fast", "slow"
 
@@ -92,6 +92,17 @@ def layer_names(layers: list[tuple[str, torch.nn.Module]], shown: int = 12) -> s
     return ", ".join(names[:shown]) + (f" (and {len(names) - shown} more)" if len(names) > shown else "")
 
 
+def resolve_targets(model: torch.nn.Module, targets: list[str]) -> list[str]:
+    """``targets`` as the adapters are built on them. ``[all-linear]`` becomes the full name of
+    every adaptable layer (:func:`adaptable_layers`) but the model's output head
+    (``get_output_embeddings``), the layers PEFT's shorthand picks, so the saved adapter config
+    names its layers; any other list is returned as given."""
+    if [t.lower() for t in targets] != [ALL_LINEAR]:
+        return list(targets)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return [n for n, m in adaptable_layers(model) if m is not head]
+
+
 def names_layer(name: str, target: str) -> bool:
     """Whether ``target`` (an entry of ``lora.target_modules``) names the module ``name``, as
     PEFT matches a list of names: the whole name, or its end after a dot."""
@@ -112,7 +123,11 @@ class DualLoRA(Plugin):
         self.beta = resolve_beta(dual, 1)
         """The EMA rate in use (the run sets it with :func:`resolve_beta` once it knows the
         steps per task, which ``dual.beta=auto`` needs)."""
-        targets = list(lora.target_modules)
+        given = list(lora.target_modules)
+        targets = resolve_targets(base, given)
+        if not targets:  # all-linear on a model whose only linear layer is its head
+            raise SureclError(f"lora.target_modules: {given} names no layer of this model but its output head; its linear "
+                              f"layers: {layer_names(adaptable_layers(base))}")
         self.peft_config = PeftLoraConfig(
             r=lora.r,
             lora_alpha=lora.alpha,
@@ -125,10 +140,10 @@ class DualLoRA(Plugin):
         except ValueError as exc:
             _restore_base_layers(base)  # peft adapted the matching modules before the one it refused
             if "is not supported" in str(exc):  # peft prints the whole module (a block of layers) before these words
-                raise SureclError(f"lora.target_modules: {targets} names a module that is not a linear layer; "
+                raise SureclError(f"lora.target_modules: {given} names a module that is not a linear layer; "
                                   "surecl adapts linear layers only (e.g. q_proj, v_proj, or a T5's q, v)") from None
             if "not found in the base model" in str(exc):  # peft's words where no name matches
-                raise SureclError(f"lora.target_modules: {targets} names no layer of this model; its linear layers: "
+                raise SureclError(f"lora.target_modules: {given} names no layer of this model; its linear layers: "
                                   f"{layer_names(adaptable_layers(base))}") from None
             raise SureclError(f"lora.target_modules: {' '.join(str(exc).split())[:300]}") from None
         from peft.tuners.lora import Linear as LoraLinear
@@ -141,10 +156,10 @@ class DualLoRA(Plugin):
         if not adapted or other or unmatched:
             self.model.unload()  # the base as it came (a caller's model, SureTrainer's, is used again)
             if other:
-                raise SureclError(f"lora.target_modules: {targets} names {other[0]}, not a linear layer; surecl adapts linear "
+                raise SureclError(f"lora.target_modules: {given} names {other[0]}, not a linear layer; surecl adapts linear "
                                   "layers only (e.g. q_proj, v_proj, or a T5's q, v)")
             what = f"{', '.join(unmatched)} name" + ("s" if len(unmatched) == 1 else "")
-            raise SureclError(f"lora.target_modules: {targets}: {what} no layer of this model; its linear layers: "
+            raise SureclError(f"lora.target_modules: {given}: {what} no layer of this model; its linear layers: "
                               f"{layer_names(adaptable_layers(base))}")
         self._lora_dtype_fp32()
         self.steps = 0

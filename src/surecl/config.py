@@ -35,6 +35,7 @@ import surecl.registry as registry
 from surecl.errors import SureclError
 from surecl.options import Options, per_task_values  # noqa: F401  (per_task_values: re-exported)
 from surecl.sections import (  # noqa: F401  (the core sections, re-exported)
+    ALL_LINEAR,
     DataConfig,
     DualConfig,
     EvalConfig,
@@ -268,6 +269,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("lora.alpha", cfg.lora.alpha > 0, "must be > 0"),
         ("lora.dropout", 0.0 <= cfg.lora.dropout < 1.0, "must be in [0, 1)"),
         ("lora.target_modules", len(cfg.lora.target_modules) > 0, "must name at least one module"),
+        ("lora.target_modules", len(cfg.lora.target_modules) == 1 or ALL_LINEAR not in [str(t).lower() for t in cfg.lora.target_modules],
+         f"mixes {ALL_LINEAR} (every linear layer but the output head) with names: give {ALL_LINEAR} alone or the names alone"),
         ("model.max_length", cfg.model.max_length >= 8, "must be >= 8"),
         ("eval.batch_size", cfg.eval.batch_size >= 1, "must be >= 1"),
         ("eval.max_new_tokens", cfg.eval.max_new_tokens >= 0, "must be >= 0"),

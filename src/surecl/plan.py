@@ -150,10 +150,14 @@ def _model_line(cfg: RunConfig) -> str:
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SureclError(f"model.name: cannot load {name!r}: {first}") from None
-    from surecl.adapters import adaptable_layers, layer_names, names_layer
+    from surecl.adapters import adaptable_layers, layer_names, names_layer, resolve_targets
 
     layers = adaptable_layers(model)  # linear layers and GPT-2's Conv1D, as PEFT adapts them
-    found = {t: sum(1 for n, _ in layers if names_layer(n, t)) for t in cfg.lora.target_modules}
+    targets = resolve_targets(model, cfg.lora.target_modules)
+    if targets != list(cfg.lora.target_modules):  # all-linear: every adaptable layer but the head
+        found = {cfg.lora.target_modules[0]: len(targets)}
+    else:
+        found = {t: sum(1 for n, _ in layers if names_layer(n, t)) for t in cfg.lora.target_modules}
     missing = [t for t, k in found.items() if k == 0]
     kind = "encoder-decoder" if seq2seq else "causal LM"
     arch = ",".join(getattr(config, "architectures", None) or [config.model_type])

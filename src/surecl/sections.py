@@ -183,9 +183,16 @@ class DataConfig:
             self.hf = [HFTaskConfig(path=e) if isinstance(e, str) else e for e in self.hf]
 
 
+ALL_LINEAR = "all-linear"
+"""The ``lora.target_modules`` entry (alone) that names every linear layer but the output
+head: PEFT's shorthand, which QLoRA-style recipes use (:func:`surecl.adapters.resolve_targets`)."""
+
+
 @dataclass
 class LoraConfig:
-    """LoRA adapter shape (paper: rank 8, alpha 32, dropout 0.1 on Q and V)."""
+    """LoRA adapter shape (paper: rank 8, alpha 32, dropout 0.1 on Q and V). ``target_modules``
+    names layers as PEFT matches them (a whole name or its end after a dot), or is
+    ``[all-linear]``: every linear layer but the output head."""
 
     r: int = 8
     alpha: int = 32

@@ -84,7 +84,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from surecl.adapters import FAST, SLOW, DualLoRA, resolve_beta
 from surecl.checkpoint import write_json, write_tensors
-from surecl.config import DualConfig, LoraConfig, ReplayConfig, replay_ratio
+from surecl.config import ALL_LINEAR, DualConfig, LoraConfig, ReplayConfig, replay_ratio
 from surecl.data.encode import uniform_batches
 from surecl.errors import SureclError
 from surecl.plan import replay_count
@@ -164,7 +164,8 @@ class SureArguments:
     lora_r: int = 8
     lora_alpha: int = 32
     lora_dropout: float = 0.1
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    target_modules: list[str] | str = field(default_factory=lambda: ["q_proj", "v_proj"])
+    """Layer names as PEFT matches them, or ``"all-linear"``: every linear layer but the output head."""
 
     def replay_config(self) -> ReplayConfig:
         return ReplayConfig(
@@ -177,7 +178,12 @@ class SureArguments:
         return DualConfig(enabled=self.dual, beta=self.beta, window_tasks=self.window_tasks, bias_correction=self.bias_correction, unit=self.unit)
 
     def lora_config(self) -> LoraConfig:
-        return LoraConfig(r=self.lora_r, alpha=self.lora_alpha, dropout=self.lora_dropout, target_modules=list(self.target_modules))
+        return LoraConfig(r=self.lora_r, alpha=self.lora_alpha, dropout=self.lora_dropout, target_modules=self._targets())
+
+    def _targets(self) -> list[str]:
+        """:attr:`target_modules` as a list (PEFT's ``"all-linear"`` string is the list of it alone)."""
+        modules = self.target_modules
+        return [modules] if isinstance(modules, str) else list(modules)
 
     def check(self) -> None:
         """One-line errors for settings the integration cannot run: each field's type (Python
@@ -246,8 +252,11 @@ class SureArguments:
         if not (self.beta == "auto" or (isinstance(self.beta, (int, float)) and not isinstance(self.beta, bool) and math.isfinite(self.beta))):
             raise SureclError(f"SureArguments.beta: a number in [0, 1) or 'auto', got {self.beta!r}")
         modules = self.target_modules
-        if isinstance(modules, str) or not isinstance(modules, (list, tuple)) or not all(isinstance(m, str) and m for m in modules):
-            raise SureclError(f"SureArguments.target_modules: a list of module names (e.g. ['q_proj', 'v_proj']), got {modules!r}")
+        shorthand = isinstance(modules, str) and modules.lower() == ALL_LINEAR
+        if not shorthand and (isinstance(modules, str) or not isinstance(modules, (list, tuple))
+                              or not all(isinstance(m, str) and m for m in modules)):
+            raise SureclError(f"SureArguments.target_modules: a list of module names (e.g. ['q_proj', 'v_proj']) or "
+                              f"'{ALL_LINEAR}', got {modules!r}")
 
     def _check_core(self) -> None:
         """The core's ranges and combinations (:func:`surecl.config.validate`) on the keys these
