@@ -184,6 +184,12 @@ def test_full_benchmark_header_and_varying_seed_counts(tmp_path):
     assert rows["seq_lora"][1] == "43.0 ± 1.4 (n=2)"
     # its mean is over the per-order means (seed 2's run too), its ± over the 2 seeds in every order: both said
     assert rows["seq_lora"][3] == "43.9 ± 1.4 (n=2; mean over 3 seeds)" and "†" not in rows["seq_lora"][3]
+    head = paper_report([root]).markdown().split("## ")[0]
+    assert "orders 1, 2, 3, seeds 0, 1, 2." in head
+    # a seed the sweep plans but no run has yet is named apart (a study still running)
+    write_sweep_plan(root, [{"row": "seq_lora", "order": "1", "seed": 3, "path": rel("seq_lora", "1", 3)}])
+    head = paper_report([root]).markdown().split("## ")[0]
+    assert "orders 1, 2, 3, seeds 0, 1, 2 (planned: 3)." in head
 
 
 def test_forgetting_table(runs):
@@ -1392,8 +1398,8 @@ def test_run_draws_are_independent_units_and_say_so(tmp_path):
 
 
 def test_unit_seed_averages_each_seeds_pairs_over_its_orders(runs_order, tmp_path, capsys):
-    """--unit seed: the claims' unit is the seed even where every run drew its own data (the
-    conservative unit where the runs of a seed share its random streams, data.draw=order)."""
+    """--unit seed: the claims' unit is the seed even where every run drew its own data (a unit
+    that stays valid where the runs of a seed share its random streams, data.draw=order)."""
     auto = claims_csv(paper_report([runs_order]))[("slow_surprise > slow_surprise (fast)", "Standard CL")]
     rep = paper_report([runs_order], unit="seed")
     seed = claims_csv(rep)[("slow_surprise > slow_surprise (fast)", "Standard CL")]
@@ -1401,6 +1407,10 @@ def test_unit_seed_averages_each_seeds_pairs_over_its_orders(runs_order, tmp_pat
     # per seed over orders 1 and 2: seed 0 (5 + 4) / 2, seed 1 (7 + 6) / 2 (SLOW - FASTV, as test_default_claims)
     assert (seed["unit"], seed["n"], float(seed["mean_diff"])) == ("seed", "2", pytest.approx(5.5))
     assert "unit: seed (--unit seed: each seed's pairs averaged over its orders" in rep.markdown()
+    # the caption says what this unit does, not the default rule (independent draws: each pair a unit)
+    caption = rep.markdown().split("## Claims")[1]
+    assert "averaged over its orders (those of the row's benchmark group) into one unit, whatever the runs' draws" in caption
+    assert "with independent draws each (order, seed) pair is a unit" not in caption
     assert main(["report", str(runs_order), "--layout", "paper", "--unit", "seed", "--out-dir", str(tmp_path / "rep")]) == 0
     assert "--unit seed" in (tmp_path / "rep" / "claims.md").read_text()
     capsys.readouterr()

@@ -553,7 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="paper: also test 'row A is better than row B' (repeatable; quote it)")
     rep.add_argument("--unit", choices=("auto", "seed"), default="auto",
                      help="paper: the claims' unit: auto (each (order, seed) where every run drew its own data, else the seed) or seed "
-                          "(each seed's pairs averaged over its orders: the conservative unit where a seed's runs share random streams)")
+                          "(each seed's pairs averaged over its orders: a unit that stays valid where a seed's runs share random streams)")
     rep.add_argument("--order-benchmark", action="append", default=[], metavar="ORDER=BENCHMARK",
                      help="paper: count a custom order in a benchmark's average, e.g. lnt8a=LNT (orders 1-3 Standard CL, 4-6 LNT)")
     rep.set_defaults(func=cmd_report)

@@ -1230,7 +1230,7 @@ class PaperReport:
         n_missing = len(st.missing_runs(self.metric, self.shown_rows))
         head = [f"# surecl report: {_LABEL[self.metric]} ({_unit(self.metric, st.kind)})", "",
                 f"{len(st.records)} result rows ({sum(1 for r in st.records if not r[0].endswith(FAST))} runs), "
-                f"orders {', '.join(st.orders)}, seeds {', '.join(map(str, st.seeds))}."]
+                f"orders {', '.join(st.orders)}, seeds {_seed_words(st)}."]
         draws = sorted({r.draw for r in st.records.values()})
         draw_words = {"run": "data.draw=run (every (order, seed) run independent: its data and random streams)",
                       "order": "data.draw=order (every (order, seed) run draws its own data; the runs of one seed share its "
@@ -1527,6 +1527,15 @@ MIN_SAME_HOST = 3
 ORDER_UNITS = ("order", "run")
 """The claim unit kinds whose unit is each (order, seed) pair (the runs' ``data.draw``)."""
 
+def _seed_words(st: Study) -> str:
+    """The seeds the finished runs have, and those the sweep plans beyond them (a study still
+    running): ``0, 1, 2, 3 (planned: 4)``."""
+    have = {k[2] for k in st.records}
+    planned = [s for s in st.seeds if s not in have]
+    words = ", ".join(str(s) for s in st.seeds if s in have) or "none finished"
+    return words + (f" (planned: {', '.join(map(str, planned))})" if planned else "")
+
+
 _UNIT_WORDS = {"run": "(order, seed) (independent runs, data.draw=run: each draws its own data, LoRA init, batch order and "
                       "replay draws)",
                "order": "(order, seed) (independent data draws, data.draw=order; the runs of one seed share its LoRA init, "
@@ -1710,9 +1719,12 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
     side = "above" if up else "below"
     caption = (
         f"{_LABEL[metric]} ({_unit(metric, st.kind)}). \"A > B\" claims A is better. **{unit_words}.** Paired differences "
-        "A − B over the runs both rows have; with shared samples the orders of a seed train and test on the same "
-        "examples, so a seed's differences are averaged over its orders (those of the row's benchmark group) into one unit; "
-        "with independent draws each (order, seed) pair is a unit. "
+        "A − B over the runs both rows have; "
+        + ("each seed's differences are averaged over its orders (those of the row's benchmark group) into one unit, "
+           "whatever the runs' draws (--unit seed). " if kinds == ["seed_asked"] else
+           "with shared samples the orders of a seed train and test on the same examples, so a seed's differences are "
+           "averaged over its orders (those of the row's benchmark group) into one unit; with independent draws each "
+           "(order, seed) pair is a unit. ") +
         f"{pct} two-sided Student-t interval mean ± t·sd/√n (unadjusted); t p: two-sided paired t-test (raw); "
         f"**Holm p**: Holm's step-down adjustment over every claim row of this table (all benchmark groups and their "
         f"\"all\" rows together; claims with n < 2, or whose differences are all equal (no spread), are not tested and not counted); sign test: units where A is better "
@@ -1781,8 +1793,8 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
                     "table's \"All avg\" is the mean of the benchmark averages: the two differ when benchmarks have different "
                     "numbers of orders.")
     if any(e["left_out"] for e in entries):
-        caption += (" With shared samples a seed is a unit only with every order of its benchmark group; a seed lacking one "
-                    "is left out (its mean would weigh other orders).")
+        caption += (" A seed unit (shared samples, or --unit seed) needs every order of its benchmark group; a seed lacking "
+                    "one is left out (its mean would weigh other orders).")
     if any(e["confounds"] for e in entries):
         caption += (" **confounded**: the two runs of some pair differ in config keys other than those their rows are defined "
                     "by (the method preset's keys and the grid keys the row names), so the difference is not the rows'; "
