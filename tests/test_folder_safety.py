@@ -149,6 +149,29 @@ def test_a_users_hidden_entries_under_checkpoints_are_no_temporaries(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == sorted(mine)
 
 
+def test_an_earlier_versions_folder_keeps_the_users_dot_named_backups(tmp_path):
+    """A folder written before manifests is adopted with its leftovers (``tempfile``'s random
+    tails), but a user's ``checkpoints/.stage-0001.backup``, ``.stage-0002.20240101`` and
+    ``.results.json.original`` are neither adopted nor taken for temporaries."""
+    out = tmp_path / "run"
+    root = hand_made_run(out)
+    (out / MANIFEST).unlink()  # as an earlier version left it
+    (out / "results.json").write_text("{}")
+    (out / ".results.json.original").write_text("mine")
+    (out / ".results.json.k2x9_q0a").write_text("left by a kill")
+    (root / ".stage-0001.backup").mkdir()
+    (root / ".stage-0002.20240101").mkdir()
+    (root / ".stage-0003.ab12cd_e").mkdir()  # an earlier version's checkpoint temporary
+    manifest = Manifest(out)
+    assert sorted(manifest.paths) == ["checkpoints/.stage-0003.ab12cd_e", "checkpoints/stage-0001", "checkpoints/stage-0002",
+                                      "results.json"]
+    assert [p.name for p in manifest.temporaries()] == [".results.json.k2x9_q0a"]
+    gone = manifest.remove_temporaries()
+    assert sorted(p.name for p in gone) == [".results.json.k2x9_q0a", ".stage-0003.ab12cd_e"]
+    assert (out / ".results.json.original").read_text() == "mine"
+    assert (root / ".stage-0001.backup").is_dir() and (root / ".stage-0002.20240101").is_dir()
+
+
 # --------------------------------------------------------------------------- 3 and 5: the lock file
 
 

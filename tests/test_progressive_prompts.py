@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -340,6 +341,24 @@ def test_the_run_leaves_its_prompts_for_reuse(tmp_path, tiny_cache):
             answers = [causal_greedy(model, tok, prefix, e, 2) for e in e_task]
             assert accuracy(answers, [e.label for e in e_task]) == res["accuracy_matrix"][2][j]
     assert (out / "adapters" / "prompts") in checkpoint.run_outputs(out)  # --fresh knows the folder as surecl's own
+    manifest = checkpoint.Manifest(out)
+    assert sorted(manifest.contents["adapters/prompts"]) == ["README.md", "prompt.json", "prompts.json", "prompts.safetensors"]
+    # written as one folder: an export that fails half-way leaves the earlier one whole, nothing stray in it
+    (folder / "NOTES.md").write_text("mine")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    real = checkpoint.write_text
+
+    def full_disk(path, text):
+        if Path(path).name == "README.md":
+            raise OSError(28, "No space left on device")
+        real(path, text)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checkpoint, "write_text", full_disk)
+        with pytest.raises(OSError):
+            r.method.export(r, res)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]
 
 
 def test_prompts_eval_own_exports_the_prefix_each_task_was_evaluated_with(tmp_path, tiny_cache):

@@ -493,3 +493,86 @@ def test_a_users_folder_named_as_a_checkpoint_the_run_will_write_stops_it_before
     assert f"checkpoints/{name} was not written by surecl" in one_error_line(capsys)
     assert not (out / "log.jsonl").exists() and sorted(p.name for p in (out / "checkpoints").iterdir()) == [name]
     assert (out / "checkpoints" / name / "notes.txt").read_text() == "mine"
+
+
+# --------------------------------------------------------------------------- exported folders
+
+
+def test_fresh_keeps_a_users_files_in_the_exported_folders(finished, tmp_path, capsys):
+    """The manifest records the entries each export wrote in its folder; --fresh removes those
+    and keeps a user's file kept there (a re-export keeps it too), the folder with it."""
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    contents = json.loads((out / MANIFEST).read_text())["contents"]
+    assert set(contents) == {"adapters/fast", "adapters/slow"}
+    assert set(contents["adapters/slow"]) == {p.name for p in (finished / "adapters" / "slow").iterdir()}
+    (out / "adapters" / "slow" / "my_eval.txt").write_text("mine\n")
+    assert main(["run", *TINY, "--out", str(out), *SMALL, "train.epochs=2", "--fresh"]) == 0
+    assert (out / "adapters" / "slow" / "my_eval.txt").read_text() == "mine\n"
+    assert json.loads((out / "results.json").read_text())["config"]["train"]["epochs"] == 2
+    from surecl.checkpoint import Manifest
+
+    Manifest(out).clear()
+    assert [p.name for p in (out / "adapters" / "slow").iterdir()] == ["my_eval.txt"]
+    assert not (out / "adapters" / "fast").exists()
+
+
+def test_a_failed_swap_puts_the_earlier_export_back(tmp_path, monkeypatch):
+    """The export's second rename fails (a full disk, Ctrl-C): the earlier folder, a user's
+    file in it included, is back in its place and no temporary is left."""
+    import surecl.checkpoint as checkpoint
+
+    class Adapters:
+        def __init__(self, text):
+            self.text = text
+
+        def save_pretrained(self, folder, name):
+            (Path(folder) / name).mkdir(parents=True)
+            (Path(folder) / name / "adapter_model.safetensors").write_text(self.text)
+
+    root = tmp_path / "adapters"
+    checkpoint.save_adapter(Adapters("first"), root, "fast")
+    (root / "fast" / "NOTES.txt").write_text("mine")
+    real = os.replace
+    for error in (OSError(28, "No space left on device"), KeyboardInterrupt()):
+        def failing(src, dst, error=error):
+            if Path(dst) == root / "fast" and ".fast.surecl-" in str(src) and not str(src).endswith("old"):
+                raise error
+            return real(src, dst)
+
+        monkeypatch.setattr(checkpoint.os, "replace", failing)
+        with pytest.raises(type(error)):
+            checkpoint.save_adapter(Adapters("second"), root, "fast")
+        assert (root / "fast" / "adapter_model.safetensors").read_text() == "first"
+        assert (root / "fast" / "NOTES.txt").read_text() == "mine"
+        assert sorted(p.name for p in root.iterdir()) == ["fast"]
+    monkeypatch.setattr(checkpoint.os, "replace", real)
+    checkpoint.save_adapter(Adapters("second"), root, "fast")
+    assert (root / "fast" / "adapter_model.safetensors").read_text() == "second"
+    assert (root / "fast" / "NOTES.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_a_kill_between_an_exports_two_renames_is_put_back_by_the_rerun(finished, tmp_path, cache):
+    """SIGKILL with the earlier adapters/fast moved aside and the new one not yet in place:
+    the rerun puts the earlier folder back (a user's file in it too) and completes the run."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    (out / "heatmap.png").unlink()  # the rerun completes the finish: every output exported again
+    (out / "adapters" / "fast" / "NOTES.txt").write_text("mine\n")
+    env = {**os.environ, "SURECL_CACHE": str(cache), "SURECL_KILL_AT": "export:swap"}
+    cmd = [sys.executable, "-m", "surecl.cli", "run", *TINY, "--out", str(out), *SMALL]
+    killed = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-800:]
+    assert not (out / "adapters" / "fast").exists() and (out / "adapters" / ".fast.surecl-old" / "NOTES.txt").is_file()
+    env.pop("SURECL_KILL_AT")
+    rerun = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-800:]
+    assert (out / "adapters" / "fast" / "NOTES.txt").read_text() == "mine\n"
+    assert not [p for p in (out / "adapters").iterdir() if p.name.startswith(".")]
+    outputs = final_outputs(out)
+    outputs["adapters"].pop("adapters/fast/NOTES.txt")
+    assert outputs == final_outputs(finished)

@@ -14,6 +14,7 @@ policy, the step log, any extra plugin), each under its own key, and handed back
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import os
@@ -99,6 +100,66 @@ def _keep_others(old: Path, new: Path) -> None:
             shutil.copy2(entry, new / entry.name, follow_symlinks=False)
 
 
+_FOLDER_WRITES: contextvars.ContextVar[dict[Path, list[str]] | None] = contextvars.ContextVar("surecl_folder_writes", default=None)
+"""Where :func:`recording_folder_writes` collects what each folder write put in its folder."""
+
+
+@contextlib.contextmanager
+def recording_folder_writes() -> Iterator[dict[Path, list[str]]]:
+    """Collect, for every folder :func:`_swap_in` writes inside the block, the names of the
+    entries it wrote (not a user's entries it kept): a run's manifest records them, so
+    ``--fresh`` removes those and leaves the user's files in the folder."""
+    written: dict[Path, list[str]] = {}
+    token = _FOLDER_WRITES.set(written)
+    try:
+        yield written
+    finally:
+        _FOLDER_WRITES.reset(token)
+
+
+def _swap_in(written: Path, target: Path) -> None:
+    """Put the finished folder ``written`` at ``target``, keeping the entries of an earlier
+    ``target`` it does not hold (:func:`_keep_others`). The earlier folder goes aside as
+    ``.<name>.surecl-old`` and is removed once the new one is in place; a failure between the
+    two renames (a full disk, an interrupt) puts it back, and a kill there leaves it for
+    :meth:`Manifest.remove_temporaries` to put back, so the earlier export and a user's files
+    in it are never lost."""
+    names = sorted(e.name for e in written.iterdir())
+    _keep_others(target, written)
+    old = target.parent / f".{target.name}.{TEMP_MARK}old"
+    if os.path.lexists(target):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+        try:
+            fault_point("export:swap")
+            os.replace(written, target)
+        except BaseException:
+            if not os.path.lexists(target):
+                os.replace(old, target)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(written, target)
+    record = _FOLDER_WRITES.get()
+    if record is not None:
+        record[target] = names
+
+
+def write_folder(target: Path, fill: Callable[[Path], None]) -> None:
+    """Write the folder ``target`` atomically: ``fill`` writes its entries into a temporary
+    folder beside it (``.<name>.surecl-XXXXXXXX``), which is then swapped in (:func:`_swap_in`:
+    a user's other entries there are kept, and the earlier folder survives a failure)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_dir(f".{target.name}.{TEMP_MARK}", target.parent)
+    try:
+        fill(tmp)
+        follow_umask(tmp)
+        _swap_in(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def save_adapter(adapters, folder: Path, name: str, base_model: str | None = None, card: str | None = None,
                  files: dict[str, str] | None = None) -> None:
     """PEFT-format adapter folder ``folder/name``, replaced atomically; ``base_model`` replaces
@@ -121,16 +182,7 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
         for file, text in (files or {}).items():
             (written / file).write_text(text, encoding="utf-8")
         follow_umask(written)
-        target = folder / name
-        old = None
-        _keep_others(target, written)
-        if target.exists():
-            old = folder / f".{name}.{TEMP_MARK}old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-        os.replace(written, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _swap_in(written, folder / name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -142,25 +194,15 @@ def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tenso
     swapped in. ``model`` gives the config; ``state_dict`` the weights, under transformers'
     names (tied weights once: transformers ties them again on load). Entries of an earlier
     ``folder`` that this export does not write are kept (:func:`_keep_others`)."""
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir(f".{folder.name}.{TEMP_MARK}", folder.parent)
-    old = folder.parent / f".{folder.name}.{TEMP_MARK}old"
-    try:
+
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "README.md").write_text(card, encoding="utf-8")
         for file, text in (files or {}).items():
             (tmp / file).write_text(text, encoding="utf-8")
-        follow_umask(tmp)
-        _keep_others(folder, tmp)
-        if folder.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(folder, old)
-        os.replace(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+
+    write_folder(Path(folder), fill)
 
 
 # --------------------------------------------------------------------------- a run directory
@@ -335,18 +377,22 @@ def _release_lock(fd: int, path: Path, created: bool) -> None:
         os.close(fd)
 
 
-_LEGACY_CHECKPOINT = re.compile(r"stage-\d{4}(-step-\d{6})?|\.stage-\d{4}(-step-\d{6})?(\..*)?")
-"""What an earlier version wrote in ``checkpoints/``: a checkpoint, or a dot-named temporary of
-one; a user's ``stage-0003.bak`` (no leading dot) is neither, so never adopted or removed."""
-CHECKPOINT_NAME = re.compile(r"stage-\d{4}(-step-\d{6})?")
-"""A checkpoint folder's name (``run_folder.checkpoint``): what resume reads and pruning removes;
-any other ``stage-*`` name there (a user's ``stage-0003.bak``) is neither."""
-_LEGACY_TEMP_TAIL = re.compile(r"[a-z0-9_]{8}|old")
-"""The tail an earlier version's temporaries had (no :data:`TEMP_MARK`): read only in a folder
-adopted from such a version (no manifest). A checkpoint's temporary had it too until
+_LEGACY_TEMP_TAIL = re.compile(r"(?=[0-9_]*[a-z])(?=[a-z]*[0-9_])[a-z0-9_]{8}|old")
+"""The tail an earlier version's temporaries had (no :data:`TEMP_MARK`): ``tempfile``'s eight
+random characters, read as such only with a letter and a digit or ``_`` among them (a user's
+``.results.json.original`` or ``.stage-0002.20240101`` stays; a random tail lacks one about one
+time in seventeen, and that leftover then stays too), or ``old``. Read only in a
+folder adopted from such a version (no manifest). A checkpoint's temporary had it too until
 checkpoints took the mark (``checkpoints/.stage-0003.k2x9_q0a``): one a kill left in a folder
 with a manifest stays, as a user's ``.stage-0002.20240101`` does (neither is ever read as a
 checkpoint: :data:`CHECKPOINT_NAME` has no leading dot)."""
+_LEGACY_CHECKPOINT = re.compile(r"stage-\d{4}(-step-\d{6})?|\.stage-\d{4}(-step-\d{6})?\.(" + _LEGACY_TEMP_TAIL.pattern + ")")
+"""What an earlier version wrote in ``checkpoints/``: a checkpoint, or a dot-named temporary of
+one (:data:`_LEGACY_TEMP_TAIL`); a user's ``stage-0003.bak`` or ``.stage-0001.backup`` is
+neither, so never adopted or removed."""
+CHECKPOINT_NAME = re.compile(r"stage-\d{4}(-step-\d{6})?")
+"""A checkpoint folder's name (``run_folder.checkpoint``): what resume reads and pruning removes;
+any other ``stage-*`` name there (a user's ``stage-0003.bak``) is neither."""
 _TEMP_TAIL = re.compile(r"surecl-([a-z0-9_]{8}|old)")
 """The tail after a temporary's prefix ``.<name>.``: :data:`TEMP_MARK` and the random part
 ``tempfile.mkstemp`` / ``mkdtemp`` put there, or ``old`` (a folder an atomic replace swapped
@@ -366,7 +412,8 @@ class Manifest:
     run finished, its final outputs (``final``). The manifest is written atomically before each
     new path is written (:meth:`claim`), so it always covers what may lie on disk.
 
-    Only listed paths are surecl's: ``--fresh`` (:meth:`clear`) removes exactly those (and the
+    Only listed paths are surecl's: ``--fresh`` (:meth:`clear`) removes exactly those (of an
+    exported folder, the entries surecl wrote in it: :attr:`contents`; and the
     ``.``-prefixed temporaries an atomic write of one leaves beside it when killed), never
     following a symbolic link; a path the run would write that is a symbolic link, or that
     exists without being listed (a file of the user's), stops the run with one line before
@@ -382,6 +429,10 @@ class Manifest:
         self.dirs: list[str] = []
         self.final: list[str] | None = None
         """The final outputs of a finished run (None: not finished, or adopted unfinished)."""
+        self.contents: dict[str, list[str]] = {}
+        """For an exported folder among :attr:`paths` (``adapters/fast``, ``model``): the names
+        of the entries surecl wrote in it (a user's files it kept there are not among them);
+        a listed folder without an entry here (an earlier version's) is surecl's whole."""
         self.exists = False
         from surecl.errors import SureclError
 
@@ -391,7 +442,10 @@ class Manifest:
             try:
                 data = json.loads(self.path.read_text(encoding="utf-8"))
                 paths, dirs, final = data["paths"], data.get("dirs", []), data.get("final")
+                contents = data.get("contents", {})
                 if not (isinstance(paths, list) and isinstance(dirs, list) and all(isinstance(x, str) for x in paths + dirs)):
+                    raise ValueError
+                if not (isinstance(contents, dict) and all(isinstance(v, list) and all(isinstance(n, str) for n in v) for v in contents.values())):
                     raise ValueError
                 if final is not None and not (isinstance(final, list) and all(isinstance(x, str) for x in final)):
                     raise ValueError
@@ -400,6 +454,7 @@ class Manifest:
             self.paths = [p for p in paths if _safe_rel(p)]
             self.dirs = [d for d in dirs if _safe_rel(d)]
             self.final = final
+            self.contents = {k: [n for n in v if _safe_rel(n) and "/" not in n] for k, v in contents.items() if _safe_rel(k)}
             self.exists = True
         elif self._legacy():
             self._adopt()
@@ -450,8 +505,20 @@ class Manifest:
     # -------------------------------------------------------------- writing
 
     def save(self) -> None:
-        write_json(self.path, {"paths": self.paths, "dirs": self.dirs, "final": self.final})
+        write_json(self.path, {"paths": self.paths, "dirs": self.dirs, "final": self.final, "contents": self.contents})
         self.exists = True
+
+    def set_contents(self, written: dict[Path, list[str]]) -> None:
+        """Record what each exported folder of the run holds of surecl's (``written``, from
+        :func:`recording_folder_writes`: folder -> names written)."""
+        for folder, names in written.items():
+            try:
+                rel = Path(folder).relative_to(self.out).as_posix()
+            except ValueError:
+                continue
+            if rel in self.paths:
+                self.contents[rel] = list(names)
+        self.save()
 
     def check(self, rel: str) -> Path:
         """Refuse (one line) to write ``rel``: when it, or a folder on the way to it inside the
@@ -536,8 +603,11 @@ class Manifest:
         return sorted(found)
 
     def remove_temporaries(self) -> list[Path]:
-        """Remove :meth:`temporaries` (and those an earlier version's folder was adopted with)."""
+        """Remove :meth:`temporaries` (and those an earlier version's folder was adopted with).
+        An exported folder a kill left moved aside (``adapters/.fast.surecl-old`` with no
+        ``adapters/fast``: :func:`_swap_in`) is put back instead, with any user's files in it."""
         adopted = [p for p in self.paths if p.rpartition("/")[2].startswith(".")]
+        self._put_back_aside()
         gone = self.temporaries() + [self.out / p for p in adopted if os.path.lexists(self.out / p)]
         for path in gone:
             _remove(path)
@@ -545,6 +615,17 @@ class Manifest:
             self.paths = [p for p in self.paths if p not in adopted]
             self.save()
         return gone
+
+    def _put_back_aside(self) -> None:
+        """Rename each exported folder a kill left moved aside (:func:`_swap_in`:
+        ``adapters/.fast.surecl-old`` with no ``adapters/fast``) back to its name."""
+        for path in self.temporaries():
+            name = path.name[1:].rpartition(".")[0]  # .fast.surecl-old -> fast
+            rel = (path.parent / name).relative_to(self.out).as_posix()
+            aside = path.name.endswith(f".{TEMP_MARK}old") or (getattr(self, "adopted", False) and path.name.endswith(".old"))
+            export = rel in self.paths and not rel.startswith("checkpoints/")  # a checkpoint is never swapped aside
+            if aside and export and path.is_dir() and not path.is_symlink() and not os.path.lexists(path.parent / name):
+                os.replace(path, path.parent / name)
 
     def outputs(self) -> list[Path]:
         """What :meth:`clear` removes: the listed paths on disk (config and results first, so a
@@ -554,8 +635,11 @@ class Manifest:
         return [self.out / p for p in listed if os.path.lexists(self.out / p)] + self.temporaries()
 
     def clear(self) -> list[Path]:
-        """Remove every listed path and its temporaries (a link is removed, never followed),
-        then the folders surecl created that are left empty; the manifest then lists nothing."""
+        """Remove every listed path and its temporaries (a link is removed, never followed;
+        of an exported folder with :attr:`contents`, the entries surecl wrote, the folder itself
+        only once empty), then the folders surecl created that are left empty; the manifest then
+        lists nothing but an exported folder left holding a user's files (none of them surecl's:
+        the next export writes its files in beside them)."""
         for rel in self.paths:  # refuse before removing anything when a folder on the way is a link
             path = self.out
             for part in rel.split("/")[:-1]:
@@ -565,13 +649,26 @@ class Manifest:
 
                     raise SureclError(f"--fresh: {path} is a symbolic link; surecl does not remove through links "
                                       "(nothing was removed): remove it or choose another --out")
+        self._put_back_aside()  # a user's files in it are kept as in the folder's own place
         removed = self.outputs()
+        kept: list[str] = []
         for path in removed:
-            _remove(path)
+            rel = path.relative_to(self.out).as_posix()
+            if rel in self.contents and path.is_dir() and not path.is_symlink():
+                for name in self.contents[rel]:  # surecl's files; a user's kept there stay, with the folder
+                    if os.path.lexists(path / name):
+                        _remove(path / name)
+                try:
+                    path.rmdir()
+                except OSError:
+                    kept.append(rel)  # still surecl's folder, holding none of its files: the next export goes in beside them
+            else:
+                _remove(path)
         for rel in sorted(self.dirs, key=lambda d: -d.count("/")):
             with contextlib.suppress(OSError):
                 (self.out / rel).rmdir()  # only when empty: what the user keeps there stays
-        self.paths, self.dirs, self.final = [], [], None
+        self.paths, self.final, self.contents = kept, None, {rel: [] for rel in kept}
+        self.dirs = [d for d in self.dirs if (self.out / d).is_dir()]
         if self.out.is_dir():
             self.save()
         return removed

@@ -168,7 +168,9 @@ def finish(run) -> dict:
         checkpoint.write_json(run.out_dir / "buffer.json", run.policy.buffer.state_dict())
         if predictions is not None:
             checkpoint.write_text(run.out_dir / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in predictions))
-        run.plugins.export(run, res)  # the learner's adapters, a full fine-tuned model, prompts, ...
+        with checkpoint.recording_folder_writes() as written:
+            run.plugins.export(run, res)  # the learner's adapters, a full fine-tuned model, prompts, ...
+        run.outputs.set_contents(written)  # what --fresh removes of them (a user's files there stay)
         write_run_report(run.out_dir, res)
         fault_point("finish:results")
         run.outputs.set_final([rel for rel in final if (run.out_dir / rel).exists()])

@@ -8,6 +8,8 @@
 * ``stage_end:<s>`` - after stage ``s`` was trained and evaluated, before its checkpoint;
 * ``checkpoint:<name>`` - while checkpoint ``name`` is written (tensors written, metadata not);
 * ``finish:results`` - at the end, every final output written but ``results.json``.
+* ``export:swap`` - while an exported folder (``adapters/fast``, ``model``) is replaced: the
+  earlier one moved aside, the new one not yet in place.
 
 ``SURECL_NAN_AT=<stage>:<step>`` turns that step's loss into NaN (the run then stops with a
 clear error and the last checkpoint intact). ``SURECL_NAN_GRAD_AT=<stage>:<step>`` leaves that

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -263,7 +264,8 @@ class ProgressivePrompts(Method):
     def export(self, ctx, results: dict) -> None:
         """``adapters/prompts/`` in the run folder: ``prompts.safetensors`` (``prefix``: the vectors put before the
         input embeddings at test time, newest prompt first, fp32), ``prompts.json``, ``prompt.json`` (the text template,
-        :func:`surecl.card.prompt_spec`) and the model card ``README.md`` (:func:`surecl.card.prompts_card`)."""
+        :func:`surecl.card.prompt_spec`) and the model card ``README.md`` (:func:`surecl.card.prompts_card`), written as
+        one folder (:func:`surecl.checkpoint.write_folder`)."""
         import surecl.checkpoint as checkpoint
         from surecl._version import version
         from surecl.card import prompt_spec, prompts_card, run_base
@@ -276,8 +278,7 @@ class ProgressivePrompts(Method):
         k = len(self.learned)
         names = [ctx.tasks[t].name for t in self.learned]
         base_model, note = run_base(ctx)
-        out = ctx.out_dir / "adapters" / "prompts"
-        checkpoint.write_tensors(out / "prompts.safetensors", {"prefix": self.module.frozen.float()})
+        prefix = self.module.frozen.float()
         meta = {
             "method": "progressive_prompts",
             "base_model": base_model,
@@ -290,6 +291,12 @@ class ProgressivePrompts(Method):
             "usage": self._usage(),
             "surecl_version": __version__,
         }
-        checkpoint.write_json(out / "prompts.json", meta)
-        checkpoint.write_text(out / "prompt.json", prompt_spec(ctx, "prompts", base_model))  # the text template, labels, decoding
-        checkpoint.write_text(out / "README.md", prompts_card(results, meta, base_model, note, __version__))
+
+        def fill(out: Path) -> None:
+            checkpoint.write_tensors(out / "prompts.safetensors", {"prefix": prefix})
+            checkpoint.write_json(out / "prompts.json", meta)
+            checkpoint.write_text(out / "prompt.json", prompt_spec(ctx, "prompts", base_model))  # the text template, labels, decoding
+            checkpoint.write_text(out / "README.md", prompts_card(results, meta, base_model, note, __version__))
+
+        # one folder swapped in whole, as the adapters are: a kill mid-export leaves no stray file inside it
+        checkpoint.write_folder(ctx.out_dir / "adapters" / "prompts", fill)
