@@ -181,3 +181,23 @@ def exports_load(out: Path) -> int:
         assert load_file(str(prompts))["prefix"].ndim == 2
         loaded += 1
     return loaded
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_dry_runs_optimizer_line_says_what_the_run_does(method, plugins, tmp_path, capsys, monkeypatch):
+    """A method that starts AdamW afresh at each task (its declared ``fresh_optimizer``) and
+    the learning rate of its parameter groups: the dry run prints both as the run does them."""
+    from surecl.step import TrainStep
+    from surecl.trainer import ContinualRun
+
+    options = ["data.tasks=[colors,animals]", "data.n_train=4", "data.n_test=4", "train.epochs=1"]
+    resets = []
+    real = TrainStep.reset
+    monkeypatch.setattr(TrainStep, "reset", lambda self: (resets.append(1), real(self))[1])
+    run = ContinualRun(build_config(f"tiny,{method}", options), tmp_path / "run", progress=False)
+    run.run()
+    assert main(["run", "--dry-run", "--config", f"tiny,{method}", *options]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("optimizer: "))
+    assert ("fresh optimizer state per task" in line) == bool(resets), (line, len(resets))
+    lrs = {group["lr"] for group in run.optimizer.param_groups}
+    assert len(lrs) == 1 and line.startswith(f"optimizer: AdamW lr {lrs.pop():g}"), line

@@ -195,8 +195,10 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         + ("; generation tasks: uniform, their targets are no classes" if any(t.kind == "generate" for t in tasks) else "") + ")",
         f"method {cfg.method}, replay {policy}" + (f" (score {cfg.replay.score_time}, insert {cfg.replay.insert_time}, {cfg.replay.reduction} over {cfg.replay.scope})" if issubclass(policy_cls, SurprisePolicy) else "")
         + (", each task's share spread evenly over its labels" if quota and cfg.replay.balance == "label" else ""),
-        f"optimizer: AdamW lr {cfg.train.lr:g} ({cfg.train.scheduler}, warmup {cfg.train.warmup_steps}), batch {cfg.train.batch_size} ({cfg.train.batching}), "
-        f"{cfg.train.epochs} epoch(s){' (per task: ' + ', '.join(cfg.train.epochs_per_task) + ')' if cfg.train.epochs_per_task else ''}, {'fresh' if cfg.train.fresh_optimizer else 'carried-over'} optimizer state per task",
+        f"optimizer: AdamW {method.learning_rate(cfg)} ({cfg.train.scheduler}, warmup {cfg.train.warmup_steps}), batch {cfg.train.batch_size} ({cfg.train.batching}), "
+        f"{cfg.train.epochs} epoch(s){' (per task: ' + ', '.join(cfg.train.epochs_per_task) + ')' if cfg.train.epochs_per_task else ''}, "
+        + ("fresh optimizer state per task" + ("" if cfg.train.fresh_optimizer else f" ({cfg.method} resets it)")
+           if cfg.train.fresh_optimizer or method.fresh_optimizer else "carried-over optimizer state per task"),
     ]
     if policy != "none":
         fraction = cfg.replay.buffer_fraction or (cfg.replay.buffer_size if cfg.replay.buffer_size < 1 else 0)  # buffer_capacity's rule

@@ -97,6 +97,9 @@ class Method(Plugin):
     """The named parts of the method's own checkpointed state, in words (empty: none)."""
     exports: ClassVar[tuple[str, ...]] = ()
     """The paths under the run folder that its ``export`` writes."""
+    fresh_optimizer: ClassVar[bool] = False
+    """Whether it starts the optimizer afresh at each task after the first (its ``before_task``
+    calls ``ctx.reset_optimizer()``), whatever ``train.fresh_optimizer`` says: the dry run says so."""
     prefix_note = ""
     """What ``input_prefix`` puts before every prompt, in words, for the exported ``prompt.json``
     (empty: nothing)."""
@@ -126,6 +129,11 @@ class Method(Plugin):
     def outputs(self, ctx) -> list[str]:
         """The paths its ``export`` writes: :attr:`exports`."""
         return list(self.exports)
+
+    def learning_rate(self, cfg) -> str:
+        """The learning rate its optimizer trains at, in words, for the dry run: ``train.lr``
+        unless the method's parameter groups set their own."""
+        return f"lr {cfg.train.lr:g}"
 
     def input_prefix(self, ctx, task: int) -> Sequence[int]:
         """Token ids before every prompt of ``task``, as the method's state is now (negative:

@@ -110,6 +110,7 @@ class TaskLoRAs(Method):
 
     name = "task_loras"
     state = ("the earlier tasks' LoRAs (the always-on past adapter)",)
+    fresh_optimizer = True  # a fresh LoRA per task, fresh AdamW state with it
 
     def __init__(self, config=None) -> None:
         super().__init__(config)

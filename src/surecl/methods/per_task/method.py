@@ -17,6 +17,7 @@ class PerTask(Method):
     name = "per_task"
     answers = "own"  # each task's snapshot answers (eval_context); no fast row in a dual run
     state = ("each task's adapter snapshot",)
+    fresh_optimizer = True  # a fresh adapter per task, fresh AdamW state with it
 
     def __init__(self, config=None) -> None:
         super().__init__(config)

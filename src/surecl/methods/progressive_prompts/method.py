@@ -91,6 +91,7 @@ class ProgressivePrompts(Method):
     name = "progressive_prompts"
     trains = "own"
     state = ("the learned prompts", "the prompt being trained (mid-task)")
+    fresh_optimizer = True  # a new prompt per task, fresh AdamW state with it
     exports = ("adapters/prompts",)
     Config = PromptsConfig
 
@@ -145,6 +146,9 @@ class ProgressivePrompts(Method):
 
     def parameters(self, ctx) -> list:
         return [{"params": list(self.module.parameters()), "lr": self.config.lr}]
+
+    def learning_rate(self, cfg) -> str:
+        return f"lr {self.config.lr:g} = prompts.lr, train.lr unused"
 
     # ------------------------------------------------------------------ the embedding hooks
 
