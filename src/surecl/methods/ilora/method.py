@@ -13,7 +13,8 @@ at each of ``ilora.layers``, averaged over the layers and weighted by
 (``src/easycl/cl/ilora/ilora.py``), every position counts, padding included, and the stable side
 is the EMA adapter the dual learner updates after every optimizer step. The rows run in slices
 of at most ``train.micro_batch_tokens`` padded tokens, as the step's own loss does
-(:meth:`ILoRA.consistency`), so its forwards hold one slice's activations at a time, not the step's.
+(:meth:`ILoRA.consistency`), so its forwards hold one slice's activations at a time, not the step's;
+under several processes each runs its share of the rows, padded as all of them are in one process.
 """
 
 from __future__ import annotations
@@ -42,6 +43,29 @@ class ILoRA(Method):
         self.last = 0.0
         """The consistency term of the last step (unweighted), for logs and tests."""
 
+    def setup(self, ctx) -> None:
+        """Refuse ``ilora.layers`` naming a hidden state the model does not have before anything
+        trains: the loss hook meets it only at the first step with rows for the term (after the
+        tasks before it trained and were checkpointed, which a corrected config cannot resume),
+        and under several processes on one of them while the others wait in the gradient
+        all-reduce."""
+        n = hidden_states(getattr(ctx.model, "config", None), ctx.is_seq2seq)
+        if n is not None:
+            self.picks(n, ctx.is_seq2seq)
+
+    def picks(self, n: int, seq2seq: bool = False) -> list[int]:
+        """The positions among a model's ``n`` hidden states that ``ilora.layers`` names (one
+        line if one is not there)."""
+        chosen = self.config.indices()
+        if chosen is None:
+            return list(range(n))
+        bad = [k for k in chosen if not -n <= k < n]
+        if bad:
+            whose = "this model's decoder" if seq2seq else "this model"
+            raise SureclError(f"ilora.layers: {self.config.layers} asks for hidden state {', '.join(map(str, bad))}, but {whose} has {n} "
+                              f"(the embeddings', then {n - 1} layers' outputs): indices 0 to {n - 1}, or -{n} to -1")
+        return [k % n for k in chosen]
+
     def hidden(self, ctx, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """The model's hidden states on ``batch`` with the adapter active now."""
         if ctx.is_seq2seq:
@@ -58,8 +82,13 @@ class ILoRA(Method):
     def consistency(self, ctx, items: list[tuple[int, int]]) -> torch.Tensor:
         """Mean over ``ilora.layers`` of the MSE between the fast and the slow adapter's hidden
         states on ``items`` (gradients through the fast side only), every position of the rows
-        padded as one batch counting.
+        padded as one batch counting; under several processes, on this process's share of them
+        (every ``world``-th row from its ``rank``), padded as all of them are.
 
+        Each process collates all of ``items`` and keeps its own rows of that batch: a row padded
+        to the width it has in one process counts the positions it counts there, so the
+        processes' terms, each weighted by its share of the rows, sum to the one-process term
+        (padded with its own process's rows only it would count fewer, and the term differ).
         The rows run in slices of at most ``train.micro_batch_tokens`` padded tokens (one row at
         least; 0: one slice), as the step's loss does, so memory holds one slice's activations,
         not the whole step's. Each slice is cut, rows only, from that one padded batch: it pads
@@ -71,6 +100,9 @@ class ILoRA(Method):
         a single slice's always is."""
         batch = ctx.batch([ctx.train_sets[t][i] for t, i in items])
         n = len(items)
+        if ctx.world > 1:
+            keep = torch.arange(n, device=batch["input_ids"].device)[ctx.rank :: ctx.world]
+            batch, n = {k: v[keep] for k, v in batch.items()}, len(keep)
         width = batch["input_ids"].shape[1] + (batch["labels"].shape[1] if ctx.is_seq2seq else 0)
         limit = ctx.cfg.train.micro_batch_tokens
         per = n if limit <= 0 else max(1, limit // width)
@@ -100,12 +132,7 @@ class ILoRA(Method):
                 stable = self.hidden(ctx, batch)
         finally:
             ctx.adapters.activate(FAST)
-        n = len(plastic)
-        chosen = self.config.indices()
-        picks = list(range(n)) if chosen is None else [k if k >= 0 else n + k for k in chosen]
-        bad = [k for k in picks if not 0 <= k < n]
-        if bad:
-            raise SureclError(f"ilora.layers: {self.config.layers} names a hidden state this model does not have (it has {n}, embeddings first)")
+        picks = self.picks(len(plastic), ctx.is_seq2seq)  # (setup checked them where the model's config counts its layers)
         if self.config.target == "max":  # pulled toward max(plastic, stable): only where the plastic side is below
             return torch.stack([(plastic[k].float() - stable[k].float()).clamp(max=0).pow(2).mean() for k in picks]).mean()
         return torch.stack([F.mse_loss(plastic[k].float(), stable[k].float()) for k in picks]).mean()
@@ -113,16 +140,31 @@ class ILoRA(Method):
     def loss(self, ctx, loss: torch.Tensor) -> torch.Tensor:
         weight = self.config.consistency_weight
         rows = ctx.step_items[ctx.step_new:] if self.config.rows == "replayed" else ctx.step_items
-        items = rows[ctx.rank :: ctx.world] if ctx.world > 1 else rows
-        if not weight or not items:
+        share = len(rows[ctx.rank :: ctx.world]) if ctx.world > 1 else len(rows)
+        if not weight or not share:
             return loss
-        term = self.consistency(ctx, items)
+        term = self.consistency(ctx, rows)
         self.last = float(term.detach())
         if ctx.world > 1:
-            # the processes' gradients are averaged: each one's mean over its own rows counts by
-            # its share of the step's rows, so every row weighs as it does in one process
-            term = term * (ctx.world * len(items) / len(rows))
+            # the processes' gradients are averaged: each one's mean over its own rows (padded to
+            # the width of all of them) counts by its share of the rows, so every row weighs as it
+            # does in one process
+            term = term * (ctx.world * share / len(rows))
         return loss + weight * term
+
+
+def hidden_states(config, seq2seq: bool) -> int | None:
+    """How many hidden states the term reads from a model of ``config``: the embeddings' and each
+    layer's output (an encoder-decoder's decoder's: T5's ``num_decoder_layers``, BART's
+    ``decoder_layers``; a composite model's text model's), or None where the config does not say."""
+    layers = getattr(config, "num_decoder_layers", None) if seq2seq else None
+    if layers is None and config is not None:
+        try:
+            text = config.get_text_config(decoder=True)  # (an older encoder-decoder's: its decoder_* keys)
+        except (AttributeError, ValueError):
+            text = config
+        layers = getattr(text, "num_hidden_layers", None)
+    return layers + 1 if isinstance(layers, int) and not isinstance(layers, bool) else None
 
 
 class TakenGradient(torch.autograd.Function):
