@@ -2,7 +2,10 @@
 
 :func:`agreed` runs a step on the main process alone (a file written or read, a choice made)
 and hands its result, or its error, to every process at the same point: a process that stopped
-alone would leave the others in the next collective, hung or failing with a traceback.
+alone would leave the others in the next collective, hung or failing with a traceback. Where a
+process stops alone all the same (a signal to it, an error only it met), the others' next
+collective fails as the backend finds it gone: :func:`peers_stop_in_one_line` turns that failure
+into one line saying so (the run's training loop runs inside it).
 
 A process that exits with its ``torch.distributed`` process group still up can abort
 (``terminate called without an active exception``, SIGABRT, exit code -6) after its work is done:
@@ -24,10 +27,20 @@ they run in several processes.
 from __future__ import annotations
 
 import atexit
+import contextlib
 
 from surecl.errors import SureclError
 
 _registered = False
+
+PEER_STOPPED = ("another process of the run stopped (its output says why); the checkpoints written so far are intact: "
+                "rerun the same command to resume")
+"""The line of a process whose collective failed because another process of the run had gone."""
+
+PEER_GONE = ("closed by peer", "closed by remote peer", "reset by peer", "Broken pipe", "remote process exited",
+             "failed to recv, got 0 bytes")
+"""What the collective backends' errors say when the other end of a connection has gone (gloo's
+``Connection closed by peer``, NCCL's ``remote process exited``, the rendezvous store's)."""
 
 
 def agreed(run, action):
@@ -50,6 +63,33 @@ def agreed(run, action):
     if box[1] is not None:
         raise SureclError(box[1])
     return box[0]
+
+
+@contextlib.contextmanager
+def peers_stop_in_one_line():
+    """A collective that fails because another process stopped alone (an error only it met, a
+    signal to it alone) stops this one with :data:`PEER_STOPPED`, a :class:`SureclError`,
+    instead of the backend's traceback (gloo's ``Connection closed by peer`` out of the
+    backward's all-reduce). Only in a group of several processes, and only the backend's
+    errors for a peer that has gone: any other error passes unchanged."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if not peer_gone(exc):
+            raise
+        raise SureclError(PEER_STOPPED) from exc
+
+
+def peer_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective backend's error for a process of the group that has gone
+    (a ``torch.distributed`` error, or gloo's ``RuntimeError``, saying a connection closed)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    text = str(exc)
+    backend = isinstance(exc, getattr(dist, "DistError", ())) or "gloo" in text or "NCCL" in text
+    return backend and any(words in text for words in PEER_GONE)
 
 
 def from_main(value):

@@ -12,6 +12,7 @@ import surecl.metrics as metrics
 from surecl.evaluate import is_label, task_score
 from surecl.methods.base import learner_of
 from surecl.plugins.faults import fault_point
+from surecl.processes import agreed
 from surecl.run_eval import evaluate_task, evaluated
 
 SUPPLIED_NOTE = "supplied in Python: config.yaml alone does not rerun it"
@@ -153,30 +154,38 @@ def final_predictions(run) -> list[dict] | None:
 def finish(run) -> dict:
     """Write the final outputs and return the results: a transaction, every other final output
     first and ``results.json`` (the run's "finished") last, so an interruption anywhere before
-    it leaves a resumable run whose rerun writes them all again."""
-    from surecl.report import write_run_report
-
+    it leaves a resumable run whose rerun writes them all again. Only the main process writes
+    them (:func:`surecl.processes.agreed`): with several processes each returns the results once
+    they are written, or stops with the main process's error."""
     res = results(run)
-    predictions = final_predictions(run)
-    if run.accelerator.is_main_process:
-        final = ["buffer.json", *(["predictions.jsonl"] if predictions is not None else []), *run.plugins.outputs(run),
-                 "report.md", "heatmap.png", "results.json"]
-        for rel in final:
-            run.outputs.claim(rel)
-        (run.out_dir / "results.json").unlink(missing_ok=True)  # a rerun completing a finish: unfinished until it is done
-        run.outputs.set_final(None)
-        checkpoint.write_json(run.out_dir / "buffer.json", run.policy.buffer.state_dict())
-        if predictions is not None:
-            checkpoint.write_text(run.out_dir / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in predictions))
-        with checkpoint.recording_folder_writes() as written:
-            run.plugins.export(run, res)  # the learner's adapters, a full fine-tuned model, prompts, ...
-        run.outputs.set_contents(written)  # what --fresh removes of them (a user's files there stay)
-        write_run_report(run.out_dir, res)
-        fault_point("finish:results")
-        run.outputs.set_final([rel for rel in final if (run.out_dir / rel).exists()])
-        checkpoint.write_json(run.out_dir / "results.json", res)
+    predictions = final_predictions(run)  # (every process: a resumed run may evaluate again, sharded)
+    # the main process writes; every process gets its outcome, or its error line, at the same
+    # point (a process that returned results of a run whose files failed would go on as if it had finished)
+    agreed(run, lambda: _write_final(run, res, predictions))
     run.plugins.after_run(run, res)
     return res
+
+
+def _write_final(run, res: dict, predictions: list[dict] | None) -> None:
+    """The final outputs, on the main process: each claimed in the manifest, results.json last."""
+    from surecl.report import write_run_report
+
+    final = ["buffer.json", *(["predictions.jsonl"] if predictions is not None else []), *run.plugins.outputs(run),
+             "report.md", "heatmap.png", "results.json"]
+    for rel in final:
+        run.outputs.claim(rel)
+    (run.out_dir / "results.json").unlink(missing_ok=True)  # a rerun completing a finish: unfinished until it is done
+    run.outputs.set_final(None)
+    checkpoint.write_json(run.out_dir / "buffer.json", run.policy.buffer.state_dict())
+    if predictions is not None:
+        checkpoint.write_text(run.out_dir / "predictions.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in predictions))
+    with checkpoint.recording_folder_writes() as written:
+        run.plugins.export(run, res)  # the learner's adapters, a full fine-tuned model, prompts, ...
+    run.outputs.set_contents(written)  # what --fresh removes of them (a user's files there stay)
+    write_run_report(run.out_dir, res)
+    fault_point("finish:results")
+    run.outputs.set_final([rel for rel in final if (run.out_dir / rel).exists()])
+    checkpoint.write_json(run.out_dir / "results.json", res)
 
 
 def fingerprints(run) -> dict[str, str]:
