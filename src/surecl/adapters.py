@@ -25,7 +25,7 @@ import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import TaskType, get_peft_model
 
-from surecl.errors import SureclError
+from surecl.errors import SureclError, start_over
 from surecl.plugins.base import Plugin
 from surecl.sections import ALL_LINEAR, DualConfig, LoraConfig
 
@@ -424,7 +424,7 @@ class DualLoRA(Plugin):
             if n not in named or named[n].shape != t.shape:
                 now = "no such tensor" if n not in named else f"shape {tuple(named[n].shape)}"
                 raise SureclError(f"checkpoint tensor {n} (shape {tuple(t.shape)}) does not fit this model ({now}): the base "
-                                  "model or model.* / lora.* settings differ from the run's; restore them, or rerun with --fresh")
+                                  f"model or model.* / lora.* settings differ from the run's; restore them, or {start_over()}")
             named[n].copy_(t)
 
     def save_pretrained(self, folder, name: str) -> None:

@@ -111,14 +111,29 @@ def _check_same_data(out: Path, results: dict, cfg) -> None:
     now = _FINGERPRINTS[key]
     changed = [name for name in now if name in saved and saved[name] != now[name]]
     if changed:
+        from surecl.errors import start_over
+
         raise SureclError(f"{out}: its finished run was trained and tested on other rows of task {changed[0]} (the data changed "
-                          "since); rerun with --fresh to train it again on this data, or choose another --out")
+                          f"since); {start_over()} to train it again on this data, or choose another --out")
+
+
+def check_given(value: str | None, flag: str) -> None:
+    """One line for an option given empty (an unset shell variable): ``--config ''`` ran the
+    defaults and ``--plan ''`` the default sweep without a word."""
+    if value is not None and not value.replace(",", " ").strip():
+        raise SureclError(f"{flag}: empty; give a value (an unset shell variable gives an empty value)")
 
 
 def cmd_run(args) -> int:
     from surecl.config import build_config
 
+    check_given(args.config, "--config")
     cfg = build_config(args.config, args.overrides)
+    if args.out is not None:  # a dry run refuses what the run would (the default --out is a plain name under runs/)
+        check_out_dir(args.out)
+    from surecl.plugins.tracking import check_trackers
+
+    log_with = check_trackers([n.strip() for v in args.log_with or [] for n in v.split(",") if n.strip()])
     if args.dry_run:
         from surecl.plan import describe
 
@@ -126,9 +141,6 @@ def cmd_run(args) -> int:
         return 0
     out = _out_dir(args.out, cfg)
     check_out_dir(out)
-    from surecl.plugins.tracking import check_trackers
-
-    log_with = check_trackers([n.strip() for v in args.log_with or [] for n in v.split(",") if n.strip()])
     if args.no_resume:
         print("surecl: --no-resume is deprecated; it now means --fresh", file=sys.stderr)
         args.fresh = True
@@ -143,11 +155,19 @@ def cmd_run(args) -> int:
     from surecl.trainer import run
 
     results = run(cfg, out, fresh=args.fresh, progress=not args.quiet, log_with=log_with)
+    if not _main_process():
+        return 0
     change = (results.get("general") or {}).get("change") or {}
     general = ("  general " + ", ".join(f"{part} {v:+.2f}" for part, v in change.items())) if change else ""
     print(f"FP {results['fp']:.1f}  AP {results['ap'] if results['ap'] is None else round(results['ap'], 1)}  "
           f"forgetting {results['forgetting'] if results['forgetting'] is None else round(results['forgetting'], 1)}{general}  -> {out}/results.json")
     return 0
+
+
+def _main_process() -> bool:
+    """Whether this process is a run's main one (``RANK`` unset or 0): under ``accelerate launch``
+    every rank returns the results, and the summary line is said once."""
+    return os.environ.get("RANK", "").strip() in ("", "0")
 
 
 ORDER_LISTS = "give each order its task list in a plan (orders: {name: [task, ...]}) or sweep one order"
@@ -191,6 +211,8 @@ def sweep_plan(args):
     replacing the plan's own; orders default to the protocol preset's."""
     from surecl.sweep import Plan, _grid, _orders, _seeds, _strings, load_plan
 
+    check_given(args.plan, "--plan")
+    check_given(args.config, "--config")
     plan = load_plan(args.plan) if args.plan else Plan(methods=["seq_lora", "reservoir", "surprise", "slow_surprise"])
     # options given on the command line replace the plan's
     if args.config is not None:
@@ -222,6 +244,8 @@ def sweep_plan(args):
             if "=" not in spec:
                 raise SureclError(f"--grid {spec!r} must look like key.sub=v1,v2")
             key, values = spec.split("=", 1)
+            if key.strip() in specs:  # the second replaced the first without a word
+                raise SureclError(f"--grid {key.strip()} given twice: give its values once, comma-separated (--grid {key.strip()}=v1,v2)")
             specs[key.strip()] = values
         plan.grid = _grid(specs, "--grid")
         for g in plan.groups:
@@ -230,7 +254,20 @@ def sweep_plan(args):
         plan.layout = args.layout
     if not (plan.orders and plan.seeds):
         raise SureclError("sweep: --methods, --orders and --seeds each need at least one value")
+    _check_methods(plan, "--methods" if args.methods is not None else f"--plan {args.plan}: methods")
     return plan
+
+
+def _check_methods(plan, where: str) -> None:
+    """One line for a method entry whose preset is a setting (``kind: setting``: tiny, cpt, lnt):
+    the run took the default method and trained it under the setting's name as its row."""
+    from surecl.config import load_yaml
+
+    for method in dict.fromkeys([*plan.methods, *(m for g in plan.groups for m in g["methods"])]):
+        data, _ = load_yaml(method)
+        if isinstance(data, dict) and data.get("kind") == "setting":
+            raise SureclError(f"{where}: {method} is a setting preset, not a method; apply it to every run with --config "
+                              "(or a plan's config:) and name methods here")
 
 
 def _folder_order(cfg) -> list[str]:
@@ -245,6 +282,35 @@ def _folder_order(cfg) -> list[str]:
     if not root.is_dir() or not order_missing(root, cfg.data.order, []):
         return []
     return resolve_order(root, cfg.data.order, [], True)
+
+
+def _check_order(cfg, path: str, checked: set) -> None:
+    """One line for a planned run whose order its benchmark does not have (the tiny, instruct
+    and user streams have only ``default``; a CL_Benchmark folder 1-6, ``default``, and the
+    tasks the order names), before the sweep writes its plan: written there, the run would fail
+    at every resume and stay a hole in every report."""
+    data = cfg.data
+    key = (data.benchmark, data.order, tuple(data.tasks), data.allow_missing)
+    if key in checked:
+        return
+    checked.add(key)
+    if data.benchmark in ("tiny", "none", "instruct"):  # an order's task list names the tasks of the stream: the run checks them
+        if data.order != "default" and not data.tasks:
+            what = {"tiny": "the tiny benchmark", "instruct": "the instruct stream"}.get(data.benchmark, "a stream of data.jsonl / data.hf tasks")
+            raise SureclError(f"sweep: run {path}: {what} has one order (default), not {data.order!r}; "
+                              "give an order its task list in a plan (orders: {name: [task, ...]})")
+        return
+    from surecl.data.cl_benchmark import ORDERS, resolve_order
+
+    if data.order not in ORDERS and data.order != "default" and not data.tasks:
+        raise SureclError(f"sweep: run {path}: unknown order {data.order!r} (choose from {', '.join(ORDERS)} or default, "
+                          "or give an order its task list in a plan)")
+    root = Path(data.benchmark).expanduser()
+    if data.benchmark != "embedded" and root.is_dir():  # the tasks the order names are there (a missing folder is the run's to say)
+        try:
+            resolve_order(root, data.order, list(data.tasks), data.allow_missing)
+        except SureclError as exc:
+            raise SureclError(f"sweep: run {path}: {exc}") from None
 
 
 def cmd_sweep(args) -> int:
@@ -289,6 +355,9 @@ def cmd_sweep(args) -> int:
         if len(orders) > 1:  # one stream under several names: a report would count its runs as independent units
             what = "the tiny benchmark" if benchmark == "tiny" else "a stream of data.jsonl / data.hf tasks"
             raise SureclError(f"sweep: orders {', '.join(sorted(orders))} of {what} are one stream (it has no numbered orders); {ORDER_LISTS}")
+    checked: set = set()
+    for (cfg, _), r in zip(todo, planned):
+        _check_order(cfg, r["path"], checked)
     # the plan first, so `surecl report` can name the runs a killed or failed sweep did not finish
     meta = {"config": plan.config, "overrides": list(args.overrides), "plan": args.plan, "order_benchmark": plan.order_benchmark}
     from surecl.report import PLAN_FILE
@@ -299,32 +368,36 @@ def cmd_sweep(args) -> int:
         if taken:
             raise SureclError(f"sweep: {root / taken[0]} exists and no surecl sweep wrote {root}; the sweep's table would "
                               "replace it: move it away or choose another --out")
-    # every finished run against its planned config first: an edited plan stops before it trains anything
-    finished = {k for k, (cfg, out) in enumerate(todo, 1) if _finished(out, cfg)}
-    write_sweep_plan(root, planned, meta)
-    failed: list[str] = []
-    for k, (cfg, out) in enumerate(todo, 1):
-        if k in finished or _finished(out, cfg):
-            print(f"[{k}/{len(todo)}] {out}: finished, skipped", file=sys.stderr)
-            continue
-        holder = lock_holder(out)  # before building the run: a model load is not free
-        if holder is not None:
-            print(f"[{k}/{len(todo)}] {out}: {holder} is running there, skipped", file=sys.stderr)
-            continue
-        print(f"[{k}/{len(todo)}] {out}", file=sys.stderr)
-        try:
-            run(cfg, out, resume=True, progress=not args.quiet)
-        except RunBusy as busy:  # another worker of the same study has it
-            print(f"[{k}/{len(todo)}] {out}: {busy.holder} is running there, skipped", file=sys.stderr)
-        except SureclError as exc:  # this run cannot go on (e.g. a non-finite loss): the others still can
-            print(f"[{k}/{len(todo)}] {out}: error: {exc}", file=sys.stderr)
-            failed.append(str(out))
-        except _out_of_memory() as exc:
-            print(f"[{k}/{len(todo)}] {out}: error: {_memory_line(exc)}", file=sys.stderr)
-            failed.append(str(out))
-    if failed:
-        print(f"surecl: {len(failed)} run(s) failed and were left to resume: {', '.join(failed[:10])}"
-              + (" ..." if len(failed) > 10 else ""), file=sys.stderr)
+    from surecl.errors import starting_over
+
+    # its runs' errors name what starts one over: a sweep has no --fresh
+    with starting_over("remove that run folder and rerun the sweep"):
+        # every finished run against its planned config first: an edited plan stops before it trains anything
+        finished = {k for k, (cfg, out) in enumerate(todo, 1) if _finished(out, cfg)}
+        write_sweep_plan(root, planned, meta)
+        failed: list[str] = []
+        for k, (cfg, out) in enumerate(todo, 1):
+            if k in finished or _finished(out, cfg):
+                print(f"[{k}/{len(todo)}] {out}: finished, skipped", file=sys.stderr)
+                continue
+            holder = lock_holder(out)  # before building the run: a model load is not free
+            if holder is not None:
+                print(f"[{k}/{len(todo)}] {out}: {holder} is running there, skipped", file=sys.stderr)
+                continue
+            print(f"[{k}/{len(todo)}] {out}", file=sys.stderr)
+            try:
+                run(cfg, out, resume=True, progress=not args.quiet)
+            except RunBusy as busy:  # another worker of the same study has it
+                print(f"[{k}/{len(todo)}] {out}: {busy.holder} is running there, skipped", file=sys.stderr)
+            except SureclError as exc:  # this run cannot go on (e.g. a non-finite loss): the others still can
+                print(f"[{k}/{len(todo)}] {out}: error: {exc}", file=sys.stderr)
+                failed.append(str(out))
+            except _out_of_memory() as exc:
+                print(f"[{k}/{len(todo)}] {out}: error: {_memory_line(exc)}", file=sys.stderr)
+                failed.append(str(out))
+        if failed:
+            print(f"surecl: {len(failed)} run(s) failed and were left to resume: {', '.join(failed[:10])}"
+                  + (" ..." if len(failed) > 10 else ""), file=sys.stderr)
     if plan.layout == "paper":
         code = cmd_report(argparse.Namespace(dirs=[str(root)], metric=args.metric, csv=None, md=None, layout="paper",
                                              out_dir=str(root / "report"), no_fast=False, claims="default", claim=[], order_benchmark=[]))
@@ -351,7 +424,6 @@ def _check_metric(args) -> None:
 
 
 def cmd_report(args) -> int:
-    from surecl.checkpoint import write_text
     from surecl.report import aggregate, one_metric, pooled_differences, read_results, table_csv, table_markdown
 
     _check_metric(args)
@@ -364,9 +436,11 @@ def cmd_report(args) -> int:
     for flag, value in (("--md", getattr(args, "md", None)), ("--csv", getattr(args, "csv", None))):
         if value is not None and not value.strip():
             raise SureclError(f"{flag}: empty; give a file (an unset shell variable gives an empty value)")
-        if value and (Path(value).is_dir() or not Path(value).parent.is_dir()):
+        if value and value != "-" and (Path(value).is_dir() or not Path(value).parent.is_dir()):
             raise SureclError(f"{flag}: {value} is a folder" if Path(value).is_dir() else f"{flag}: the folder of {value} does not exist")
     _check_results([Path(d) for d in args.dirs])
+    _check_report_files(args)
+    to_stdout = "-" in (getattr(args, "md", None), getattr(args, "csv", None))  # stdout holds what was asked for, alone
     if getattr(args, "layout", "orders") == "paper":
         from surecl.report import paper_report
 
@@ -375,14 +449,13 @@ def cmd_report(args) -> int:
                            unit=getattr(args, "unit", "auto"))
         if args.out_dir is not None:
             check_out_dir(args.out_dir, "--out-dir")
-        print(rep.markdown(images=bool(args.out_dir)))
+        if not to_stdout:
+            print(rep.markdown(images=bool(args.out_dir)))
         if args.out_dir:
             written = rep.write(Path(args.out_dir))
             print(f"surecl: wrote {len(written)} files to {args.out_dir} (report.md, main.md/.csv, ...)", file=sys.stderr)
-        if args.md:
-            write_text(Path(args.md), rep.markdown())
-        if args.csv:
-            write_text(Path(args.csv), rep.tables[0].csv)
+        _write_report(args.md, rep.markdown())
+        _write_report(args.csv, rep.tables[0].csv)
         return 0
     found = read_results([Path(d) for d in args.dirs])
     one_metric(found)
@@ -391,12 +464,58 @@ def cmd_report(args) -> int:
     for line in pooled_differences(runs):
         print(f"surecl: warning: runs pooled into one cell or one row's average differ in configuration: {line}", file=sys.stderr)
     md = table_markdown(orders, rows, args.metric, runs[0].get("metric", "accuracy"))
-    print(md)
-    if args.csv:
-        write_text(Path(args.csv), table_csv(orders, rows))
-    if args.md:
-        write_text(Path(args.md), md)
+    if not to_stdout:
+        print(md)
+    _write_report(args.csv, table_csv(orders, rows))
+    _write_report(args.md, md)
     return 0
+
+
+def _write_report(value: str | None, text: str) -> None:
+    """``--md`` / ``--csv``'s file (``-``: standard output), if given."""
+    from surecl.checkpoint import write_text
+
+    if value == "-":
+        sys.stdout.write(text)
+    elif value:
+        write_text(Path(value), text)
+
+
+def _check_report_files(args) -> None:
+    """``--md`` / ``--csv`` name a file the report may replace (an atomic write puts a new regular
+    file in its place), and ``--out-dir`` a folder it writes report.md into: one line, nothing
+    written, for a symbolic link, something other than a regular file (a device, a FIFO), one
+    of the results.json files being read, a path inside a run folder being reported (its own
+    report.md, ...), or one file named twice."""
+    results = set()
+    for d in args.dirs:
+        root = Path(d)
+        results.update(f.resolve() for f in ([root] if root.is_file() else sorted(root.rglob("results.json")) if root.is_dir() else []))
+    runs = {f.parent for f in results}
+    named: dict[Path, str] = {}
+    if getattr(args, "md", None) == "-" and getattr(args, "csv", None) == "-":
+        raise SureclError("--md - and --csv -: both on standard output; write one of them to a file")
+    for flag, value in (("--md", getattr(args, "md", None)), ("--csv", getattr(args, "csv", None)), ("--out-dir", getattr(args, "out_dir", None))):
+        if not value or value == "-":
+            continue
+        path = Path(value)
+        where = path.parent.resolve() / path.name if path.name not in ("", ".", "..") else path.resolve()
+        if flag != "--out-dir":
+            if path.is_symlink():
+                raise SureclError(f"{flag}: {value} is a symbolic link (to {os.readlink(path)}); the report would replace the link "
+                                  "with a file: name the file itself, or another path")
+            if path.exists() and not path.is_file():
+                raise SureclError(f"{flag}: {value} exists and is not a regular file (a device, a FIFO, a socket); the report "
+                                  "would replace it with a file: choose another path")
+            if where in results:
+                raise SureclError(f"{flag}: {value} is one of the results.json files being reported; choose another path")
+            if where in named:
+                raise SureclError(f"{flag}: {value} is the file {named[where]} names too; give each its own")
+            named[where] = flag
+        inside = next((r for r in sorted(runs) if r == where or r in where.parents), None)
+        if inside is not None:
+            raise SureclError(f"{flag}: {value} is inside the run folder {inside}, which is being reported (the report would "
+                              "replace its files); write it elsewhere")
 
 
 def _check_results(paths: list[Path]) -> None:
@@ -473,7 +592,13 @@ def _registered() -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with its errors on one line (``surecl: error: ...``, exit 2), as every other error."""
+    """argparse with its errors on one line (``surecl: error: ...``, exit 2), as every other error,
+    and no abbreviated options: ``--imp`` was taken for ``--import`` without importing (main
+    reads ``--import`` before parsing), ``report --out`` for ``--out-dir``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         print(f"surecl: error: {_bounded(message)} (see {self.prog} --help)", file=sys.stderr)
@@ -481,11 +606,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _Once(argparse.Action):
-    """An option that may be given once (a second ``--config`` silently replaced the first)."""
+    """An option that may be given once (a second ``--config`` silently replaced the first);
+    ``example``: the option's value in the error, where it takes a comma-separated list."""
+
+    def __init__(self, *args, example: str | None = None, **kwargs):
+        self.example = example
+        super().__init__(*args, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
         if getattr(namespace, f"_{self.dest}_seen", False):
-            parser.error(f"{option_string} given twice: give one comma-separated list, e.g. {option_string} tiny,seq_lora")
+            parser.error(f"{option_string} given twice: " + (f"give one comma-separated list, e.g. {option_string} {self.example}"
+                                                             if self.example else "give it once"))
         setattr(namespace, f"_{self.dest}_seen", True)
         setattr(namespace, self.dest, values)
 
@@ -500,7 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="one continual run", epilog=_registered())
-    r.add_argument("--config", action=_Once, help="preset names or YAML files, comma-separated, applied in order (default: slow_surprise); "
+    r.add_argument("--config", action=_Once, example="tiny,seq_lora", help="preset names or YAML files, comma-separated, applied in order (default: slow_surprise); "
                                     "an earlier run's config.yaml runs that config again")
     r.add_argument("--out", help="output directory (default: runs/<preset>-<benchmark>-o<order>-s<seed>)")
     r.add_argument("--fresh", action="store_true",
@@ -520,12 +651,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("sweep", help="methods x orders x seeds, skipping finished runs")
-    s.add_argument("--plan", help="a sweep plan: a packaged name (surecl list) or a YAML file; the options below replace its values")
-    s.add_argument("--methods", help="comma-separated method presets (default: seq_lora,reservoir,surprise,slow_surprise; with a "
+    s.add_argument("--plan", action=_Once, help="a sweep plan: a packaged name (surecl list) or a YAML file; the options below replace its values")
+    s.add_argument("--methods", action=_Once, example="seq_lora,surprise", help="comma-separated method presets (default: seq_lora,reservoir,surprise,slow_surprise; with a "
                    "plan's groups: those groups' runs of these methods, a method of no group with the plan's own settings)")
-    s.add_argument("--orders", help="comma-separated orders (default: the --config protocol preset's, e.g. lnt -> 4,5,6; else default)")
-    s.add_argument("--seeds", help="comma-separated seeds (default 0)")
-    s.add_argument("--config", action=_Once, help="presets/YAML applied to every run before the method preset (e.g. tiny)")
+    s.add_argument("--orders", action=_Once, example="1,2,3", help="comma-separated orders (default: the --config protocol preset's, e.g. lnt -> 4,5,6; else default)")
+    s.add_argument("--seeds", action=_Once, example="0,1,2", help="comma-separated seeds (default 0)")
+    s.add_argument("--config", action=_Once, example="paper-t5,lnt", help="presets/YAML applied to every run before the method preset (e.g. tiny)")
     s.add_argument("--out", default="runs/sweep")
     s.add_argument("--grid", action="append", default=[], metavar="key.sub=v1,v2",
                    help="ablation axis (repeatable), e.g. replay.buffer_size=150,300,500 or dual.beta=0.99,0.995")
@@ -701,10 +832,12 @@ def _safetensors_error() -> type[BaseException]:
 
 
 def _memory_line(exc: BaseException) -> str:
+    from surecl.errors import start_over
+
     first = str(exc).splitlines()[0] if str(exc) else "out of memory"
     return (f"out of accelerator memory ({first[:160]}); the last checkpoint is intact: free the device (fewer processes on "
-            "it) and rerun the same command to resume, or start afresh (--fresh, or another --out) with a lower eval.batch_size "
-            "or train.micro_batch_tokens: a resume keeps the run's config")
+            f"it) and rerun the same command to resume, or start afresh ({start_over('--fresh')}, or another --out) with a lower "
+            "eval.batch_size or train.micro_batch_tokens: a resume keeps the run's config")
 
 
 if __name__ == "__main__":

@@ -201,9 +201,8 @@ RAW_STRING_KEYS = ("replay.ratio", "preset")
 
 
 def replay_ratio(text: str) -> tuple[int, int]:
-    """``replay.ratio`` ``"a:b"`` as (a, b): a replayed examples per b new ones (integers, a >= 1, b >= 1)."""
-    if isinstance(text, int) or (isinstance(text, str) and text.strip().isdigit()):
-        raise SureclError(f"replay.ratio: got the number {str(text)[:20]}; an unquoted a:b in YAML is read as a base-60 number: quote it (ratio: \"1:2\")")
+    """``replay.ratio`` ``"a:b"`` as (a, b): a replayed examples per b new ones (integers, a >= 1, b >= 1).
+    A bare number is malformed like any other value (an unquoted a:b in a YAML file keeps its text)."""
     parts = str(text).split(":")
     try:
         a, b = (int(p.strip()) for p in parts)

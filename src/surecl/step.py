@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from surecl.data.encode import micro_batch_positions
-from surecl.errors import SureclError
+from surecl.errors import SureclError, start_over
 from surecl.nll import token_nll
 from surecl.plugins.base import Plugin, Stage, StepRecord
 from surecl.replay.buffer import Entry
@@ -130,7 +130,7 @@ class TrainStep(Plugin):
         if weights:  # (a checkpoint from before they were kept has none: the method's own state restores them, or nothing did)
             if sorted(weights) != list(range(len(self.params))) or any(weights[i].shape != p.shape for i, p in enumerate(self.params)):
                 raise SureclError(f"checkpoint: its {len(weights)} trained tensors do not fit this run's {len(self.params)} "
-                                  "(another method or model); use another --out, or --fresh")
+                                  f"(another method or model); use another --out, or {start_over()}")
             for i, p in enumerate(self.params):
                 p.copy_(weights[i])
         self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
@@ -178,7 +178,7 @@ class TrainStep(Plugin):
                                 f"{f', on process {rank}' if world > 1 else ''})")
                     if world == 1:  # with several processes every one runs its backward first (DDP's collectives), then all stop
                         self.optimizer.zero_grad(set_to_none=True)
-                        raise SureclError(f"{bad_loss}; {NONFINITE_RERUN}")
+                        raise SureclError(f"{bad_loss}; {nonfinite_rerun()}")
                 accelerator.backward(loss)
             loss_total = loss_total + loss.detach()
             parts.append((nll_k.detach(), count_k.detach()))
@@ -194,7 +194,7 @@ class TrainStep(Plugin):
             shown = torch.as_tensor(loss_total)
         if not bool(torch.isfinite(shown)):
             self.optimizer.zero_grad(set_to_none=True)
-            raise SureclError(f"{bad_loss or f'non-finite loss at task {ctx.stage_name(stage)} step {step} on another process'}; {NONFINITE_RERUN}")
+            raise SureclError(f"{bad_loss or f'non-finite loss at task {ctx.stage_name(stage)} step {step} on another process'}; {nonfinite_rerun()}")
         if grad_bad:
             # a finite loss whose gradient is not: stop before the update spreads it into every
             # weight (clipping by a NaN norm would), so the weights and the checkpoint stay finite
@@ -203,7 +203,7 @@ class TrainStep(Plugin):
             raise SureclError(
                 f"non-finite gradient at task {ctx.stage_name(stage)} step {step} from a finite loss ({shown.item():.6g}) ({where}); "
                 f"the weights were not updated. A numerical fault of the backward pass (bf16 kernels on an accelerator, say): "
-                f"{NONFINITE_RERUN}; model.attn_implementation=eager or model.dtype=fp32 in a fresh run tell the kernels from the precision"
+                f"{nonfinite_rerun()}; model.attn_implementation=eager or model.dtype=fp32 in a fresh run tell the kernels from the precision"
             )
         if self.config.grad_clip:
             accelerator.clip_grad_norm_(self.params, self.config.grad_clip)
@@ -216,9 +216,10 @@ class TrainStep(Plugin):
         )
 
 
-NONFINITE_RERUN = ("the last checkpoint is intact: rerun the same command to resume from it (an accelerator's kernels are not "
-                   "bit-deterministic), or start over (--fresh, or another --out) with a lower train.lr or the data fixed")
-"""What a non-finite loss or gradient's error line says to do (a changed config cannot resume)."""
+def nonfinite_rerun() -> str:
+    """What a non-finite loss or gradient's error line says to do (a changed config cannot resume)."""
+    return ("the last checkpoint is intact: rerun the same command to resume from it (an accelerator's kernels are not "
+            f"bit-deterministic), or start over ({start_over('--fresh')}, or another --out) with a lower train.lr or the data fixed")
 
 
 def nonfinite_where(params: list[torch.Tensor], nll: torch.Tensor, rows: list, items: list[tuple[int, int]]) -> str:

@@ -21,7 +21,8 @@ your own. Options given on the command line (``--methods``, ``--orders``, ``--se
 ``--grid``, ``--config``) replace the plan's; ``--methods`` on a plan with groups picks those
 methods' runs out of their groups (each keeps its group's seeds, orders, grid and overrides).
 A plan that names no ``orders`` runs its protocol preset's (``lnt``: 4, 5, 6), as the command
-line does without a plan. A grid value is one folder name (a ``/`` in it becomes ``_``).
+line does without a plan. A grid value is one folder name (a ``/`` in it becomes ``_``); values
+given as one text (``--grid key=v1,v2``) are split on the commas outside brackets and quotes.
 """
 
 from __future__ import annotations
@@ -149,10 +150,37 @@ def _orders(value: Any, where: str) -> dict[str, list[str] | None]:
     return {_order_name(o, where): None for o in _strings(value, where)}
 
 
+_OPEN, _CLOSE = "[{", "]}"
+
+
+def _grid_values(text: str, where: str) -> list[str]:
+    """A grid axis's values written as one text (``--grid key=v1,v2``), split on the commas
+    outside brackets and quotes: ``[q_proj,v_proj],[q_proj]`` is two list values, not four
+    pieces. A quote counts where it opens a value (as in YAML); each value is kept as written."""
+    values, depth, quote, start = [], 0, None, 0
+    for i, c in enumerate(text):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"" and not text[start:i].strip():
+            quote = c
+        elif c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth -= 1
+            if depth < 0:
+                raise SureclError(f"{where}: {text!r} closes a bracket it never opened")
+        elif c == "," and depth == 0:
+            values.append(text[start:i])
+            start = i + 1
+    if quote or depth:
+        raise SureclError(f"{where}: {text!r} leaves a {'quote' if quote else 'bracket'} open")
+    return [v.strip() for v in [*values, text[start:]] if v.strip()]
+
+
 def _grid(value: Any, where: str) -> dict[str, list[str]]:
     if not isinstance(value, dict):
         raise SureclError(f"{where}: expected a mapping key.sub -> list of values")
-    return {str(k): _strings(v, f"{where}.{k}") for k, v in value.items()}
+    return {str(k): _strings(_grid_values(v, f"{where}.{k}") if isinstance(v, str) else v, f"{where}.{k}") for k, v in value.items()}
 
 
 def load_plan(name_or_path: str) -> Plan:

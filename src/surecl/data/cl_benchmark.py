@@ -172,14 +172,17 @@ def resolve_order(root: Path, order: str, tasks: list[str], allow_missing: bool)
         raise SureclError(f"task named twice in the order: {', '.join(dupes)}")
     have = index_tasks(root)
     missing = [t for t in wanted if t not in have]
+    kept = [t for t in wanted if t in have]
+    if not kept:  # data.allow_missing would fail too: not the folder the order is for
+        if not tasks and order in ORDERS:
+            raise SureclError(f"{root}: holds none of the tasks order {order} names ({', '.join(wanted)}); the order needs "
+                              "data.benchmark=/path/to/CL_Benchmark (O-LoRA's benchmark folder)")
+        raise SureclError(f"{root}: holds none of the tasks {', '.join(wanted)} (its tasks: {', '.join(sorted(have)) or 'none'})")
     if missing and not allow_missing:
         raise SureclError(
             f"{root}: lacks task(s) {', '.join(missing)} named by the order "
             "(set data.allow_missing=true to run the available ones)"
         )
-    kept = [t for t in wanted if t in have]
-    if not kept:
-        raise SureclError(f"{root}: none of the tasks {', '.join(wanted)} is present")
     return kept
 
 

@@ -75,7 +75,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from surecl.errors import SureclError
+from surecl.errors import SureclError, start_over
 from surecl.replay.buffer import Entry
 
 if TYPE_CHECKING:
@@ -410,8 +410,8 @@ class Plugins:
                 if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (a RuntimeError): as above
                     raise  # the plugin's own code: named, its error in one line (--debug shows the traceback)
                 raise SureclError(f"{self.who(p)}: its load_state_dict could not read the checkpoint's state: {type(exc).__name__}: "
-                                  f"{' '.join(str(exc).split())[:200]} (a checkpoint another version of the plugin wrote? start over "
-                                  "with --fresh or another --out)") from exc
+                                  f"{' '.join(str(exc).split())[:200]} (a checkpoint another version of the plugin wrote? start over: "
+                                  f"{start_over('--fresh')}, or another --out)") from exc
 
 
 def _is_index(value: Any) -> bool:
