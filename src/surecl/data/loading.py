@@ -108,6 +108,8 @@ def caller_stream(tasks: list[Task], cfg: RunConfig) -> list[Task]:
                           "Task.from_hf(dataset, name=...))")
     if cfg.data.tasks:
         tasks = _chosen(tasks, cfg.data.tasks, "tasks=")
+    for t in tasks:  # fields assigned after construction (a Task is mutable), before the copy reads them
+        t._check_types("tasks: ")
     # the caller's Task objects stay as given: checking with data.invalid_labels=drop removes
     # rows from (and marks) the copies the run reads
     tasks = [dataclasses.replace(t, labels=list(t.labels), train=list(t.train), test=list(t.test), meta=dict(t.meta)) for t in tasks]

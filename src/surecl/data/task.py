@@ -81,6 +81,14 @@ def data_warning(message: str) -> None:
     logger.warning(message)
 
 
+def _found(value) -> str:
+    """A wrong-typed value as a message names it: its type and a short one-line repr."""
+    if value is None:
+        return "None"
+    shown = " ".join(repr(value).split())
+    return f"{type(value).__name__} {shown if len(shown) <= 40 else shown[:37] + '...'}"
+
+
 def user_instruction(text: str) -> str:
     """A user's task instruction as prompts use it: a non-empty one that does not end in
     whitespace gets a newline, so the input does not run on from its last word."""
@@ -108,10 +116,43 @@ class Task:
     metric: str = ""
 
     def __post_init__(self) -> None:
+        self._check_types()
         # the name in Unicode's composed form, as every reader takes a file's name and as
         # per-task values and data.tasks are read: "été" typed decomposed is the same task
-        if isinstance(self.name, str):
-            self.name = unicodedata.normalize("NFC", self.name)
+        self.name = unicodedata.normalize("NFC", self.name)
+
+    def _check_types(self, where: str = "") -> None:
+        """Refuse fields of the wrong type in one line naming the task, split and row (a task
+        built in Python: a pandas missing value is a float ``nan``; the readers give text
+        alone). On construction, as a copy is made too, so no later step fails on them with a
+        traceback; again in :meth:`check`, after fields were assigned."""
+        if not isinstance(self.name, str):
+            raise SureclError(f"{where}task name must be a string, not {_found(self.name)}")
+        at = f"{where}task {self.name}"
+        for arg in ("instruction", "group"):
+            if not isinstance(getattr(self, arg), str):
+                raise SureclError(f"{at}: {arg} must be a string, not {_found(getattr(self, arg))}")
+        if not isinstance(self.meta, dict):
+            raise SureclError(f"{at}: meta must be a dict, not {_found(self.meta)}")
+        if not isinstance(self.labels, (list, tuple)):
+            raise SureclError(f"{at}: labels must be a list of strings, not {_found(self.labels)}")
+        for i, label in enumerate(self.labels):
+            if not isinstance(label, str):
+                raise SureclError(f"{at}: labels must be a list of strings; item {i} is {_found(label)}")
+        for split in ("train", "test"):
+            rows = getattr(self, split)
+            if not isinstance(rows, (list, tuple)):
+                raise SureclError(f"{at}: {split} must be a list of Example, not {_found(rows)}")
+            for i, ex in enumerate(rows):
+                if not isinstance(ex, Example):
+                    raise SureclError(f"{at} {split} row {i}: {_found(ex)} is not an Example (give Example(sentence, label))")
+                for part in ("sentence", "label"):
+                    if not isinstance(getattr(ex, part), str):
+                        raise SureclError(f"{at} {split} row {i}: {part} is {_found(getattr(ex, part))}, not text")
+                turns = ex.messages
+                if not isinstance(turns, (list, tuple)) or not all(
+                        isinstance(t, (list, tuple)) and len(t) == 2 and all(isinstance(c, str) for c in t) for t in turns):
+                    raise SureclError(f"{at} {split} row {i}: messages must be (role, content) pairs of strings, not {_found(turns)}")
 
     @property
     def score_metric(self) -> str:
@@ -141,6 +182,7 @@ class Task:
         instead (MNLI's test split marks 131 rows with no gold label as ``-``), counting them
         in ``meta["dropped"]``; the empty-split checks apply to what is left."""
         where = f"{source}: " if source else ""
+        self._check_types(where)
         if not _SAFE_NAME.match(self.name) or ".." in self.name:
             raise SureclError(f"{where}task name {self.name!r} must be letters, digits, '.', '_', '+', '-', starting with a letter "
                               "or digit (no spaces or path separators)")
