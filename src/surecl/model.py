@@ -214,10 +214,23 @@ def _contiguous_input(module, args):
 
 
 def load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None = None) -> LoadedModel:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+    """The configured base model and its tokenizer (:func:`prepare_model`), loaded without
+    transformers' progress bars (surecl shows its own progress); the caller's setting of those
+    bars is back as it was once the model is loaded, or its loading failed."""
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # surecl shows its own progress
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return _load_model(cfg, device, cache_dir)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
+def _load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None) -> LoadedModel:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
     cache_dir = cache_dir or default_cache_dir()
     if cfg.name == SMOLLM2:
         path = smollm2_folder(cache_dir)
@@ -258,11 +271,9 @@ def prepare_model(model: torch.nn.Module, tokenizer, device: torch.device, path:
     does for the configured one: a pad token (the EOS token when there is none; an
     encoder-decoder's config without a ``pad_token_id`` takes the tokenizer's), left padding,
     base frozen and in eval mode, on ``device``. Also the entry for a model the caller built
-    (``ContinualRun(..., model=, tokenizer=)``); its dtype is kept as it is."""
-    if not hasattr(model, "config") or not hasattr(model, "get_output_embeddings"):
-        raise SureclError(f"model: expected a transformers model (a PreTrainedModel), got {type(model).__name__}")
-    if tokenizer is None or not callable(getattr(tokenizer, "encode", None)):
-        raise SureclError(f"tokenizer: expected a transformers tokenizer, got {type(tokenizer).__name__}")
+    (``ContinualRun(..., model=, tokenizer=)``, checked first by :func:`check_given_model`); its
+    dtype is kept as it is."""
+    _check_types(model, tokenizer)
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token is None:
             raise SureclError("tokenizer: has neither a pad token nor an EOS token to pad with")
@@ -283,3 +294,79 @@ def prepare_model(model: torch.nn.Module, tokenizer, device: torch.device, path:
     dtype = weights_dtype(model)
     path = path or getattr(model.config, "_name_or_path", "") or type(model).__name__
     return LoadedModel(model=model, tokenizer=tokenizer, is_seq2seq=is_seq2seq, path=str(path), dtype=dtype, note=note)
+
+
+def _check_types(model, tokenizer) -> None:
+    if not hasattr(model, "config") or not hasattr(model, "get_output_embeddings"):
+        raise SureclError(f"model: expected a transformers model (a PreTrainedModel), got {type(model).__name__}")
+    if tokenizer is None or not callable(getattr(tokenizer, "encode", None)):
+        raise SureclError(f"tokenizer: expected a transformers tokenizer, got {type(tokenizer).__name__}")
+
+
+def check_given_model(model, tokenizer) -> None:
+    """A model and tokenizer the caller built, checked before the run changes anything in them:
+    a transformers model and tokenizer, and a model that holds no PEFT adapter layers. The run
+    adds its LoRA layers in place: on a model an earlier run wrapped, PEFT stops adding ``slow``
+    again, or the run draws the shared ``fast`` layers afresh under the earlier run's
+    ``peft_model``; a caller's own ``PeftModel`` would have its adapter switched off. The sibling
+    of SureTrainer's check (``integrations.transformers._check_fresh_base``)."""
+    _check_types(model, tokenizer)
+    from peft import PeftModel
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    if isinstance(model, PeftModel) or any(isinstance(m, BaseTunerLayer) for m in model.modules()):
+        raise SureclError("model: already holds PEFT adapter layers (a model an earlier run wrapped in place, or a PeftModel); "
+                          "pass a fresh base model: load it again (from_pretrained; an interrupted run then resumes from its "
+                          "checkpoint), or a PeftModel's base after peft_model.unload()")
+
+
+HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
+         "_forward_hooks_always_call", "_backward_pre_hooks", "_backward_hooks")
+"""The hook tables of an ``nn.Module``, each keyed by its hook's handle id."""
+
+
+class GivenModel:
+    """What a run changes in a model and tokenizer the caller built, taken before it changes
+    them, so that a run whose construction fails gives them back as they came (as SureTrainer
+    does): :meth:`restore` takes out the PEFT layers added in place (and PEFT's ``peft_config``
+    on the model), the hooks added to its modules (:func:`prepare_model`'s on the output layer, a
+    method's on the embeddings), each module's train/eval mode, each parameter's
+    ``requires_grad``, the device its weights were on (where they were all on one), the config's
+    ``pad_token_id`` and the tokenizer's pad token and padding side."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        modules = list(model.modules())
+        self.modes = [(m, m.training) for m in modules]
+        self.hooks = [(m, {name: set(getattr(m, name)) for name in HOOKS if isinstance(getattr(m, name, None), dict)})
+                      for m in modules]
+        self.grads = [(p, p.requires_grad) for p in model.parameters()]
+        devices = {p.device for p in model.parameters()}
+        self.device = devices.pop() if len(devices) == 1 else None
+        self.peft_config = hasattr(model, "peft_config")
+        self.pad_token_id = getattr(model.config, "pad_token_id", None)
+        self.pad_token, self.padding_side = tokenizer.pad_token, tokenizer.padding_side
+
+    def restore(self) -> None:
+        from surecl.adapters import _restore_base_layers
+
+        model, tokenizer = self.model, self.tokenizer
+        _restore_base_layers(model)
+        if not self.peft_config and hasattr(model, "peft_config"):
+            del model.peft_config
+        for module, kept in self.hooks:
+            for name, ids in kept.items():
+                table = getattr(module, name)
+                for key in [k for k in table if k not in ids]:
+                    del table[key]
+        for module, training in self.modes:
+            module.training = training
+        for p, grad in self.grads:
+            p.requires_grad_(grad)
+        if self.device is not None and any(p.device != self.device for p in model.parameters()):
+            model.to(self.device)
+        if getattr(model.config, "pad_token_id", None) != self.pad_token_id:
+            model.config.pad_token_id = self.pad_token_id
+        if tokenizer.pad_token != self.pad_token:
+            tokenizer.pad_token = self.pad_token
+        tokenizer.padding_side = self.padding_side

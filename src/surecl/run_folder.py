@@ -15,7 +15,7 @@ import torch
 
 import surecl.checkpoint as checkpoint
 from surecl.data.task import composed_keys
-from surecl.errors import SureclError
+from surecl.errors import SureclError, start_over
 from surecl.model import host_info
 from surecl.plugins.tracking import MARK
 from surecl.processes import agreed, from_main
@@ -178,10 +178,10 @@ def _finished_without_checkpoint(run) -> None:
                 raise SureclError(f"{run.out_dir}: already holds a finished run with a different config (results.json); choose another --out")
             raise SureclError(f"{run.out_dir}: already holds this finished run, its final outputs in place and its checkpoints "
                               "removed: read its results.json and load its adapters/ (no checkpoint remains to restore the "
-                              "trained model here), or pass fresh=True (--fresh) to train it again")
+                              f"trained model here), or {start_over('pass fresh=True (--fresh)')} to train it again")
         raise SureclError(f"{run.out_dir}: a finished run whose final output{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
                           f"{'are' if len(missing) > 1 else 'is'} missing and no checkpoint remains to write "
-                          f"{'them' if len(missing) > 1 else 'it'} again; rerun with --fresh to train it again, or choose another --out")
+                          f"{'them' if len(missing) > 1 else 'it'} again; {start_over()} to train it again, or choose another --out")
 
 
 def save(run) -> None:
@@ -247,23 +247,24 @@ def restore(run) -> Path | None:
     for name, digest in fingerprints(run).items():
         if name in saved and saved[name] != digest:
             raise SureclError(f"{run.out_dir}: the data of task {name} changed since {found.folder.name} was written (other "
-                              "sampled rows at the same config); restore that data, or rerun with --fresh to start over on this data")
+                              f"sampled rows at the same config); restore that data, or {start_over()} to start over on this data")
     saved = composed_keys(found.meta.get("encoding") or {})  # checkpoints written before these were recorded have none
     for name, digest in encoding_digests(run).items():
         if name in saved and saved[name] != digest:
             raise SureclError(f"{run.out_dir}: the prompts of task {name} are built otherwise than when {found.folder.name} was "
                               "written (the tokenizer's start tokens, the task's group under data.task_prefix, or surecl's prompt "
-                              "format changed): the rest of the run would train on other inputs; rerun with --fresh, or use another --out")
+                              f"format changed): the rest of the run would train on other inputs; {start_over()}, or use another --out")
     base, saved_base = getattr(run, "base_fingerprint", None), found.meta.get("base")
     if base is not None and saved_base is not None and base != saved_base:
         raise SureclError(f"{run.out_dir}: the base model ({run.cfg.model.name}) is not the one {found.folder.name} was trained on "
-                          "(its weights changed since); restore that model, or rerun with --fresh to start over on this one")
+                          f"(its weights changed since); restore that model, or {start_over()} to start over on this one")
     saved = composed_keys(found.meta.get("general") or {})
     for name, digest in probe_fingerprints(run).items():
         if name in saved and saved[name] != digest:
             raise SureclError(f"{run.out_dir}: the general-ability probe's part {name} changed since {found.folder.name} was written "
                               "(its rows, or its prompts: a header instruction now ends in a newline as in every reader; the "
-                              "before-training scores were taken on the old ones); restore it, or rerun with --fresh")
+                              f"before-training scores were taken on the old ones); restore it, or {start_over()}")
+    run.ran = True  # its components hold the checkpoint's state from here (ContinualRun.run: one run per object)
     run.plugins.load_state_dicts(found.components)
     load_rng_state(run, *found.components["rng"])
     saved = found.components["run"][0]
@@ -273,7 +274,7 @@ def restore(run) -> Path | None:
     return found.folder
 
 
-def _generators(device) -> dict[str, torch.Tensor]:
+def generators(device) -> dict[str, torch.Tensor]:
     """This process's torch generator states: the CPU's and, on a GPU, the device's."""
     out = {"torch": torch.get_rng_state()}
     if device.type == "cuda":
@@ -281,11 +282,18 @@ def _generators(device) -> dict[str, torch.Tensor]:
     return out
 
 
+def set_generators(states: dict[str, torch.Tensor], device) -> None:
+    """Put back the generator states :func:`generators` took."""
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and device.type == "cuda":
+        torch.cuda.set_rng_state(states["cuda"], device)
+
+
 def gather_rng(run) -> list[dict[str, torch.Tensor]]:
-    """Every process's :func:`_generators`, in process order (a collective: every process calls it)."""
+    """Every process's :func:`generators`, in process order (a collective: every process calls it)."""
     from accelerate.utils import gather_object
 
-    return gather_object([_generators(run.device)])
+    return gather_object([generators(run.device)])
 
 
 def rng_state(run) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -294,7 +302,7 @@ def rng_state(run) -> tuple[dict, dict[str, torch.Tensor]]:
     several processes each one's own generators too (``torch/rank<r>``, gathered by
     :func:`gather_rng`), since each draws dropout masks for its own rows."""
     version, internal, gauss = run.rng.getstate()
-    tensors = _generators(run.device)
+    tensors = generators(run.device)
     for r, states in enumerate(getattr(run, "rank_rng", None) or []):
         tensors.update({f"{k}/rank{r}": v for k, v in states.items()})
     return {"batches": [version, list(internal), gauss]}, tensors

@@ -29,7 +29,7 @@ from surecl.data.loading import caller_stream, caller_tasks, load_stream, missin
 from surecl.data.task import Task
 from surecl.errors import SureclError
 from surecl.methods.base import check_declarations
-from surecl.model import default_cache_dir, load_model, prepare_model, weights_dtype
+from surecl.model import GivenModel, check_given_model, default_cache_dir, load_model, prepare_model, weights_dtype
 from surecl.nll import model_positions, shared_prefix_obstacle, sliding_window_in_use  # noqa: F401  (re-exported)
 from surecl.plan import check_task_names, ema_units
 from surecl.plugins.base import Plugin, Plugins
@@ -40,6 +40,7 @@ from surecl.processes import release_at_exit
 from surecl.registry import method_class, method_config, policy_class, policy_options
 from surecl.replay.buffer import OnlineQuotaBuffer
 from surecl.replay.policies import buffer_capacity, stream_quota_warning
+from surecl.run_folder import generators, set_generators
 from surecl.run_results import base_fingerprint
 from surecl.run_state import InputSets, RunState
 from surecl.step import TrainStep
@@ -65,11 +66,52 @@ def build_run(
     log_with: list[str] = (), model=None, tokenizer=None, tasks: list[Task] | None = None,
 ) -> None:
     """Fill ``run`` (a :class:`~surecl.trainer.ContinualRun`) from ``cfg``; see the module docstring
-    and :class:`~surecl.trainer.ContinualRun` for the arguments."""
+    and :class:`~surecl.trainer.ContinualRun` for the arguments.
+
+    The caller's own inputs are checked before anything changes them (the plugins' names, a model
+    and tokenizer the caller built: :func:`~surecl.model.check_given_model`, its attention and
+    dtype); a later failure gives that model and tokenizer back as they came
+    (:class:`~surecl.model.GivenModel`), so a corrected retry starts from the same model. torch's
+    generators: the build seeds them for the learner's draw; ``run.torch_streams`` keeps them as
+    the build leaves them (:meth:`~surecl.trainer.ContinualRun.run` takes them up) and the
+    caller's are back when the build ends, however it ends."""
     run.cfg = cfg
     run.out_dir = Path(out_dir)
-    cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None  # a str as out_dir may be
     run.progress = progress
+    extra = {f"plugin:{p.name}": p for p in plugins}
+    if len(extra) != len(plugins):
+        raise SureclError(f"plugins: two plugins share a name in {[p.name for p in plugins]} (each is checkpointed under "
+                          "plugin:<name>); give each its own name")
+    if (model is None) != (tokenizer is None):
+        raise SureclError("model and tokenizer: pass both (a model the caller built) or neither (model.name)")
+    if model is not None:
+        check_given_model(model, tokenizer)
+        if cfg.model.attn_implementation != "auto":
+            raise SureclError(f"model.attn_implementation={cfg.model.attn_implementation}: a model the caller built keeps the "
+                              "attention it was built with; build it with attn_implementation=... instead, or leave this at auto")
+        asked, given = DTYPES.get(cfg.model.dtype), weights_dtype(model)
+        if asked is not None and given is not None and given != asked:
+            raise SureclError(f"model.dtype={cfg.model.dtype}: a model the caller built keeps the dtype it was built in ({given}); "
+                              f"convert it first (model.to(torch.{asked})), or leave this at auto")
+    run.ran = False
+    """Whether :meth:`~surecl.trainer.ContinualRun.run` took the run past its build (a checkpoint
+    restored into it, or its loop started): a run object runs once."""
+    _accelerator(run, cfg, log_with)
+    caller = generators(run.device)
+    given = GivenModel(model, tokenizer) if model is not None else None
+    try:
+        _build(run, cfg, cache_dir, plugins=extra, model=model, tokenizer=tokenizer, tasks=tasks)
+        run.torch_streams = generators(run.device)
+    except BaseException:
+        if given is not None:
+            given.restore()
+        raise
+    finally:
+        set_generators(caller, run.device)
+
+
+def _accelerator(run, cfg: RunConfig, log_with: list[str]) -> None:
+    """The run's ``Accelerator``, its device, process count and rank, and its trackers."""
     # No buffer broadcast in DDP's forward: the base's buffers (rotary frequencies) never
     # change (full fine-tuning trains weights, not buffers), and a collective per forward
     # would deadlock the ranks, whose steps may run different numbers of forwards
@@ -89,6 +131,11 @@ def build_run(
     run.world, run.rank = run.accelerator.num_processes, run.accelerator.process_index
     if run.world > 1:
         release_at_exit()
+
+
+def _build(run, cfg: RunConfig, cache_dir, *, plugins: dict[str, Plugin], model, tokenizer, tasks) -> None:
+    """:func:`build_run` from the stream on (``plugins`` by their checkpoint keys)."""
+    cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None  # a str as out_dir may be
     if tasks is not None:
         tasks = caller_tasks(tasks, cfg)  # in-memory datasets read into tasks
     run.given_fingerprints = {t.name: t.fingerprint() for t in tasks} if tasks is not None else None
@@ -106,20 +153,11 @@ def build_run(
     for t in run.tasks:
         for split, n in t.meta.get("dropped", {}).items():
             run.log(f"{t.name}: dropped {n} {split} rows whose label is not one of {t.labels} (data.invalid_labels=drop)")
-    if (model is None) != (tokenizer is None):
-        raise SureclError("model and tokenizer: pass both (a model the caller built) or neither (model.name)")
     run.supplied_model, run.supplied_tasks = model is not None, tasks is not None
     if model is None:
         with run.accelerator.local_main_process_first():
             loaded = load_model(cfg.model, run.device, cache_dir or default_cache_dir())
     else:
-        if cfg.model.attn_implementation != "auto":
-            raise SureclError(f"model.attn_implementation={cfg.model.attn_implementation}: a model the caller built keeps the "
-                              "attention it was built with; build it with attn_implementation=... instead, or leave this at auto")
-        asked, given = DTYPES.get(cfg.model.dtype), weights_dtype(model)
-        if asked is not None and given is not None and given != asked:
-            raise SureclError(f"model.dtype={cfg.model.dtype}: a model the caller built keeps the dtype it was built in ({given}); "
-                              f"convert it first (model.to(torch.{asked})), or leave this at auto")
         loaded = prepare_model(model, tokenizer, run.device)
     run.model_name_or_path = str(getattr(loaded.model.config, "_name_or_path", "") or "") if model is not None else cfg.model.name
     run.model_class = type(loaded.model).__name__
@@ -194,12 +232,9 @@ def build_run(
     run.trained_params = run.train_step.params
     run.model, run.train_step.optimizer = run.accelerator.prepare(run.model, run.train_step.optimizer)
     run.steplog = StepLog(StepLog.config_from(cfg))
-    extra = {f"plugin:{p.name}": p for p in plugins}
-    if len(extra) != len(plugins):
-        raise ValueError(f"plugins: two plugins named alike in {[p.name for p in plugins]}")
     run.plugins = Plugins({
         "optimizer": run.train_step, "adapters": run.adapters, "method": run.method, "replay": run.policy,
-        **extra, "log": run.steplog, **({"tracking": Tracking()} if trackers else {}), "faults": FaultInjection(),
+        **plugins, "log": run.steplog, **({"tracking": Tracking()} if run.trackers else {}), "faults": FaultInjection(),
     })
     run.state = RunState(accuracy=[[None] * len(run.tasks) for _ in run.tasks])
     run.wall = None  # wall clock of the running part (ContinualRun.clock)

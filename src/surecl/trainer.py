@@ -30,6 +30,7 @@ or several processes.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from pathlib import Path
@@ -44,11 +45,12 @@ import surecl.run_results as run_results
 from surecl.config import RunConfig
 from surecl.data.encode import Encoded, bucketed_batches, collate, uniform_batches
 from surecl.data.task import Task
+from surecl.errors import SureclError
 from surecl.logs import logger
 from surecl.plan import epoch_members, planned_steps, replay_count
 from surecl.plugins.base import Plugin, Stage
 from surecl.plugins.faults import fault_point
-from surecl.processes import agreed, from_main
+from surecl.processes import agreed, from_main, peers_stop_in_one_line
 from surecl.replay.policies import check_scores
 from surecl.replay.surprise import score_examples
 from surecl.run_setup import build_run
@@ -72,8 +74,9 @@ class ContinualRun:
         self, cfg: RunConfig, out_dir: Path, *, progress: bool = True, cache_dir: Path | None = None, plugins: list[Plugin] = (),
         log_with: list[str] = (), model=None, tokenizer=None, tasks: list[Task] | None = None,
     ):
-        build_run(self, cfg, out_dir, progress=progress, cache_dir=cache_dir, plugins=plugins, log_with=log_with, model=model,
-                  tokenizer=tokenizer, tasks=tasks)
+        with peers_stop_in_one_line():
+            build_run(self, cfg, out_dir, progress=progress, cache_dir=cache_dir, plugins=plugins, log_with=log_with, model=model,
+                      tokenizer=tokenizer, tasks=tasks)
 
     def input_prefix(self, task: int) -> tuple[int, ...]:
         """Every plugin's input prefix for ``task`` now but the left-out ones' (none before the plugins exist)."""
@@ -163,26 +166,58 @@ class ContinualRun:
         """Run into ``out_dir``: continue from its newest valid checkpoint (``resume``), or with
         ``fresh`` first remove what an earlier run wrote there (only files surecl writes). The
         main process holds the folder's lock throughout (:func:`checkpoint.run_lock`): a second
-        process there stops with :class:`~surecl.errors.RunBusy` before it touches anything."""
-        agree = from_main if self.world > 1 else None
-        # read before the lock file is made: a folder an earlier version wrote is known by its lock file
-        self.outputs = None
-        agreed(self, lambda: setattr(self, "outputs", checkpoint.Manifest(self.out_dir)))
-        with checkpoint.run_lock(self.out_dir, self.accelerator.is_main_process, agree):
-            finished = run_folder.open_folder(self, resume, fresh)
-            if finished is not None:  # this run, finished, its checkpoints removed: nothing to do
-                return finished
-            self.wall = time.perf_counter()
-            # a run resumed from a checkpoint written before CPU time was counted leaves it out
-            seconds = self.state.seconds
-            self.cpu = time.process_time() if "cpu" in seconds or not seconds.get("total") else None
-            with self.steplog.opened(self.out_dir / "log.jsonl", self.accelerator.is_main_process):
-                if run_eval.before_training(self):
-                    self.checkpoint()
-                for s in range(self.state.next_stage, len(self.stages)):
-                    self.run_stage(s)
-            self.clock()
-            return run_results.finish(self)
+        process there stops with :class:`~surecl.errors.RunBusy` before it touches anything.
+
+        An object runs once: a second call returns the folder's finished run again (its results.json,
+        the learner restored from its last checkpoint); anything else (``fresh``, ``resume=False``, a
+        run that stopped before its end) is one line, as the object holds the earlier run's state.
+        torch's generators are the run's own while it runs, and the caller's again when it ends."""
+        # a collective failing as another process stopped alone: one line, not its traceback
+        with peers_stop_in_one_line(), self._own_streams():
+            again = self.ran
+            if again and (fresh or not resume or self.state.next_stage < len(self.stages)):
+                self._ran_already(fresh)
+            agree = from_main if self.world > 1 else None
+            # read before the lock file is made: a folder an earlier version wrote is known by its lock file
+            self.outputs = None
+            agreed(self, lambda: setattr(self, "outputs", checkpoint.Manifest(self.out_dir)))
+            with checkpoint.run_lock(self.out_dir, self.accelerator.is_main_process, agree):
+                finished = run_folder.open_folder(self, resume, fresh)
+                if finished is not None:  # this run, finished, its checkpoints removed: nothing to do
+                    return finished
+                if again:  # the folder does not hold this run finished (its finish stopped, or another run's)
+                    self._ran_already(fresh)
+                self.ran = True
+                self.wall = time.perf_counter()
+                # a run resumed from a checkpoint written before CPU time was counted leaves it out
+                seconds = self.state.seconds
+                self.cpu = time.process_time() if "cpu" in seconds or not seconds.get("total") else None
+                with self.steplog.opened(self.out_dir / "log.jsonl", self.accelerator.is_main_process):
+                    if run_eval.before_training(self):
+                        self.checkpoint()
+                    for s in range(self.state.next_stage, len(self.stages)):
+                        self.run_stage(s)
+                self.clock()
+                return run_results.finish(self)
+
+    def _ran_already(self, fresh: bool) -> None:
+        raise SureclError(f"ContinualRun.run{'(fresh=True)' if fresh else ''}: this ContinualRun already ran into {self.out_dir} "
+                          "and holds that run's state; build a new ContinualRun (on a freshly loaded base model) to "
+                          + ("start over" if fresh else "run again"))
+
+    @contextlib.contextmanager
+    def _own_streams(self):
+        """torch's generators as the run's own while it runs (as its build left them, then as it
+        draws or a checkpoint restores them), the caller's given back when it ends however it
+        ends: the caller's own seeding holds for its later draws."""
+        caller = run_folder.generators(self.device)
+        if getattr(self, "torch_streams", None) is not None:
+            run_folder.set_generators(self.torch_streams, self.device)
+        try:
+            yield
+        finally:
+            self.torch_streams = run_folder.generators(self.device)
+            run_folder.set_generators(caller, self.device)
 
     def clock(self) -> None:
         """Add the wall time since the last call to ``seconds["total"]`` and this process's CPU
