@@ -140,3 +140,32 @@ def test_greedy_stops_once_every_row_emitted_eos(tiny_loaded):
         new = greedy(spy, batch, max_new_tokens=10, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     assert new.shape == (6, 3) and spy.calls == 4
     assert (new[:, -1] == tok.eos_token_id).all() and (new[:, :-1] != tok.eos_token_id).all()
+
+
+def test_a_perplexity_no_number_holds_is_one_line(tiny_loaded, tmp_path, tiny_cache, monkeypatch, capsys):
+    """exp of a mean NLL past ~709.8 nats overflows a float: a traceback after the training had
+    run (and at every resume). Now one line; a finite one is still exp(mean NLL)."""
+    import copy
+    import math
+
+    import pytest
+
+    from surecl.cli import main
+    from surecl.errors import SureclError
+    from surecl.evaluate import perplexity
+
+    assert perplexity([10.0, 5.0], [3, 2]) == pytest.approx(math.e**3)
+    for sums in ([800.0 * 5], [float("nan")], [float("inf")]):
+        with pytest.raises(SureclError, match="^perplexity: the mean NLL"):
+            perplexity(sums, [5])
+    model = copy.deepcopy(tiny_loaded.model)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(15.0)  # a model whose predictions are far too sure of the wrong tokens
+    folder = tmp_path / "broken"
+    model.save_pretrained(folder)
+    tiny_loaded.tokenizer.save_pretrained(folder)
+    monkeypatch.setenv("SURECL_CACHE", str(tiny_cache))
+    code = main(["run", "--config", "tiny,cpt,seq_lora", f"model.name={folder}", "data.tasks=[colors]", "data.n_train=8",
+                 "data.n_test=4", "train.epochs=1", "eval.before=true", "--out", str(tmp_path / "out"), "--quiet"])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert code == 2 and err[-1].startswith("surecl: error: perplexity: the mean NLL") and "Traceback" not in "\n".join(err), err

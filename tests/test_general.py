@@ -286,6 +286,13 @@ def test_every_kind_of_method_is_probed(method, probe, tmp_path, tiny_cache):
     rows = [r for r in g["after"] if r is not None]
     assert g["before"] is not None and len(rows) == (1 if method == "mtl" else 2) and g["final"] == rows[-1]
     assert g["change"] == {k: pytest.approx(g["final"][k] - g["before"][k]) for k in g["before"]}
+    # the run's report names what each row is after: MTL's one stage is every task, not the last one
+    report = (tmp_path / "run" / "report.md").read_text()
+    if method == "mtl":
+        assert "| general | before training | after all tasks (trained jointly) | change |" in report
+        assert "\n| all tasks (trained jointly) | " in report and "\n| colors | - | - |" not in report
+    else:
+        assert "| general | before training | after colors | after animals | change |" in report
 
 
 @pytest.mark.slow

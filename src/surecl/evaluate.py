@@ -16,6 +16,7 @@ import re
 import torch
 
 from surecl.data.encode import Encoded, collate
+from surecl.errors import SureclError
 from surecl.metrics import _PUNCT, METRIC_NAMES, is_label, normalise  # noqa: F401  (re-exported: how reports name each metric; exact match)
 from surecl.nll import prefix_sharing, prefixed, token_nll
 
@@ -159,10 +160,23 @@ def option_logprobs(
     return result
 
 
+MAX_LOG_PERPLEXITY = math.log(1e300)
+"""The mean NLL (nats per token) above which a perplexity is no number results.json can hold
+(exp overflows a float near 709.8): a model whose predictions are broken."""
+
+
 def perplexity(nll_sums: list[float], n_tokens: list[int]) -> float:
-    """Corpus perplexity: exp(total NLL / total tokens) over a task's test documents."""
+    """Corpus perplexity: exp(total NLL / total tokens) over a task's test documents. A mean NLL
+    past :data:`MAX_LOG_PERPLEXITY` (or not finite) stops the run in one line: no float holds it."""
     total = sum(n_tokens)
-    return math.exp(sum(nll_sums) / total) if total else float("nan")
+    if not total:
+        return float("nan")
+    mean = sum(nll_sums) / total
+    if not mean <= MAX_LOG_PERPLEXITY:
+        raise SureclError(f"perplexity: the mean NLL over a task's test documents is {mean:.4g} nats per token, which gives no "
+                          "perplexity a number holds (past 1e300: the model's predictions are broken, a too high train.lr or a "
+                          "damaged base?); the checkpoints written before this evaluation are intact")
+    return math.exp(mean)
 
 
 def accuracy(predictions: list[str], gold: list[str], labels=()) -> float:

@@ -29,12 +29,30 @@ def _fmt(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+JOINT_ROW = "all tasks (trained jointly)"
+"""The name of a one-stage run's (MTL's) only evaluated row, which the matrix keeps as its last."""
+
+
+def joint_run(a: list[list[float | None]]) -> bool:
+    """Whether ``a`` is a one-stage run's matrix (MTL's): every row but the last empty."""
+    return len(a) > 1 and all(v is None for row in a[:-1] for v in row)
+
+
+def row_names(tasks: list[str], a: list[list[float | None]]) -> list[str | None]:
+    """What each matrix row is "after": its task, or for a one-stage run :data:`JOINT_ROW` for
+    the last row and None (not shown) for the stages it never had."""
+    if joint_run(a):
+        return [None] * (len(a) - 1) + [JOINT_ROW]
+    return list(tasks[: len(a)])
+
+
 def matrix_markdown(tasks: list[str], a: list[list[float | None]], initial: list[float] | None = None, digits: int = 1) -> str:
     lines = ["| after \\ on | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
     if initial:
         lines.append("| (before training) | " + " | ".join(_fmt(v, digits) for v in initial) + " |")
-    for i, row in enumerate(a):
-        lines.append(f"| {tasks[i]} | " + " | ".join(_fmt(v, digits) for v in row) + " |")
+    for name, row in zip(row_names(tasks, a), a):
+        if name is not None:
+            lines.append(f"| {name} | " + " | ".join(_fmt(v, digits) for v in row) + " |")
     return "\n".join(lines)
 
 
@@ -44,6 +62,9 @@ def _draw_matrix(ax, tasks: list[str], a: list[list[float | None]], title: str, 
     ``scale``: the perplexity range (panels sharing one colour bar share it), else the data's."""
     import numpy as np
 
+    joint = joint_run(a)
+    if joint:  # one row: what the joint stage gave
+        a = a[-1:]
     data = np.array([[np.nan if v is None else v for v in row] for row in a], dtype=float)
     if metric == "perplexity":  # lower is better: reversed colours, range from the data
         lo, hi = scale if scale is not None else (np.nanmin(data), np.nanmax(data))
@@ -53,7 +74,7 @@ def _draw_matrix(ax, tasks: list[str], a: list[list[float | None]], title: str, 
         im = ax.imshow(data, vmin=0, vmax=100, cmap="viridis")
         dark = lambda v: v < 60  # noqa: E731
     ax.set_xticks(range(len(tasks)), tasks, rotation=45, ha="right")
-    ax.set_yticks(range(len(tasks[: len(a)])), tasks[: len(a)])
+    ax.set_yticks(range(len(a)), [JOINT_ROW] if joint else tasks[: len(a)])
     if labels:
         ax.set_xlabel("evaluated on task")
         ax.set_ylabel("after training on task")
@@ -208,11 +229,13 @@ def _general_lines(results: dict) -> list[str]:
 
     parts, tasks = general["parts"], results["tasks"]
     shown = [i for i, v in enumerate(general.get("after") or []) if v is not None and i < len(tasks)]
+    names = row_names(tasks, results["accuracy_matrix"]) if results.get("accuracy_matrix") else tasks
+    stage_words = [names[i] if i < len(names) and names[i] is not None else tasks[i] for i in shown]
     lines = ["## General ability (held-out probe, never trained on)", "",
              f"probe `{general['source']}`: " + ", ".join(
                  f"{p} = {METRIC_NAMES.get(general['metrics'][p], general['metrics'][p])} on {general['rows'][p]} rows" for p in parts)
              + "; a perplexity that rose or a score that fell is what the stream cost the model beyond its tasks", "",
-             "| general | before training | " + " | ".join(f"after {tasks[i]}" for i in shown) + " | change |",
+             "| general | before training | " + " | ".join(f"after {name}" for name in stage_words) + " | change |",
              "|---" * (len(shown) + 3) + "|"]
 
     def value(v: float | None, sign: str = "") -> str:
