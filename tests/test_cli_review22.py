@@ -292,3 +292,17 @@ def test_every_start_over_remedy_follows_the_command():
     with starting_over("remove that run folder and rerun the sweep"):
         assert "remove that run folder and rerun the sweep" in nonfinite_rerun() and "--fresh" not in nonfinite_rerun()
     assert "--fresh" in nonfinite_rerun()
+
+
+def test_a_sweep_order_the_embedded_benchmark_lacks_is_refused_before_the_plan(tmp_path, monkeypatch, capsys):
+    """The packaged paper plans leave data.benchmark at the embedded default: order 4 there was
+    written into sweep.json and failed at every run; now one line, naming the benchmark it needs."""
+    from surecl.cli import main
+
+    out = tmp_path / "sweep"
+    code = main(["sweep", "--config", "tiny", "--methods", "seq_lora", "--seeds", "0", "--orders", "4",
+                 "data.benchmark=embedded", "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "the embedded benchmark" in err[0] and "data.benchmark=/path/to/CL_Benchmark" in err[0]
+    assert not (out / "sweep.json").exists()

@@ -507,7 +507,10 @@ def test_fresh_keeps_a_users_files_in_the_exported_folders(finished, tmp_path, c
     assert set(contents) == {"adapters/fast", "adapters/slow"}
     assert set(contents["adapters/slow"]) == {p.name for p in (finished / "adapters" / "slow").iterdir()}
     (out / "adapters" / "slow" / "my_eval.txt").write_text("mine\n")
+    capsys.readouterr()
     assert main(["run", *TINY, "--out", str(out), *SMALL, "train.epochs=2", "--fresh"]) == 0
+    said = next(x for x in capsys.readouterr().err.splitlines() if "--fresh: removed" in x)
+    assert "adapters/fast," in said and "adapters/slow" not in said  # kept: it holds the user's file
     assert (out / "adapters" / "slow" / "my_eval.txt").read_text() == "mine\n"
     assert json.loads((out / "results.json").read_text())["config"]["train"]["epochs"] == 2
     from surecl.checkpoint import Manifest

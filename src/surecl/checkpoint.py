@@ -671,7 +671,7 @@ class Manifest:
         self.dirs = [d for d in self.dirs if (self.out / d).is_dir()]
         if self.out.is_dir():
             self.save()
-        return removed
+        return [p for p in removed if p.relative_to(self.out).as_posix() not in kept]  # (a kept folder lost surecl's files only)
 
 
 def _says(path: Path, mark: str) -> bool:

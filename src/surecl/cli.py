@@ -294,11 +294,13 @@ def _check_order(cfg, path: str, checked: set) -> None:
     if key in checked:
         return
     checked.add(key)
-    if data.benchmark in ("tiny", "none", "instruct"):  # an order's task list names the tasks of the stream: the run checks them
+    if data.benchmark in ("tiny", "none", "instruct", "embedded"):  # an order's task list names the tasks of the stream: the run checks them
         if data.order != "default" and not data.tasks:
-            what = {"tiny": "the tiny benchmark", "instruct": "the instruct stream"}.get(data.benchmark, "a stream of data.jsonl / data.hf tasks")
+            what = {"tiny": "the tiny benchmark", "instruct": "the instruct stream",
+                    "embedded": "the embedded benchmark (newsgroups, tweets, reuters, movies)"}.get(data.benchmark, "a stream of data.jsonl / data.hf tasks")
+            hint = "; the paper's orders 1-6 need data.benchmark=/path/to/CL_Benchmark" if data.benchmark == "embedded" else ""
             raise SureclError(f"sweep: run {path}: {what} has one order (default), not {data.order!r}; "
-                              "give an order its task list in a plan (orders: {name: [task, ...]})")
+                              "give an order its task list in a plan (orders: {name: [task, ...]})" + hint)
         return
     from surecl.data.cl_benchmark import ORDERS, resolve_order
 
