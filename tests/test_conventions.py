@@ -221,7 +221,7 @@ def test_run_outputs_adopts_an_earlier_versions_exact_names(tmp_path):
     (tmp_path / ".surecl-lock").write_text("{}")
     for name in ("log.jsonl", "config.yaml", "report.md", "heatmap.png", "buffer.json", ".results.json.x1y2z3w4", "README.md"):
         (tmp_path / name).write_text("x")
-    for folder in ("checkpoints/stage-0001", "checkpoints/.stage-0002.tmp", "adapters/fast", "adapters/.slow.old",
+    for folder in ("checkpoints/stage-0001", "checkpoints/.stage-0002.k2x9_q0a", "checkpoints/.stage-0004.tmp", "adapters/fast", "adapters/.slow.old",
                    "adapters/fast-run1", "checkpoints/stage-notes", "model"):
         (tmp_path / folder).mkdir(parents=True)
     (tmp_path / "checkpoints" / "stage-notes.txt").write_text("mine")
@@ -232,7 +232,7 @@ def test_run_outputs_adopts_an_earlier_versions_exact_names(tmp_path):
     assert found[:2] == ["config.yaml", "results.json"]  # a cut-short removal never looks finished
     assert sorted(found) == sorted([
         "config.yaml", "results.json", "buffer.json", "log.jsonl", "report.md", "heatmap.png", "checkpoints/stage-0001",
-        "checkpoints/.stage-0002.tmp", "adapters/fast", ".results.json.x1y2z3w4",
+        "checkpoints/.stage-0002.k2x9_q0a", "adapters/fast", ".results.json.x1y2z3w4",  # tempfile tails; .tmp is a user's
     ]), found
 
 
