@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_runs import caller_model_and_tasks
 
 import surecl
 from surecl.config import DualConfig, LoraConfig, ModelConfig, ReplayConfig, RunConfig, TrainConfig, build_config, preset_names
@@ -103,30 +104,6 @@ def test_api_run_end_to_end(tmp_path, tiny_cache):
     results = surecl.run(cfg, tmp_path / "api", progress=False, cache_dir=tiny_cache)
     assert results["tasks"] == ["colors"] and len(results["accuracy_matrix"]) == 1
     assert (tmp_path / "api" / "results.json").is_file()
-
-
-def caller_model_and_tasks():
-    """A tiny Llama, its word-level tokenizer and two tasks, all built here as a user would
-    (not through model.name or data.*)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    words = ["<pad>", "<eos>", "<unk>", "Classify", "the", "word", "Option:", "Answer:", "hot", "warm", "cold", "icy",
-             "up,", "up", "down", "north", "south"]
-    vocab = {w: i for i, w in enumerate(words)}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                         pad_token_id=0, eos_token_id=1, bos_token_id=1))
-    rows = lambda pairs, n: [surecl.Example(s, lab) for s, lab in pairs * n]  # noqa: E731
-    temp = surecl.Task("temperature", "Classify the word ", ["up", "down"], rows([("hot", "up"), ("cold", "down")], 16),
-                       rows([("hot", "up"), ("cold", "down")], 4))
-    heading = surecl.Task("heading", "Classify the word ", ["up", "down"], rows([("north", "up"), ("south", "down")], 16),
-                          rows([("north", "up"), ("south", "down")], 4))
-    return model, tokenizer, [temp, heading]
 
 
 def test_continual_run_trains_a_caller_built_model_on_caller_built_tasks(tmp_path):

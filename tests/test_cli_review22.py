@@ -63,6 +63,16 @@ def no_training(monkeypatch):
     monkeypatch.setattr(surecl.trainer, "run", refuse)
 
 
+def one_topic_benchmark(bench):
+    """A CL_Benchmark-shaped folder holding one task, ``topics``, which no numbered order names."""
+    (bench / "TC" / "topics").mkdir(parents=True)
+    (bench / "instruction_config.json").write_text(json.dumps({"TC": ["Topic? "]}))
+    for split in ("train", "test"):
+        (bench / "TC" / "topics" / f"{split}.json").write_text(json.dumps([{"sentence": "a", "label": "x"}]))
+    (bench / "TC" / "topics" / "labels.json").write_text(json.dumps(["x"]))
+    return bench
+
+
 @pytest.mark.parametrize("target", ["results", "in_run", "link", "fifo", "same_file"])
 @pytest.mark.parametrize("layout", ["orders", "paper"])
 def test_report_never_writes_over_what_it_must_not(tmp_path, capsys, target, layout):
@@ -151,12 +161,7 @@ def test_an_order_the_benchmark_lacks_is_refused_before_the_plan_is_written(tmp_
     assert "tiny benchmark has one order (default), not '9'" in err and "seq_lora/order9/seed0" in err, err
     assert not out.exists()
     # a benchmark folder: an order it has none of the tasks of, and an unknown order name
-    bench = tmp_path / "bench"
-    (bench / "TC" / "topics").mkdir(parents=True)
-    (bench / "instruction_config.json").write_text(json.dumps({"TC": ["Topic? "]}))
-    for split in ("train", "test"):
-        (bench / "TC" / "topics" / f"{split}.json").write_text(json.dumps([{"sentence": "a", "label": "x"}]))
-    (bench / "TC" / "topics" / "labels.json").write_text(json.dumps(["x"]))
+    bench = one_topic_benchmark(tmp_path / "bench")
     for order, words in (("2", "holds none of the tasks order 2 names"), ("7", "unknown order '7'")):
         argv = ["sweep", "--config", "tiny", "--methods", "seq_lora", "--orders", f"default,{order}", "--out", str(out), "--quiet",
                 f"data.benchmark={bench}"]
@@ -239,12 +244,7 @@ def test_an_order_a_folder_has_none_of_the_tasks_of_names_the_benchmark_it_needs
     """data.allow_missing=true was suggested, which fails too when none of them is there."""
     from surecl.data.loading import load_stream
 
-    bench = tmp_path / "bench"
-    (bench / "TC" / "topics").mkdir(parents=True)
-    (bench / "instruction_config.json").write_text(json.dumps({"TC": ["Topic? "]}))
-    for split in ("train", "test"):
-        (bench / "TC" / "topics" / f"{split}.json").write_text(json.dumps([{"sentence": "a", "label": "x"}]))
-    (bench / "TC" / "topics" / "labels.json").write_text(json.dumps(["x"]))
+    bench = one_topic_benchmark(tmp_path / "bench")
     for allow in ("false", "true"):
         with pytest.raises(SureclError) as err:
             load_stream(build_config("tiny,seq_lora", [f"data.benchmark={bench}", "data.order=4", f"data.allow_missing={allow}"]))

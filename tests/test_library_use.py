@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from tiny_runs import caller_model_and_tasks as caller_model
 
 import surecl
 from surecl.errors import SureclError
@@ -17,27 +18,10 @@ FAST = ["data.n_train=0", "data.n_test=0", "train.epochs=1", "eval.mode=rank"]
 
 
 def caller_model_and_tasks():
-    """A tiny Llama, its word-level tokenizer and two tasks, built here as a user would (as in
-    tests/test_api.py)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    words = ["<pad>", "<eos>", "<unk>", "Classify", "the", "word", "Option:", "Answer:", "hot", "warm", "cold", "icy",
-             "up,", "up", "down", "north", "south"]
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    """The caller-built tiny Llama, tokenizer and two tasks of tests/test_api.py, smaller, built
+    without touching the caller's torch generator (a test here checks that a run gives it back)."""
     with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                             pad_token_id=0, eos_token_id=1, bos_token_id=1))
-    rows = lambda pairs, n: [surecl.Example(s, lab) for s, lab in pairs * n]  # noqa: E731
-    temp = surecl.Task("temperature", "Classify the word ", ["up", "down"], rows([("hot", "up"), ("cold", "down")], 4),
-                       rows([("hot", "up"), ("cold", "down")], 2))
-    heading = surecl.Task("heading", "Classify the word ", ["up", "down"], rows([("north", "up"), ("south", "down")], 4),
-                          rows([("north", "up"), ("south", "down")], 2))
-    return model, tokenizer, [temp, heading]
+        return caller_model(n_train=4, n_test=2)
 
 
 def lora_layers(model) -> int:

@@ -58,3 +58,30 @@ def stopped_at(monkeypatch, point: str, call) -> None:
     with pytest.raises(KeyboardInterrupt):
         call()
     monkeypatch.setattr(faults, "fault_point", real)
+
+
+def caller_model_and_tasks(n_train: int = 16, n_test: int = 4):
+    """A tiny Llama, its word-level tokenizer and two tasks ("temperature", "heading"), all built
+    here as a user would (not through model.name or data.*): ``n_train`` / ``n_test`` copies of
+    each task's two rows per split. Seeds torch's generator with 0 for the model's weights."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    import surecl
+
+    words = ["<pad>", "<eos>", "<unk>", "Classify", "the", "word", "Option:", "Answer:", "hot", "warm", "cold", "icy",
+             "up,", "up", "down", "north", "south"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                         pad_token_id=0, eos_token_id=1, bos_token_id=1))
+    rows = lambda pairs, n: [surecl.Example(s, lab) for s, lab in pairs * n]  # noqa: E731
+    temp = surecl.Task("temperature", "Classify the word ", ["up", "down"], rows([("hot", "up"), ("cold", "down")], n_train),
+                       rows([("hot", "up"), ("cold", "down")], n_test))
+    heading = surecl.Task("heading", "Classify the word ", ["up", "down"], rows([("north", "up"), ("south", "down")], n_train),
+                          rows([("north", "up"), ("south", "down")], n_test))
+    return model, tokenizer, [temp, heading]
