@@ -155,8 +155,9 @@ def test_a_perplexity_no_number_holds_is_one_line(tiny_loaded, tmp_path, tiny_ca
     from surecl.evaluate import perplexity
 
     assert perplexity([10.0, 5.0], [3, 2]) == pytest.approx(math.e**3)
-    for sums in ([800.0 * 5], [float("nan")], [float("inf")]):
-        with pytest.raises(SureclError, match="^perplexity: the mean NLL"):
+    for sums, words in (([800.0 * 5], "is 800 nats per token, a perplexity past 1e300"), ([float("nan")], "is not a number"),
+                        ([float("inf")], "is inf nats per token")):
+        with pytest.raises(SureclError, match=f"^perplexity: the mean NLL over a task's test documents {words}"):
             perplexity(sums, [5])
     model = copy.deepcopy(tiny_loaded.model)
     with torch.no_grad():

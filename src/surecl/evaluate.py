@@ -173,9 +173,9 @@ def perplexity(nll_sums: list[float], n_tokens: list[int]) -> float:
         return float("nan")
     mean = sum(nll_sums) / total
     if not mean <= MAX_LOG_PERPLEXITY:
-        raise SureclError(f"perplexity: the mean NLL over a task's test documents is {mean:.4g} nats per token, which gives no "
-                          "perplexity a number holds (past 1e300: the model's predictions are broken, a too high train.lr or a "
-                          "damaged base?); the checkpoints written before this evaluation are intact")
+        what = "not a number" if math.isnan(mean) else f"{mean:.4g} nats per token, a perplexity past 1e300"
+        raise SureclError(f"perplexity: the mean NLL over a task's test documents is {what} (the model's predictions are "
+                          "broken: a too high train.lr, or a damaged base?); the checkpoints written before this evaluation are intact")
     return math.exp(mean)
 
 
