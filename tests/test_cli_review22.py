@@ -131,6 +131,10 @@ def test_a_sweeps_errors_name_what_a_sweep_can_do(tmp_path, tiny_cache, monkeypa
             f"data.jsonl=[{data}]", "data.n_train=4", "data.n_test=2", "train.epochs=1"]
     assert main(argv) == 0
     run = out / "seq_lora" / "orderdefault" / "seed0"
+    (run / "heatmap.png").unlink()  # completed from its last checkpoint, said once (the sweep's first look said it too)
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert capsys.readouterr().err.count("finished, but heatmap.png missing") == 1
     shutil.rmtree(run / "checkpoints")
     (run / "report.md").unlink()
     capsys.readouterr()

@@ -57,9 +57,10 @@ def check_out_dir(out: Path | str, flag: str = "--out") -> None:
         raise SureclError(f"{flag}: {probe} is not writable") from None
 
 
-def _finished(out: Path, cfg) -> bool:
+def _finished(out: Path, cfg, say: bool = True) -> bool:
     """Whether ``out`` holds this config's finished run with every final output in place (a run
-    whose results.json is there but, say, its adapters are not, is completed by a rerun)."""
+    whose results.json is there but, say, its adapters are not, is completed by a rerun, which
+    ``say`` announces)."""
     path = out / "results.json"
     if not path.is_file():
         return False
@@ -79,7 +80,8 @@ def _finished(out: Path, cfg) -> bool:
 
     missing = Manifest(out).missing_final()
     if missing:
-        print(f"surecl: {out}: finished, but {', '.join(missing)} missing; writing it again from the last checkpoint", file=sys.stderr)
+        if say:
+            print(f"surecl: {out}: finished, but {', '.join(missing)} missing; writing it again from the last checkpoint", file=sys.stderr)
         return False
     return True
 
@@ -375,7 +377,7 @@ def cmd_sweep(args) -> int:
     # its runs' errors name what starts one over: a sweep has no --fresh
     with starting_over("remove that run folder and rerun the sweep"):
         # every finished run against its planned config first: an edited plan stops before it trains anything
-        finished = {k for k, (cfg, out) in enumerate(todo, 1) if _finished(out, cfg)}
+        finished = {k for k, (cfg, out) in enumerate(todo, 1) if _finished(out, cfg, say=False)}  # (said when its turn comes)
         write_sweep_plan(root, planned, meta)
         failed: list[str] = []
         for k, (cfg, out) in enumerate(todo, 1):
