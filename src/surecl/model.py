@@ -303,18 +303,24 @@ def _check_types(model, tokenizer) -> None:
         raise SureclError(f"tokenizer: expected a transformers tokenizer, got {type(tokenizer).__name__}")
 
 
+def holds_adapter_layers(model) -> bool:
+    """Whether ``model`` is a ``PeftModel`` or holds PEFT adapter layers in its modules (LoRA's
+    among them): the run would add its own beside them in place."""
+    from peft import PeftModel
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return isinstance(model, PeftModel) or any(isinstance(m, BaseTunerLayer) for m in model.modules())
+
+
 def check_given_model(model, tokenizer) -> None:
     """A model and tokenizer the caller built, checked before the run changes anything in them:
     a transformers model and tokenizer, and a model that holds no PEFT adapter layers. The run
     adds its LoRA layers in place: on a model an earlier run wrapped, PEFT stops adding ``slow``
     again, or the run draws the shared ``fast`` layers afresh under the earlier run's
-    ``peft_model``; a caller's own ``PeftModel`` would have its adapter switched off. The sibling
-    of SureTrainer's check (``integrations.transformers._check_fresh_base``)."""
+    ``peft_model``; a caller's own ``PeftModel`` would have its adapter switched off. SureTrainer
+    refuses the same models (``integrations.transformers._check_fresh_base``)."""
     _check_types(model, tokenizer)
-    from peft import PeftModel
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    if isinstance(model, PeftModel) or any(isinstance(m, BaseTunerLayer) for m in model.modules()):
+    if holds_adapter_layers(model):
         raise SureclError("model: already holds PEFT adapter layers (a model an earlier run wrapped in place, or a PeftModel); "
                           "pass a fresh base model: load it again (from_pretrained; an interrupted run then resumes from its "
                           "checkpoint), or a PeftModel's base after peft_model.unload()")

@@ -243,7 +243,8 @@ def restore(run) -> Path | None:
 
     if [unicodedata.normalize("NFC", str(t)) for t in found.meta["tasks"]] != [t.name for t in run.tasks] or not same_config(found.meta["config"], run.cfg):
         raise SureclError(f"{run.out_dir}: holds a run with a different config or task stream; use another --out")
-    saved = composed_keys(found.meta.get("data") or {})  # (a checkpoint of a decomposed, macOS, task name)  # checkpoints written before fingerprints have none
+    # task names as read now (a checkpoint of a decomposed, macOS, name); checkpoints written before fingerprints have none
+    saved = composed_keys(found.meta.get("data") or {})
     for name, digest in fingerprints(run).items():
         if name in saved and saved[name] != digest:
             raise SureclError(f"{run.out_dir}: the data of task {name} changed since {found.folder.name} was written (other "
@@ -312,8 +313,6 @@ def load_rng_state(run, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
     """The streams :func:`rng_state` saved, each process taking its own where they were saved per
     process (a checkpoint from before that, or from one process: the main process's)."""
     own = lambda k: tensors.get(f"{k}/rank{getattr(run, 'rank', 0)}", tensors.get(k))  # noqa: E731
-    torch.set_rng_state(own("torch"))
-    if own("cuda") is not None and run.device.type == "cuda":
-        torch.cuda.set_rng_state(own("cuda"), run.device)
+    set_generators({k: own(k) for k in ("torch", "cuda") if own(k) is not None}, run.device)
     version, internal, gauss = meta["batches"]
     run.rng.setstate((version, tuple(internal), gauss))

@@ -391,10 +391,9 @@ class _EmaCallback(TrainerCallback):
 def _check_fresh_base(model) -> None:
     """One line for a model that already holds LoRA layers: PEFT would fail adding ``fast`` and
     ``slow`` again (a model another SureTrainer wrapped), or SuRe would train beside a user's own."""
-    from peft import PeftModel
-    from peft.tuners.lora import LoraLayer
+    from surecl.model import holds_adapter_layers
 
-    if isinstance(model, PeftModel) or any(isinstance(m, LoraLayer) for m in model.modules()):
+    if holds_adapter_layers(model):
         raise SureclError("SureTrainer: model= already holds LoRA adapters (a model another SureTrainer wrapped, or a PEFT model); "
                           "pass a fresh base model (from_pretrained again), or merge_and_unload() the adapters first")
 
