@@ -3,6 +3,7 @@ small fixture archive laid out as the ``bigbench`` source archive is; no network
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import subprocess
@@ -15,6 +16,7 @@ from surecl.config import build_config
 from surecl.data import embedded, instruct
 from surecl.data.general import load_general_probe
 from surecl.data.instruct import INSTRUCT_ORDER, INSTRUCT_VERSION, PROBE_TASKS, ensure_instruct_benchmark, load_instruct_stream
+from surecl.data.loading import check_order
 from surecl.errors import SureclError
 
 WORDS = "the a of to and in is it on for with as was at by this that from or one all there".split()
@@ -155,8 +157,11 @@ def test_loads_as_generation_tasks(built):
     assert [t.name for t in load_instruct_stream(root, ["summary", "qa"])] == ["summary", "qa"]
     with pytest.raises(SureclError, match="the instruct stream has no task news"):
         load_instruct_stream(root, ["news"])
+    # its one order (default) is the loading's rule; with a task list any name is an order
+    instruct = build_config("tiny", ["data.benchmark=instruct", "data.order=2"]).data
     with pytest.raises(SureclError, match="data.order: the instruct stream has one order"):
-        load_instruct_stream(root, [], "2")
+        check_order(instruct)
+    check_order(dataclasses.replace(instruct, tasks=["qa"]))
 
 
 def test_second_call_reuses_the_cache_without_downloading(built, monkeypatch):

@@ -287,34 +287,20 @@ def _folder_order(cfg) -> list[str]:
 
 
 def _check_order(cfg, path: str, checked: set) -> None:
-    """One line for a planned run whose order its benchmark does not have (the tiny, instruct
-    and user streams have only ``default``; a CL_Benchmark folder 1-6, ``default``, and the
-    tasks the order names), before the sweep writes its plan: written there, the run would fail
-    at every resume and stay a hole in every report."""
+    """One line for a planned run whose order its benchmark does not have
+    (:func:`~surecl.data.loading.check_order`), before the sweep writes its plan: written
+    there, the run would fail at every resume and stay a hole in every report."""
+    from surecl.data.loading import check_order
+
     data = cfg.data
     key = (data.benchmark, data.order, tuple(data.tasks), data.allow_missing)
     if key in checked:
         return
     checked.add(key)
-    if data.benchmark in ("tiny", "none", "instruct", "embedded"):  # an order's task list names the tasks of the stream: the run checks them
-        if data.order != "default" and not data.tasks:
-            what = {"tiny": "the tiny benchmark", "instruct": "the instruct stream",
-                    "embedded": "the embedded benchmark (newsgroups, tweets, reuters, movies)"}.get(data.benchmark, "a stream of data.jsonl / data.hf tasks")
-            hint = "; the paper's orders 1-6 need data.benchmark=/path/to/CL_Benchmark" if data.benchmark == "embedded" else ""
-            raise SureclError(f"sweep: run {path}: {what} has one order (default), not {data.order!r}; "
-                              "give an order its task list in a plan (orders: {name: [task, ...]})" + hint)
-        return
-    from surecl.data.cl_benchmark import ORDERS, resolve_order
-
-    if data.order not in ORDERS and data.order != "default" and not data.tasks:
-        raise SureclError(f"sweep: run {path}: unknown order {data.order!r} (choose from {', '.join(ORDERS)} or default, "
-                          "or give an order its task list in a plan)")
-    root = Path(data.benchmark).expanduser()
-    if data.benchmark != "embedded" and root.is_dir():  # the tasks the order names are there (a missing folder is the run's to say)
-        try:
-            resolve_order(root, data.order, list(data.tasks), data.allow_missing)
-        except SureclError as exc:
-            raise SureclError(f"sweep: run {path}: {exc}") from None
+    try:
+        check_order(data, "give an order its task list in a plan (orders: {name: [task, ...]})", folder=True)
+    except SureclError as exc:
+        raise SureclError(f"sweep: run {path}: {exc}") from None
 
 
 def cmd_sweep(args) -> int:

@@ -290,12 +290,10 @@ def ensure_instruct_benchmark(cache_dir: Path | None = None, *, quiet: bool = Fa
     return root
 
 
-def load_instruct_stream(root: Path, names: list[str], order: str = "default") -> list[Task]:
-    """The stream's tasks in its order, or those ``names`` gives (``data.tasks``), in that order."""
+def load_instruct_stream(root: Path, names: list[str]) -> list[Task]:
+    """The stream's tasks in its order, or those ``names`` gives (``data.tasks``), in that order
+    (its one order is :func:`surecl.data.loading.check_order`'s)."""
     from surecl.data.jsonl import load_jsonl_task
-
-    if order != "default" and not names:
-        raise SureclError(f"data.order: the instruct stream has one order (default), not {order!r}; give another with data.tasks")
 
     unknown = [n for n in names if n not in INSTRUCT_ORDER]
     if unknown:

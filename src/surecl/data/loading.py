@@ -8,18 +8,43 @@ import hashlib
 from pathlib import Path
 
 from surecl.config import RunConfig
-from surecl.data.cl_benchmark import load_benchmark
+from surecl.data.cl_benchmark import ORDERS, load_benchmark, resolve_order
 from surecl.data.jsonl import load_jsonl_task
 from surecl.data.task import Task, prepare_stream
 from surecl.data.tiny import tiny_generation_stream, tiny_stream
 from surecl.errors import SureclError
 
+ONE_ORDER = {"tiny": "the tiny benchmark", "none": "a stream of data.jsonl / data.hf tasks", "instruct": "the instruct stream",
+             "embedded": "the embedded benchmark (newsgroups, tweets, reuters, movies)"}
+"""Streams with one order, ``default``: another takes its task list (``data.tasks``)."""
+
+
+def check_order(data, another: str = "give another with data.tasks", folder: bool = False) -> None:
+    """The one rule for ``data.order``, before anything is loaded: the streams of
+    :data:`ONE_ORDER` have ``default`` only, a CL_Benchmark folder 1-6 and ``default``, and a
+    task list (``data.tasks``) makes any name an order. ``another`` says how to give an order
+    its task list (a run: ``data.tasks``; a sweep: its plan's ``orders``). With ``folder``, an
+    existing benchmark folder must hold the tasks the order names, as the run's loading checks
+    (a missing folder is the run's to say)."""
+    if data.tasks:
+        if folder and data.benchmark not in ONE_ORDER and Path(data.benchmark).expanduser().is_dir():
+            resolve_order(Path(data.benchmark).expanduser(), data.order, list(data.tasks), data.allow_missing)
+        return
+    if data.benchmark in ONE_ORDER:
+        if data.order != "default":
+            hint = "; the paper's orders 1-6 need data.benchmark=/path/to/CL_Benchmark" if data.benchmark == "embedded" else ""
+            raise SureclError(f"data.order: {ONE_ORDER[data.benchmark]} has one order (default), not {data.order!r}; {another}{hint}")
+        return
+    if data.order not in ORDERS and data.order != "default":
+        raise SureclError(f"data.order: unknown order {data.order!r} (choose from {', '.join(ORDERS)} or default, or {another})")
+    root = Path(data.benchmark).expanduser()
+    if folder and root.is_dir():
+        resolve_order(root, data.order, [], data.allow_missing)
+
 
 def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
     data = cfg.data
-    if data.benchmark in ("tiny", "none") and data.order != "default" and not data.tasks:  # (a named order's list: data.tasks)
-        what = "the tiny benchmark" if data.benchmark == "tiny" else "a stream of data.jsonl / data.hf tasks"
-        raise SureclError(f"data.order: {what} has one order (default), not {data.order!r}; give another with data.tasks")
+    check_order(data)
     if data.benchmark == "tiny":
         tasks = tiny_generation_stream() if data.kind == "generate" else tiny_stream()
         if data.tasks:
@@ -29,7 +54,7 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
     elif data.benchmark == "instruct":
         from surecl.data.instruct import ensure_instruct_benchmark, load_instruct_stream
 
-        tasks = load_instruct_stream(ensure_instruct_benchmark(cache_dir), data.tasks, data.order)
+        tasks = load_instruct_stream(ensure_instruct_benchmark(cache_dir), data.tasks)
     else:
         if data.benchmark == "embedded":
             from surecl.data.embedded import ensure_embedded_benchmark
