@@ -166,25 +166,29 @@ def save_adapter(adapters, folder: Path, name: str, base_model: str | None = Non
     the ``base_model_name_or_path`` PEFT records (the folder the base was loaded from),
     ``card`` is written as the folder's ``README.md`` and ``files`` (name -> text, e.g.
     ``prompt.json``) beside it. Entries of an earlier ``folder/name`` that this export does
-    not write are kept (:func:`_keep_others`)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir(f".{name}.{TEMP_MARK}", folder)
-    try:
+    not write are kept (:func:`_keep_others`); the folder is written by :func:`write_folder`."""
+
+    def fill(tmp: Path) -> None:
         adapters.save_pretrained(tmp, name)
-        written = tmp / name if (tmp / name).is_dir() else tmp
+        nested = tmp / name  # PEFT writes a named adapter into a subfolder, and its own card beside it
+        if nested.is_dir():
+            for entry in list(tmp.iterdir()):
+                if entry != nested:
+                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            for entry in list(nested.iterdir()):
+                os.replace(entry, tmp / entry.name)
+            nested.rmdir()
         if base_model is not None:
-            config_path = written / "adapter_config.json"
+            config_path = tmp / "adapter_config.json"
             config = json.loads(config_path.read_text(encoding="utf-8"))
             config["base_model_name_or_path"] = base_model
             config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         if card is not None:
-            (written / "README.md").write_text(card, encoding="utf-8")
+            (tmp / "README.md").write_text(card, encoding="utf-8")
         for file, text in (files or {}).items():
-            (written / file).write_text(text, encoding="utf-8")
-        follow_umask(written)
-        _swap_in(written, folder / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            (tmp / file).write_text(text, encoding="utf-8")
+
+    write_folder(Path(folder) / name, fill)
 
 
 def save_model(model, tokenizer, folder: Path, state_dict: dict[str, torch.Tensor], card: str, files: dict[str, str] | None = None) -> None:
