@@ -323,3 +323,40 @@ def test_balanced_buffer_state_round_trip_and_needs_labels():
     assert "balanced" not in QuotaBuffer(4).state_dict()  # the plain buffer's format is unchanged
     with pytest.raises(ValueError, match="one label per scored example"):
         QuotaBuffer(4, balanced=True).add_task(0, SCORES)
+
+
+def test_sample_with_replacement_draws_each_entry_on_its_own():
+    """``replay.replacement``: the reference's one buffer example per micro-batch, so a step's
+    draws repeat entries even when the buffer holds more than the step replays: 8 of 10 repeat
+    with probability 1 - 10!/2!/10^8 = 0.98."""
+    entries = [Entry(0, i) for i in range(10)]
+    rng = random.Random(0)
+    draws = [sample(entries, 8, rng, replacement=True) for _ in range(200)]
+    assert all(len(d) == 8 and all(any(e is x for x in entries) for e in d) for d in draws)
+    repeated = sum(len({e.index for e in d}) < 8 for d in draws)
+    assert repeated > 180
+    counts = [0] * 10
+    for d in draws:
+        for e in d:
+            counts[e.index] += 1
+    assert all(abs(c / 1600 - 0.1) < 0.03 for c in counts)
+
+
+@pytest.mark.parametrize("replacement", [False, True])
+def test_a_policy_draws_as_replay_replacement_says(replacement):
+    from surecl.config import build_config
+    from surecl.registry import policy_class
+
+    cfg = build_config("surprise,tiny", [f"replay.replacement={str(replacement).lower()}"])
+    policy = policy_class("surprise")(cfg.replay, 10, seed=0)
+    policy.buffer.add_task(0, [float(i) for i in range(10)])
+    repeated = sum(len({(e.task, e.index) for e in policy.sample(8)}) < 8 for _ in range(50))
+    assert (repeated > 40) if replacement else (repeated == 0)
+
+
+def test_the_paper_presets_draw_as_the_reference_code():
+    from surecl.config import build_config
+
+    assert build_config("paper-t5,slow_surprise").replay.replacement is True
+    assert build_config("paper-llama,slow_surprise").replay.replacement is True
+    assert build_config("slow_surprise").replay.replacement is False

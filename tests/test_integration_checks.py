@@ -224,3 +224,10 @@ def test_peft_all_linear_string_adapts_every_linear_layer_but_the_head(tiny_load
     SureTrainer(model=model, args=args, data_collator=collator, sure=SureArguments(target_modules="all-linear"))
     adapted = {n for n, m in model.named_modules() if isinstance(m, LoraLayer)}
     assert len(expected) >= 7 and adapted == expected
+
+
+def test_replacement_maps_to_the_cores_key():
+    assert SureArguments(replacement=True).replay_config().replacement is True
+    assert SureArguments().replay_config().replacement is False
+    with pytest.raises(SureclError, match=r"^SureArguments.replacement: True or False, got 'yes'$"):
+        SureArguments(replacement="yes").check()

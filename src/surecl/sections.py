@@ -259,9 +259,17 @@ class ReplayConfig:
     """The replay ratio ``a:b``: a replayed examples per b new ones, counted over the task's
     stream of new examples (after N new examples of a task, floor(N a / b) have been replayed),
     so every step of B new examples replays about B a / b of them: ``1:2`` is the paper's
-    ratio (its reference replays one buffer example every second micro-batch of one example:
-    ``replay_frequency`` 2, ``buffer_sample_size`` 1), ``1:4`` ... ``1:16`` its ablation's.
+    ratio (its reference code's trainer pairs one buffer example with every second
+    micro-batch of one example by its default ``replay_frequency`` 2, though its scripts pass 1,
+    i.e. 1:1; docs/faithfulness.md), ``1:4`` ... ``1:16`` its ablation's.
     Empty (default): ``batch_size`` examples every ``every``-th step."""
+    replacement: bool = False
+    """How a step's replayed examples are drawn from the buffer: ``false`` (default) one draw
+    without replacement, so they are distinct while the buffer holds as many (with replacement
+    only past that); ``true`` each on its own, uniformly with replacement, so a step may replay
+    an example twice: the paper's reference code, which draws one buffer example per
+    micro-batch of one (``get_data(1)``), and the ``paper-*`` presets. At the paper's scale
+    (S = 300, 32 replayed a step) a step repeats an example with probability 0.82."""
     loss: str = "joint"
     """How the step's examples enter its loss: ``joint`` (default): the token mean over the
     whole mixed batch, so an example weighs by its answer tokens; ``example`` (the reference's,

@@ -7,11 +7,12 @@ For each stage (one task, or all tasks for MTL), :meth:`ContinualRun.run_stage`:
    ``train.fresh_optimizer``), the method's (per-task FT: fresh adapters), the replay policy's
    (score the task's data for surprise and/or insert its selection into the buffer, depending on
    the timing variant);
-2. :meth:`ContinualRun.train_stage`: optimizer steps over the stage's planned batches; every
-   ``replay.every``-th step a replay batch drawn uniformly from the buffer joins the current
-   batch; :class:`surecl.step.TrainStep` takes the step and every plugin's ``after_step``
-   gets its :class:`~surecl.plugins.base.StepRecord` (the slow adapter's EMA step, buffer
-   insertion and aging, the ``log.jsonl`` line);
+2. :meth:`ContinualRun.train_stage`: optimizer steps over the stage's planned batches; a step's
+   replayed examples, drawn uniformly from the buffer (``replay.ratio``'s count on every step,
+   or ``replay.batch_size`` every ``replay.every``-th step), join the current batch;
+   :class:`surecl.step.TrainStep` takes the step and every plugin's ``after_step`` gets its
+   :class:`~surecl.plugins.base.StepRecord` (the slow adapter's EMA step, buffer insertion and
+   aging, the ``log.jsonl`` line);
 3. every plugin's ``after_task`` (in reverse order: the policy's after-task scoring, then the
    method's Fisher estimate or snapshot);
 4. every task seen so far is evaluated inside the plugins' ``eval_context`` (the slow adapter

@@ -134,9 +134,12 @@ class SureArguments:
     and the step's loss is the mean over its n_new pairs; the reference code's
     ``(outputs.loss + replay_outputs.loss) / 2`` per micro-batch of one. Computed over the whole
     optimizer step (all micro-batches of all processes), so gradient accumulation and several
-    processes give the one-process step. A step without replayed rows is ``joint``. ``pair``
+    processes give the one-process step. With ``pair``, a step without replayed rows is ``joint``. ``pair``
     computes the loss itself from the model's logits and your collator's ``labels``, so it
     cannot be combined with a ``compute_loss_func`` or label smoothing."""
+    replacement: bool = False
+    """A step's replayed rows drawn each on its own, with replacement (``replay.replacement``,
+    the paper's reference code), not as one draw without replacement."""
     balance: str = "none"
     """``none`` (the paper's): a task's share is its top floor(S/d) examples whatever their
     labels; ``label`` (``replay.balance=label``): the share is spread evenly over the task's
@@ -171,7 +174,7 @@ class SureArguments:
         return ReplayConfig(
             policy=self.policy, buffer_size=int(self.buffer_size), score_time=self.score_time, insert_time=self.insert_time,
             reduction=self.reduction, ratio=self.ratio, every=self.replay_every, batch_size=self.replay_batch_size,
-            loss=self.replay_loss, balance=self.balance, aging=bool(self.aging),
+            loss=self.replay_loss, balance=self.balance, aging=bool(self.aging), replacement=bool(self.replacement),
         )
 
     def dual_config(self) -> DualConfig:
@@ -228,7 +231,7 @@ class SureArguments:
     _TYPES = {
         "buffer_size": int, "replay_every": int, "replay_batch_size": int, "lora_r": int,
         "lora_alpha": (int, float), "lora_dropout": (int, float), "window_tasks": (int, float),
-        "dual": bool, "bias_correction": bool, "aging": bool,
+        "dual": bool, "bias_correction": bool, "aging": bool, "replacement": bool,
         "policy": str, "score_time": str, "insert_time": str, "reduction": str, "ratio": str, "replay_loss": str, "balance": str,
         "label_column": str, "unit": str,
     }
@@ -236,6 +239,7 @@ class SureArguments:
         "replay.policy": "policy", "replay.buffer_size": "buffer_size", "replay.score_time": "score_time",
         "replay.insert_time": "insert_time", "replay.reduction": "reduction", "replay.ratio": "ratio", "replay.every": "replay_every",
         "replay.batch_size": "replay_batch_size", "replay.loss": "replay_loss", "replay.balance": "balance", "replay.aging": "aging",
+        "replay.replacement": "replacement",
         "dual.enabled": "dual", "dual.beta": "beta", "dual.window_tasks": "window_tasks", "dual.bias_correction": "bias_correction",
         "dual.unit": "unit", "lora.r": "lora_r", "lora.alpha": "lora_alpha", "lora.dropout": "lora_dropout",
         "lora.target_modules": "target_modules",

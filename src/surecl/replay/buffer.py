@@ -286,10 +286,11 @@ class OnlineQuotaBuffer:
             self._insert(e["key"], Entry(e["task"], e["index"], e["score"]))
 
 
-def sample(entries: list[Entry], n: int, rng: random.Random) -> list[Entry]:
-    """Uniform draw of ``n`` entries without replacement (with replacement if fewer exist)."""
+def sample(entries: list[Entry], n: int, rng: random.Random, replacement: bool = False) -> list[Entry]:
+    """Uniform draw of ``n`` entries without replacement (with replacement if fewer exist), or
+    each drawn on its own with ``replacement`` (``replay.replacement``)."""
     if not entries or n <= 0:
         return []
-    if n <= len(entries):
+    if n <= len(entries) and not replacement:
         return rng.sample(entries, n)
     return [entries[rng.randrange(len(entries))] for _ in range(n)]

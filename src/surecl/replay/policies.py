@@ -11,7 +11,8 @@ A policy is a :class:`~surecl.plugins.base.Plugin`: its ``before_task`` / ``afte
 select a task's share (:meth:`ReplayPolicy.at_task_start` / :meth:`ReplayPolicy.at_task_end`
 with the run's surprise scorer), its ``after_step`` hook observes the step's current batch
 (:meth:`ReplayPolicy.observe`) and ages replayed entries (:meth:`ReplayPolicy.age`); the
-loop draws every ``replay.every``-th step's replay batch with :meth:`ReplayPolicy.sample`.
+loop draws each step's replayed examples with :meth:`ReplayPolicy.sample` (with ``replay.ratio``,
+the ratio's count on every step; without it, ``replay.batch_size`` every ``replay.every``-th step).
 Policies are found by name through :mod:`surecl.registry` (``register_policy`` adds yours).
 """
 
@@ -37,6 +38,9 @@ class BufferConfig:
 
     buffer_size: float = 0.02
     """S: below 1 a fraction of all training examples of the stream, else an absolute count."""
+    replacement: bool = False
+    """A step's replayed entries drawn each on its own (with replacement), not as one draw
+    without replacement (``replay.replacement``)."""
 
     @classmethod
     def from_replay(cls, replay: ReplayConfig):
@@ -138,7 +142,7 @@ class ReplayPolicy(Plugin):
         return self.sample(count) if count else []
 
     def sample(self, n: int) -> list[Entry]:
-        return sample(self.buffer.entries, n, self.rng)
+        return sample(self.buffer.entries, n, self.rng, self.config.replacement)
 
     def age(self, entries: list[Entry], scores: list[float]) -> None:
         """Give replayed entries their fresh surprise (only with ``aging``)."""
