@@ -103,3 +103,16 @@ def test_the_layers_counted_are_the_hidden_states_the_term_reads(tiny_loaded, tm
                                           r"then 3 layers' outputs\): indices 0 to 3, or -4 to -1$"):
         start("4")
     assert not (tmp_path / "4").exists()
+
+
+def test_the_dry_run_says_the_run_stops_on_layers_the_model_lacks(tiny_cache, tiny_loaded, capsys, monkeypatch):
+    """The dry run reads the model's config (the built-in tiny model's, from the cache that
+    ``tiny_loaded`` filled) and says what the run's setup will refuse; in range, nothing."""
+    monkeypatch.setenv("SURECL_CACHE", str(tiny_cache))
+    argv = ["run", "--dry-run", "--config", "tiny,ilora", "data.tasks=[colors,animals]"]
+    assert main([*argv, "ilora.layers=-1,5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == ("  error: the run stops: ilora.layers: -1,5 asks for hidden state 5, but this model has 3 (the embeddings', "
+                        "then 2 layers' outputs): indices 0 to 2, or -3 to -1"), lines[:4]
+    assert main([*argv, "ilora.layers=-1,-3"]) == 0
+    assert "the run stops" not in capsys.readouterr().out

@@ -301,7 +301,7 @@ def test_dry_run_prints_the_protocol_of_a_paper_preset(t5_dir, tmp_path, capsys)
     assert "effective beta per optimizer step 0.995^64 = 0.7256" in out
     assert "window 1/(1-beta per step) = 3.6 steps = 1.82 tasks of 2 steps" in out
     assert "plain recursion" in out
-    assert "replay ratio 1:2 (replayed:new, about 32 per step of 64); loss: each example's token mean, a replayed one averaged with its new one (the reference's, every step)" in out
+    assert "replay ratio 1:2 (replayed:new, about 32 per step of 64), each drawn on its own (with replacement); loss: each example's token mean, a replayed one averaged with its new one (the reference's, every step)" in out
     # the tiny stream at the LNT sizes: 96 examples per task (fewer than 1000) -> 2 steps of 64
     assert "| 1 | colors | 96 | 24 | 2 | 2 | floor(7/1) = 7 |" in out  # 1:2 replays at every step of 64
     assert "S = 7 (0.02 of 384)" in out

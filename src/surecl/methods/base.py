@@ -37,6 +37,10 @@ The hooks it may implement beyond a plugin's:
   optimizer is built and the model handed to ``accelerate``: a method may attach modules of
   its own to ``ctx.model`` (so they move to the device and take part in DDP's all-reduce),
   freeze or unfreeze weights, or refuse a combination (raise ``SureclError``).
+* ``check_model(config, seq2seq)``  - refuse (one-line ``SureclError``) options the model cannot
+  run, judged from its transformers config alone: the dry run calls it wherever it can read
+  the model's config without loading weights, and a method calls it from its ``setup``, so a
+  run stops on it before anything trains. Default: nothing to check.
 * ``parameters(ctx)``  - the parameters the optimizer trains (and gradient clipping bounds),
   as ``trains`` says: by default the learner's fast adapter (``ctx.adapters.fast_params``) or
   the base weights (``ctx.adapters.base_parameters()``); a method that trains its own modules
@@ -116,6 +120,10 @@ class Method(Plugin):
 
     def setup(self, ctx) -> None:
         """Attach, freeze or check before the optimizer and ``accelerate`` see the model."""
+
+    def check_model(self, config, seq2seq: bool) -> None:
+        """Refuse (``SureclError`` naming the key) options this model cannot run, from its
+        transformers ``config`` (``seq2seq``: an encoder-decoder)."""
 
     def parameters(self, ctx) -> list:
         """The parameters the optimizer trains (tensors or param groups), as :attr:`trains`

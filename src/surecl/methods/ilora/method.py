@@ -49,9 +49,14 @@ class ILoRA(Method):
         tasks before it trained and were checkpointed, which a corrected config cannot resume),
         and under several processes on one of them while the others wait in the gradient
         all-reduce."""
-        n = hidden_states(getattr(ctx.model, "config", None), ctx.is_seq2seq)
+        self.check_model(getattr(ctx.model, "config", None), ctx.is_seq2seq)
+
+    def check_model(self, config, seq2seq: bool) -> None:
+        """``ilora.layers`` against the hidden states the model's config counts (the dry run's
+        check, and :meth:`setup`'s)."""
+        n = hidden_states(config, seq2seq)
         if n is not None:
-            self.picks(n, ctx.is_seq2seq)
+            self.picks(n, seq2seq)
 
     def picks(self, n: int, seq2seq: bool = False) -> list[int]:
         """The positions among a model's ``n`` hidden states that ``ilora.layers`` names (one
