@@ -180,6 +180,7 @@ CHOICES: dict[str, tuple[str, ...] | None] = {
     "data.test_sampling": ("balanced", "random"),
     "train.batching": ("bucketed", "uniform"),
     "eval.matrix": ("full", "fp_ap"),
+    "eval.references": ("rows", "max"),
 }
 """Allowed values of the core string options; a registered section lists its own
 (:attr:`surecl.options.Options.choices`; :func:`choices` gives them all)."""

@@ -1,7 +1,10 @@
 """Accuracy of the current model on a task: greedy generation with normalised exact match
 (the paper's protocol) or ranking the label options by likelihood; perplexity for text streams;
 a generation task's free-form answers scored by ROUGE-L (``rouge-score``'s, F-measure, Porter
-stemming, as Super-NaturalInstructions scores) or exact match after SQuAD's normalisation.
+stemming, Super-NaturalInstructions' metric) or exact match after SQuAD's normalisation. Test
+rows that share an input are scored each alone (``eval.references=rows``: a prompt's score is
+averaged over its references) or as one instance whose score is its best reference
+(``eval.references=max``, as Super-NaturalInstructions' ``compute_metrics`` scores).
 
 Generation is greedy, batched over length-sorted, left-padded prompts with the KV cache, for at
 most (longest answer + 1) new tokens, stopping when every row emitted EOS; for causal models
@@ -264,11 +267,54 @@ def _rouge_scorer():
     return _SCORER
 
 
-def task_score(metric: str, predictions: list[str], gold: list[str], labels=()) -> float:
+def instances(examples) -> list[int]:
+    """Per test row, the instance it belongs to, named by the index of the instance's first row:
+    rows with the same input (the same sentence and conversation before the answer; a task's
+    rows share its instruction) are one instance, each row's target one of its references
+    (``eval.references=max``)."""
+    first: dict = {}
+    return [first.setdefault((e.sentence, e.messages[:-1]), k) for k, e in enumerate(examples)]
+
+
+def instance_rows(keys: list[int], prompts: list[list[int]]) -> dict[int, int]:
+    """Per instance (``keys``, :func:`instances`), the row whose prompt answers it: the longest of
+    its rows' ``prompts`` (the first of those as long). A long input is cut to leave its target
+    room (:class:`~surecl.data.encode.TaskEncoder`), so an instance's rows may hold it cut at
+    different lengths: the one answer reads the most of it."""
+    best: dict[int, int] = {}
+    for k, (key, prompt) in enumerate(zip(keys, prompts)):
+        if key not in best or len(prompt) > len(prompts[best[key]]):
+            best[key] = k
+    return best
+
+
+def task_score(metric: str, predictions: list[str], gold: list[str], labels=(), instances: list[int] | None = None) -> float:
     """A task's score in its metric (``accuracy``, ``exact_match``, ``rouge_l``), in percent
-    (``labels``: a classification task's label set, for accuracy)."""
+    (``labels``: a classification task's label set, for accuracy). ``instances`` (per row, its
+    instance, :func:`instances`): an instance scores the best of its rows, and the task the mean
+    over instances, as Super-NaturalInstructions' ``compute_metrics`` takes the max over an
+    instance's references; None: each row scores alone, its references weighing by their count."""
+    if instances is not None:
+        return _best_per_instance(metric, predictions, gold, labels, instances)
     if metric == "rouge_l":
         return rouge_l(predictions, gold)
     if metric == "exact_match":
         return exact_match(predictions, gold)
     return accuracy(predictions, gold, labels)
+
+
+def _best_per_instance(metric: str, predictions: list[str], gold: list[str], labels, instances: list[int]) -> float:
+    """:func:`task_score` over instances: the mean of each instance's best row score."""
+    if not gold:
+        return 0.0
+    if metric == "rouge_l":
+        scorer = _rouge_scorer()
+        score = lambda p, g: scorer.score(g, p)["rougeL"].fmeasure  # noqa: E731
+    elif metric == "exact_match":
+        score = lambda p, g: float(_same_answer(p, g))  # noqa: E731
+    else:
+        score = lambda p, g: float(is_label(p, g, labels))  # noqa: E731
+    best: dict[int, float] = {}
+    for key, p, g in zip(instances, predictions, gold, strict=True):
+        best[key] = max(best.get(key, 0.0), score(p, g))
+    return 100.0 * sum(best.values()) / len(best)

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from surecl.data.encode import Encoded
 from surecl.data.task import Task
-from surecl.evaluate import generate_answers, perplexity, rank_answers, task_score
+from surecl.evaluate import generate_answers, instance_rows, instances, perplexity, rank_answers, task_score
 from surecl.plugins.base import GENERAL_PROBE, Stage
 from surecl.replay.surprise import score_examples
 from surecl.run_state import release_memory
@@ -85,10 +85,17 @@ def score_task(run, task: Task, items: list[Encoded], j: int | None = None) -> f
             model, run.tokenizer, part, is_seq2seq=run.is_seq2seq, max_new_tokens=new_tokens, batch_size=bs, device=device,
             share_prefix=run.share_prefix,
         )
-    predictions = run.sharded(predict, items)
+    keys = None  # eval.references=max: a generation task's rows sharing an input are one instance (classification: each row alone)
+    if task.kind == "generate" and cfg.eval.references == "max":
+        keys = instances(task.test)
+        answering = instance_rows(keys, [e.prompt for e in items])  # one greedy answer per instance, given to each of its rows
+        answers = dict(zip(answering, run.sharded(predict, [items[k] for k in answering.values()])))
+        predictions = [answers[key] for key in keys]
+    else:
+        predictions = run.sharded(predict, items)
     if j is not None and run.eval_view is None and not run.left_out:  # the run's evaluation adapter: what predictions.jsonl records
         run.predictions[j] = predictions
-    return task_score(task.score_metric, predictions, [e.label for e in items], task.labels)
+    return task_score(task.score_metric, predictions, [e.label for e in items], task.labels, instances=keys)
 
 
 def before_training(run) -> bool:

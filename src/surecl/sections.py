@@ -417,3 +417,11 @@ class EvalConfig:
     general_n: int = 100
     """Rows of each probe part kept (0 = all), by a fixed draw: every seed and method measures
     the same rows."""
+    references: str = "rows"
+    """How a generation task's test rows that share an input (a prompt with several references:
+    the ``instruct`` stream's ``restaurant``) are scored: ``rows`` (each row alone, so a prompt
+    counts once per reference and its score is the mean over them; every run before the key)
+    or ``max`` (the rows are one instance, answered once, whose score is its best reference;
+    the task's score is the mean over instances, as Super-NaturalInstructions' ``compute_metrics``
+    scores ROUGE-L and exact match). Classification accuracy scores each row alone either way.
+    ``predictions.jsonl`` keeps one line per test row, scored against its own target."""
