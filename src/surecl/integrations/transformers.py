@@ -36,10 +36,17 @@ that task are removed. Rerunning the same script with
 ``next_task(ds, resume_from_checkpoint=True)`` skips the finished tasks (their datasets are
 still needed: the buffer indexes them), and resumes the interrupted one from its last
 complete checkpoint (one a kill left half-written is passed over) with the same batches,
-replay draws and RNG states, so it ends where an uninterrupted run ends.
+replay draws and RNG states, so it ends where an uninterrupted run ends. A task whose
+``train()`` stopped before its last step (``enable_jit_checkpoint``'s SIGTERM checkpoint, armed
+for every task's ``train()``, or a callback's ``should_training_stop``) is not finished:
+``next_task`` stops in one line without writing its end, and the rerun continues it. When a
+task trains from its start or from a chosen mid-task checkpoint, the states of later points in
+``output_dir`` (another run's, left by ``resume_from_checkpoint=<an earlier state>``) are moved
+to ``output_dir/superseded-<i>/``, so ``resume_from_checkpoint=True`` cannot take them.
 
 New examples are taken in the order ``surecl run`` takes them with ``train.batching=uniform``
-and the same seed (one optimizer step = ``per_device_train_batch_size`` x the number of
+and the same seed (``data_seed`` where set, else ``seed``: each task's batch order and the
+replay policy's draws; one optimizer step = ``per_device_train_batch_size`` x the number of
 processes x ``gradient_accumulation_steps`` = ``train.batch_size``), so with the same settings the two
 train on the same batches and replay the same draws. The AdamW state starts fresh at every task (the core's
 ``train.fresh_optimizer=true``).
@@ -58,9 +65,11 @@ before the split, and each process's loss is multiplied by W against DDP's avera
 on every process (the core's ``ContinualRun.sharded``), so all take the same buffer decisions;
 the step's new and replayed counts are summed over processes, so with ``unit="example"`` every
 replica's slow adapter takes the same EMA update; the main process alone writes SuRe's state.
-DeepSpeed, FSDP, tensor / context / sequence parallelism, ``DataParallel`` and a loss that is
-not normalised over all processes are refused in one line. Causal or encoder-decoder models,
-map-style datasets whose rows are mappings (``datasets.Dataset``).
+Every process must be given the same rows for a task (a digest compared across them: an
+unseeded shuffle stops in one line). DeepSpeed, FSDP, tensor / context / sequence parallelism, ``DataParallel`` and a loss that is
+not normalised over all processes are refused in one line, and so is
+``accelerator_config={"split_batches": True}``. Causal or encoder-decoder models, map-style
+datasets whose rows are mappings (``datasets.Dataset``; another dataset is one line).
 """
 
 from __future__ import annotations
@@ -87,6 +96,7 @@ from surecl.checkpoint import write_json, write_tensors
 from surecl.config import ALL_LINEAR, DualConfig, LoraConfig, ReplayConfig, replay_ratio
 from surecl.data.encode import uniform_batches
 from surecl.errors import SureclError
+from surecl.logs import logger
 from surecl.plan import replay_count
 from surecl.processes import agreed, release_at_exit
 from surecl.registry import policy_class, policy_spec
@@ -197,6 +207,10 @@ class SureArguments:
         if isinstance(self.buffer_size, bool) or not isinstance(self.buffer_size, int) or self.buffer_size < 0:
             raise SureclError(f"SureArguments.buffer_size: a whole number of examples >= 0, got {self.buffer_size!r}")
         if self.policy != "none":
+            try:
+                policy_spec(self.policy)
+            except SureclError:
+                raise SureclError(f"SureArguments.policy: unknown policy {self.policy!r}; use surprise, random or none") from None
             cls = policy_class(self.policy)
             if not cls.per_task_quota or cls.online:
                 raise SureclError(f"SureArguments.policy: {self.policy} is not a per-task quota policy; use surprise, random or none")
@@ -444,6 +458,10 @@ class SureTrainer(Trainer):
             # the planned loader fixes each task's batches (a uniform shuffle per epoch, replay placed in it)
             raise SureclError(f"SureTrainer: train_sampling_strategy={args.train_sampling_strategy!r} is not supported; SuRe plans each "
                               "task's batches itself (a uniform shuffle per epoch with replayed rows placed in them): leave it 'random'")
+        if getattr(getattr(args, "accelerator_config", None), "split_batches", False):
+            # the plan takes per_device_train_batch_size rows per process, not a global batch split over them
+            raise SureclError("SureTrainer: accelerator_config split_batches=True is not supported (SuRe plans per_device_train_batch_size rows "
+                              "on each process); leave it False and set per_device_train_batch_size to each process's share")
         self.sure = sure or SureArguments()
         self.sure.check()
         _check_fresh_base(model)
@@ -470,7 +488,7 @@ class SureTrainer(Trainer):
             raise SureclError(self.sure._named(str(e))) from None
         self.is_seq2seq = is_seq2seq
         self.replay_cfg = self.sure.replay_config()
-        self.policy = policy_class(self.sure.policy)(self.replay_cfg, self.sure.buffer_size if self.sure.policy != "none" else 0, args.seed)
+        self.policy = policy_class(self.sure.policy)(self.replay_cfg, self.sure.buffer_size if self.sure.policy != "none" else 0, _data_seed(args))
         spec = policy_spec(self.sure.policy)
         self.policy.options = spec.config() if spec.config is not None else None
         try:
@@ -504,7 +522,12 @@ class SureTrainer(Trainer):
         self._resume: dict | None = None
         self.resumed_from: str | None = None
         """The checkpoint folder a ``resume_from_checkpoint`` call continued from (None: none)."""
-        self.add_callback(_EmaCallback(self))
+        callbacks = self.callback_handler.callbacks
+        jit = _jit_callback(callbacks)
+        if jit is None:
+            self.add_callback(_EmaCallback(self))
+        else:  # a step's EMA and counts before the JIT checkpoint its on_step_end saves (which resumes after that step)
+            callbacks.insert(callbacks.index(jit), _EmaCallback(self))
 
     # ------------------------------------------------------------------ processes
 
@@ -570,7 +593,10 @@ class SureTrainer(Trainer):
                 f"SureTrainer.next_task: called inside `with trainer.slow_weights()` (the {self.dual.active} adapter answers there, "
                 "and training would not reach the fast one); call it outside the with block"
             )
+        self._check_dataset(train_dataset)
         data, labels = self._prepared(train_dataset)
+        ids = {"rows": len(data), "sha256": _data_digest(data)}
+        self._check_same_rows(t, ids)
         if len(data) == 0:
             raise SureclError(f"SureTrainer.next_task: task {t} has no training examples")
         micro = self.args.per_device_train_batch_size * self.world
@@ -588,7 +614,7 @@ class SureTrainer(Trainer):
         del self.sets[t:], self.labels[t:], self.data_ids[t:]  # what a failed call for this task appended
         self.sets.append(data)
         self.labels.append(labels)
-        self.data_ids.append({"rows": len(data), "sha256": _data_digest(data)})
+        self.data_ids.append(ids)
         if resume_from_checkpoint and self._resume is None:  # the main process's choice (a task's end it may be writing now)
             self._resume = agreed(self, lambda: self._find_resume(resume_from_checkpoint))
         resume = self._resume
@@ -609,6 +635,7 @@ class SureTrainer(Trainer):
                     "first batches again instead of the steps not yet taken); unset it, or resume from the task's end (task-<k>/sure-end)"
                 )
             checkpoint, self._resume = resume["path"], None  # train() restores it (_load_from_checkpoint)
+            self._state_meta(Path(checkpoint))  # checked now: a refused resume sets nothing aside (below)
             self.resumed_from = checkpoint
         self.args.output_dir = str(self.root / f"task-{t}")  # the Trainer's checkpoints of this task; the user's again on return
         self.optimizer, self.lr_scheduler = None, None  # fresh AdamW per task
@@ -621,13 +648,20 @@ class SureTrainer(Trainer):
             if t == 0:
                 self.dual.beta = resolve_beta(self.sure.dual_config(), self._ema_units(len(data)))
             self.policy.at_task_start(t, len(data), self._scorer(data), *self._label_args(t))
+        self._set_aside_later_states(t, checkpoint)
         self.train_dataset = data
         self._in_next_task = True
+        self._arm_jit_checkpoint()
         try:
             out = self.train(resume_from_checkpoint=checkpoint)
         finally:
             self._in_next_task = False
             self.args.output_dir = str(self.root)  # save_model(), save_state() and a model card go where the user said
+        if self.state.global_step < self.state.max_steps:  # stopped early: its end state would mark it finished for good
+            raise SureclError(
+                f"{type(self).__name__}.next_task: task {t} stopped at step {self.state.global_step} of {self.state.max_steps} (a SIGTERM's "
+                "JIT checkpoint, or a callback's should_training_stop) and is not finished; rerun with resume_from_checkpoint=True to continue it"
+            )
         self.policy.at_task_end(t, len(data), self._scorer(data), *self._label_args(t))
         self.task += 1
         # written by the main process (and another node's first with save_on_each_node); every
@@ -659,6 +693,114 @@ class SureTrainer(Trainer):
                 f"SureTrainer: output_dir {str(self.root)!r} holds an earlier run's SuRe state ({found[0]}{', ...' if len(found) > 1 else ''}); "
                 "pass resume_from_checkpoint=True to continue it, or give this run another output_dir (its files are left as they are)"
             )
+
+    def _check_dataset(self, dataset) -> None:
+        """One line for a task dataset SuRe cannot index: the plan, the scores and the buffer's
+        (task, index) entries take rows by position, and the collator takes each row as a mapping
+        of column to value. So a sized, indexable (map-style) dataset whose rows are mappings: a
+        ``datasets.Dataset`` of tokenised rows, a list of dicts or a torch ``Dataset`` of dicts;
+        not a streaming ``IterableDataset``, a ``DatasetDict`` or dict of columns, a list of
+        strings or a tensor."""
+        from collections.abc import Mapping
+
+        got, hint = type(dataset).__name__, ""
+        if isinstance(dataset, Mapping):
+            hint = ": pass one split (dataset['train'])" if hasattr(dataset, "column_names") else ": make it one (datasets.Dataset.from_dict)"
+        elif isinstance(dataset, torch.utils.data.IterableDataset) or not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            hint = " (rows are taken by position: load it without streaming=True)"
+        elif isinstance(dataset, (str, bytes, torch.Tensor)):
+            pass
+        elif _is_hf_dataset(dataset) or len(dataset) == 0:  # a Dataset's rows are dicts; an empty one is refused below
+            return
+        else:
+            row = next((r for r in (dataset if isinstance(dataset, list) else [dataset[0]]) if not isinstance(r, Mapping)), None)
+            if row is None:
+                return
+            got = f"a {got} whose rows are {type(row).__name__}"
+        raise SureclError(
+            f"{type(self).__name__}.next_task: task {self.task} needs a map-style dataset whose rows are mappings of column to value "
+            f"(a datasets.Dataset of tokenised rows, or a list of dicts), got {got}{hint}"
+        )
+
+    def _check_same_rows(self, t: int, ids: dict) -> None:
+        """One line, on every process, when the processes were given other rows for task ``t``
+        (an unseeded shuffle or split in the script): the plan, the scores gathered across the
+        processes and the buffer's (task, index) entries would name other rows on each."""
+        if self.world == 1:
+            return
+        from accelerate.utils import gather_object
+
+        every = gather_object([ids])
+        differ = [r for r, other in enumerate(every) if other != every[0]]
+        if differ:
+            first = every[differ[0]]
+            how = (f"{first['rows']} rows against {every[0]['rows']}" if first["rows"] != every[0]["rows"]
+                   else f"the same {first['rows']} rows in another order or with other content")
+            raise SureclError(
+                f"{type(self).__name__}.next_task: task {t}'s rows differ between processes (process{'es' if len(differ) > 1 else ''} "
+                f"{', '.join(map(str, differ))} against process 0: {how}); seed your shuffles and splits, so every process passes the same rows"
+            )
+
+    def _set_aside_later_states(self, t: int, checkpoint: str | None) -> None:
+        """Before task ``t`` trains (from its start, or from the mid-task ``checkpoint``): the
+        states in ``output_dir`` of a later point (a complete ``checkpoint-N`` of task ``t``
+        past ``checkpoint``, its ``sure-end``, every later task's) are moved to
+        ``output_dir/superseded-<i>/task-<k>/``. They are another run's (one resumed from an
+        earlier state by ``resume_from_checkpoint=<folder>``, or a failed attempt at this task),
+        and the next ``resume_from_checkpoint=True`` would take the newest of them over this
+        run's. Only folders :meth:`_find_resume` could take (no link, nothing else in the
+        folder) are moved, none deleted; by the main process, which chooses the resume."""
+
+        def later() -> list[Path]:
+            after = -1 if checkpoint is None else int(json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text(encoding="utf-8"))["global_step"])
+            found = []
+            for p in self.root.glob("task-*"):
+                m = re.fullmatch(r"task-(\d+)", p.name)
+                if not m or int(m.group(1)) < t or p.is_symlink() or not p.is_dir():
+                    continue
+                end = p / END_DIR
+                if (end / STATE_JSON).is_file() and not end.is_symlink():
+                    found.append(end)
+                found += [c for c in _checkpoints(p) if not c.is_symlink() and _complete(c)
+                          and (int(m.group(1)) > t or int(c.name.rsplit("-", 1)[1]) > after)]
+            return sorted(found)
+
+        def move() -> None:
+            found = later()
+            if not found:
+                return
+            taken = [int(m.group(1)) for p in self.root.glob("superseded-*") if (m := re.fullmatch(r"superseded-(\d+)", p.name))]
+            aside = self.root / f"superseded-{max(taken, default=0) + 1}"
+            for folder in found:
+                target = aside / folder.parent.name / folder.name
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    folder.rename(target)
+                except OSError as exc:
+                    raise SureclError(f"{type(self).__name__}: cannot move {folder} (an earlier run's state of a later point) aside to {target}: "
+                                      f"{exc.strerror or exc}; move it out of output_dir yourself") from None
+            logger.warning(
+                "%s: task %d trains from %s; %d state(s) of later points another run left in output_dir (%s) moved to %s, so that "
+                "resume_from_checkpoint=True cannot take them; remove that folder when you no longer need them",
+                type(self).__name__, t, checkpoint or "its start", len(found), ", ".join(str(f.relative_to(self.root)) for f in found), aside,
+            )
+
+        agreed(self, move)
+
+    def _arm_jit_checkpoint(self) -> None:
+        """With ``enable_jit_checkpoint``: the Trainer's SIGTERM handler in place for this task's
+        ``train()``. The Trainer installs it once, when it is built, and puts the handler before
+        it back at the end of every ``train()``: from the second task on, a SIGTERM would end the
+        job with no checkpoint."""
+        import signal
+        import threading
+
+        jit = _jit_callback(self.callback_handler.callbacks)
+        manager = getattr(jit, "jit_manager", None)
+        if manager is None or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) != getattr(manager, "_sigterm_handler", None):
+            manager.setup_signal_handler()
 
     def _check_same_data(self, t: int, path: str) -> None:
         """One line when task ``t``'s training rows are not those the state at ``path`` was saved
@@ -707,7 +849,13 @@ class SureTrainer(Trainer):
         except ImportError:  # pragma: no cover - datasets ships with the test extra
             return dataset, labels
         if isinstance(dataset, datasets.Dataset):
-            dataset = self._remove_unused_columns(dataset, description="training")
+            try:
+                dataset = self._remove_unused_columns(dataset, description="training")
+            except ValueError:  # the Trainer's refusal of a dataset none of whose columns the model takes
+                raise SureclError(
+                    f"{type(self).__name__}.next_task: task {self.task}'s dataset has no column the model reads (its columns: "
+                    f"{', '.join(dataset.column_names)}); tokenise it first, e.g. dataset.map(lambda b: tokenizer(b['text']), batched=True)"
+                ) from None
             col = self.sure.label_column
             # the Trainer keeps a column named like its label names ("label"): read above, it is dropped
             # unless the model's forward takes it (a causal LM's collator cannot batch string labels), or
@@ -842,8 +990,9 @@ class SureTrainer(Trainer):
         optimizer step's size (:func:`surecl.data.encode.uniform_batches` on one
         ``random.Random("batches:<seed>")`` stream drawn epoch after epoch, task after task, as
         ``surecl run`` with ``train.batching=uniform`` draws them), so the same seed gives the
-        core's batches. Redrawn from the stream's start for every task (a resumed run too)."""
-        rng = random.Random(f"batches:{self.args.seed}")
+        core's batches. Redrawn from the stream's start for every task (a resumed run too). The
+        seed is ``data_seed`` where set (:func:`_data_seed`)."""
+        rng = random.Random(f"batches:{_data_seed(self.args)}")
         step = self.args.per_device_train_batch_size * self.world * self.args.gradient_accumulation_steps
         for k in range(t + 1):
             n = len(self.sets[k])
@@ -982,6 +1131,10 @@ class SureTrainer(Trainer):
         """Context manager: the model in eval mode answering with ``adapter`` (default: the slow
         adapter, or the fast one without the dual learner); after it, the adapter and mode in
         place before (an ``evaluate`` inside ``with trainer.slow_weights():`` leaves it slow)."""
+        names = (SLOW, FAST) if self.sure.dual else (FAST,)
+        if adapter is not None and adapter not in names:
+            raise SureclError(f"{type(self).__name__}: adapter={adapter!r} is not one of this trainer's adapters; use "
+                              f"{' or '.join(repr(n) for n in names)}{' (dual=False: there is no slow adapter)' if not self.sure.dual else ''}")
         return self.dual.evaluating(adapter or self.dual.eval_adapter)
 
     def slow_weights(self) -> contextlib.AbstractContextManager:
@@ -1040,16 +1193,22 @@ class SureTrainer(Trainer):
         from safetensors.torch import load_file
 
         folder = Path(folder)
+        meta = self._state_meta(folder)
+        self.dual.load_state_dict(meta, load_file(str(folder / STATE_TENSORS)))
+        self.dual.beta = meta["beta"]
+        self.policy.load_state_dict(meta["policy"])
+        self.replay_counts = {int(k): v for k, v in meta["replay_counts"].items()}
+
+    def _state_meta(self, folder: Path) -> dict:
+        """The SuRe state saved in ``folder``, refused in one line where this run cannot continue
+        it (another format, another task, other settings: :meth:`_check_same_settings`)."""
         meta = json.loads((folder / STATE_JSON).read_text(encoding="utf-8"))
         if meta.get("format") != FORMAT:
             raise SureclError(f"{folder / STATE_JSON}: format {meta.get('format')} is not {FORMAT}")
         if meta["task"] != self.task:
             raise SureclError(f"{folder}: a checkpoint of task {meta['task']}, but this is task {self.task}: call next_task once per task, in order")
         self._check_same_settings(folder, meta)
-        self.dual.load_state_dict(meta, load_file(str(folder / STATE_TENSORS)))
-        self.dual.beta = meta["beta"]
-        self.policy.load_state_dict(meta["policy"])
-        self.replay_counts = {int(k): v for k, v in meta["replay_counts"].items()}
+        return meta
 
     def _plan_key(self) -> dict:
         """What a stage's batch plan (:meth:`_plan`) is drawn from besides SuRe's settings: a
@@ -1057,19 +1216,23 @@ class SureTrainer(Trainer):
         the steps already taken in the plan it redraws)."""
         a = self.args
         return {"micro_batch": a.per_device_train_batch_size * self.world, "accumulation": a.gradient_accumulation_steps,
-                "seed": a.seed, "epochs": a.num_train_epochs, "max_steps": a.max_steps, "drop_last": a.dataloader_drop_last}
+                "seed": a.seed, "data_seed": a.data_seed, "epochs": a.num_train_epochs, "max_steps": a.max_steps,
+                "drop_last": a.dataloader_drop_last}
 
     def _check_same_settings(self, folder: Path, meta: dict) -> None:
         """One line when the run resumed from ``folder`` had other SuRe settings, or (inside a
         task) another batch plan, than this one: the resumed run would silently be another run."""
         now = json.loads(json.dumps(asdict(self.sure)))
         saved = meta.get("sure")
+        if isinstance(saved, dict):  # a field newer than the state: its default, the behaviour the state was saved under
+            saved = {**json.loads(json.dumps(asdict(SureArguments()))), **saved}
         if isinstance(saved, dict) and saved != now:
             keys = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
             changed = ", ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in keys)
             raise SureclError(f"{folder}: this run was saved with other SureArguments ({changed}); resume with the same settings, or start a new output_dir")
         plan, plan_now = meta.get("plan"), self._plan_key()
-        if not meta.get("done") and isinstance(plan, dict) and plan != plan_now:
+        # a key newer than the state (data_seed) reads None there: unset, as that run had it
+        if not meta.get("done") and isinstance(plan, dict) and any(plan.get(k) != v for k, v in plan_now.items()):
             changed = ", ".join(f"{k} {plan.get(k)!r} -> {v!r}" for k, v in plan_now.items() if plan.get(k) != v)
             raise SureclError(
                 f"{folder}: a checkpoint inside task {meta['task']} saved under another batch plan ({changed}; micro_batch is "
@@ -1223,6 +1386,17 @@ def _check_resumable(folder: Path) -> None:
             f"{folder}: a checkpoint without the optimizer's state (saved with save_only_model=True), from which a task "
             "cannot resume where it stopped; resume from the task's end (task-<k>/sure-end), or save with save_only_model=False"
         )
+
+
+def _data_seed(args) -> int:
+    """The seed of each task's batch order and of the replay policy's draws:
+    ``TrainingArguments.data_seed`` where set, else ``seed`` (the Trainer's rule for its sampler)."""
+    return args.data_seed if args.data_seed is not None else args.seed
+
+
+def _jit_callback(callbacks: list):
+    """The Trainer's ``JITCheckpointCallback`` among ``callbacks`` (``enable_jit_checkpoint``), else None."""
+    return next((cb for cb in callbacks if type(cb).__name__ == "JITCheckpointCallback"), None)
 
 
 def _is_hf_dataset(obj) -> bool:
