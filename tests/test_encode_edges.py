@@ -174,7 +174,7 @@ def test_end_eos_ends_chat_prompts_train_and_test_inside_max_length(chat_tok):
     qa = Task("qa", "", [], [Example("hi", "hello")], [Example("hi", "hello")], kind="generate")
     [a], [b] = plain.encode(qa, qa.train), on.encode(qa, qa.train)
     assert b.prompt == a.prompt + [eos] and b.answer == a.answer
-    # too long: a conversation loses its first tokens, a prompt / response row its input's end; the EOS stays
+    # too long: a conversation loses its middle (its start where its opening fills the room), a prompt / response row its input's end
     small = TaskEncoder(chat_tok, 16, end_eos=True)
     [test] = small.encode(chat, chat.test, split="test")
     assert test.prompt[-1] == eos and len(test) <= 16 and test.answer == a_answer(chat_tok, "see you <|im_end|>")

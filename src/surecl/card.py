@@ -364,11 +364,14 @@ def _generation_spec(chat: bool, metric: str, eos: bool = False) -> dict:
                          "at the start of the first user turn (a prompt / response row: one user turn, prompt_head + input; "
                          "a conversation without a user turn gets one holding prompt_head before its first assistant turn), "
                          "add_generation_prompt=True; text the template puts before an assistant turn's content belongs to the prompt",
-               "answer": "the assistant turn's content and the template's end of turn",
+               "answer": "the assistant turn's content and the template's end of turn (the EOS token after each assistant "
+                         "turn where the template writes none)",
                "truncation": "a prompt / response row's input is cut at its end until prompt + answer fit max_length; the "
                              "template's start, prompt_head and the input's first token stay, the answer keeping fewer than "
                              "max_length // 2 tokens for them where needed (a template start longer than max_length stays "
-                             "whole, over it); a longer conversation loses its first tokens"}
+                             "whole, over it); a longer conversation loses its middle: its opening (the template's start, any "
+                             "system turn and the first user turn up to the end of prompt_head) and its last tokens stay, and "
+                             "an opening over half the room is cut from its start too"}
     else:
         out = {"prompt": "start_ids + prompt_head + input + '\\nAnswer:', each part tokenised alone",
                "answer": "' ' + target, then the EOS token",

@@ -199,9 +199,15 @@ def _build(run, cfg: RunConfig, cache_dir, *, plugins: dict[str, Plugin], model,
         run.log(f"task {name}: {n_cut} of {n} {split} rows have a target or text longer than model.max_length={cfg.model.max_length} "
                 "tokens allow; their ends are cut (neither trained nor scored): raise model.max_length to keep them")
     for (name, split), (n_cut, n) in encoder.sentence_cut.items():
-        run.log(f"task {name}: {n_cut} of {n} {split} inputs are cut to fit model.max_length={cfg.model.max_length} tokens "
-                "(the model reads their start, or a conversation's last turns; instruction and answer are kept): raise "
-                "model.max_length to keep them whole")
+        alone = encoder.start_cut.get((name, split), (0, n))[0]  # conversations cut to their last turns: said next
+        if n_cut > alone:
+            run.log(f"task {name}: {n_cut - alone} of {n} {split} inputs are cut to fit model.max_length={cfg.model.max_length} "
+                    "tokens (the model reads their start, or a conversation's opening, the template's start and the instruction, "
+                    "and its last turns; instruction and answer are kept): raise model.max_length to keep them whole")
+        if alone:
+            run.log(f"warning: task {name}: {alone} of {n} {split} conversations are cut to their last turns to fit "
+                    f"model.max_length={cfg.model.max_length} tokens: their opening (the template's start and the instruction) "
+                    "would take over half the room, so the model reads them without it: raise model.max_length")
     generation = [t.name for t in run.tasks if t.kind == "generate"]
     probing = any(t.kind == "generate" for t in run.general.tasks) if run.general else False
     run.stop_ids = encoder.stop_ids() if generation or probing else None

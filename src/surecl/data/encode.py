@@ -13,7 +13,10 @@ instruction in either); a chat row's training sequence is the whole conversation
 everything from the first assistant turn on, with a ``mask`` that scores only the assistant
 turns' tokens; its test prompt ends where the last assistant turn's content begins (text the
 template writes ahead of the content, such as Qwen3's empty think block, belongs to the prompt)
-and the answer is that turn's content and end of turn.
+and the answer is that turn's content and end of turn. A template that writes no end of turn
+after an assistant's content (nothing, or whitespace alone: Falcon-instruct's) gets the EOS token
+after each assistant turn, as a plain answer ends, so the model learns to stop and generation
+stops there.
 A ``text`` task (continual pre-training) has no prompt: a document is one start token (BOS,
 or EOS for tokenizers without one) as the "prompt" and its tokens as the "answer", so the same
 loss, scorer and buffer train on, and score, every token of the document.
@@ -30,7 +33,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from surecl.data.task import Example, Task
+from surecl.data.task import Example, Task, data_warning
 from surecl.errors import SureclError
 
 
@@ -110,9 +113,12 @@ class TaskEncoder:
     ``max_length``, never its instruction, options or answer; a generation, chat or text row
     also has its target cut where prompt + target would exceed ``max_length`` (keeping at least
     ``max_length // 2`` of it, :meth:`_fit_answer`), the prompt then cut to the rest: a plain or
-    prompt / response row's input at its end, a conversation from its start. A prompt / response
-    row through a chat template keeps the template's start, the instruction and one input token
-    whatever is cut (its target gives way below ``max_length // 2`` for them)."""
+    prompt / response row's input at its end, a conversation in its middle (its opening, the
+    template's start and the first user turn up to the end of the instruction, and its last
+    tokens stay; where the opening would take over half the room, the conversation loses its
+    start instead, counted in :attr:`start_cut`). A prompt / response row through a chat
+    template keeps the template's start, the instruction and one input token whatever is cut
+    (its target gives way below ``max_length // 2`` for them)."""
 
     def __init__(self, tokenizer, max_length: int, end_eos: bool = False, task_prefix: bool = False, template: str = "auto"):
         self.tok = tokenizer
@@ -135,9 +141,18 @@ class TaskEncoder:
         self.sentence_cut: dict[tuple[str, str], tuple[int, int]] = {}
         """(task, split) -> (rows whose input, a classification sentence or a generation prompt,
         was cut to fit ``max_length``, rows): what the run says (the model reads the input's start;
-        instruction, options and answer are kept; a conversation loses its first turns)."""
+        instruction, options and answer are kept; a conversation loses its middle)."""
         self._sentence_cuts = 0
+        self.start_cut: dict[tuple[str, str], tuple[int, int]] = {}
+        """(task, split) -> (conversations among :attr:`sentence_cut`'s that lost their opening,
+        the template's start and the instruction, because it would take over half the room the
+        answer leaves, rows): what the run says too."""
+        self._start_cuts = 0
         self._dropped = 0
+        self._turn_end: str | None = None
+        """What the chat template writes after an assistant turn's content, read from the first
+        conversation encoded through it (:meth:`_turn_end_text`); None until then."""
+        self._chatted = False
 
     def _ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
@@ -208,7 +223,7 @@ class TaskEncoder:
         :attr:`cut`; a cut test target's ``label`` becomes the text of its kept tokens, so that
         evaluation scores the answer against what the model can be asked to generate (the cut
         end is neither trained nor scored)."""
-        self._cuts = self._sentence_cuts = 0
+        self._cuts = self._sentence_cuts = self._start_cuts = 0
         if task.kind == "generate":
             out = []
             for i, ex in enumerate(rows):
@@ -228,6 +243,8 @@ class TaskEncoder:
             self.cut[(task.name, split)] = (self._cuts, len(rows))
         if self._sentence_cuts:
             self.sentence_cut[(task.name, split)] = (self._sentence_cuts, len(rows))
+        if self._start_cuts:
+            self.start_cut[(task.name, split)] = (self._start_cuts, len(rows))
         return out
 
 
@@ -245,8 +262,8 @@ class TaskEncoder:
                 raise SureclError(f"{where}: a chat row (messages) needs a tokenizer with a chat template; this one has none")
             test = split == "test"
             lead = task_lead(task, self.task_prefix)
-            if ex.messages:  # a conversation too long is cut from its start (the last turns are kept)
-                enc = self._chat(led_turns(ex.messages, lead), ex.label, test, where)
+            if ex.messages:  # a conversation too long loses its middle (its opening and last turns are kept)
+                enc = self._chat(led_turns(ex.messages, lead), ex.label, test, where, lead=lead)
                 self._sentence_cuts += self._dropped > 0
                 return enc
             # a prompt / response row: where it does not fit, its input is cut at the end, as the
@@ -256,14 +273,14 @@ class TaskEncoder:
             cuts = self._cuts  # a target cut is counted once, by the last try
             enc = self._chat(turns(ex.sentence), ex.label, test, where, keep_start=True)
             keep = len(body)
-            if self._dropped:  # what stays whatever is cut: the prompt with the input's first token
-                least = len(self._chat_parts(turns(self.tok.decode(body[:1], skip_special_tokens=True)), test, where)[0])
+            if self._dropped:  # what stays whatever is cut: the prompt with the input's first character
+                first, start = self._text_of(body, 1)
+                least = len(self._chat_parts(turns(start), test, where)[0])
                 for _ in range(4):  # a cut text may tokenise a little differently once decoded: a few tries
-                    keep = max(keep - self._dropped - 1, 1)
-                    text = self.tok.decode(body[:keep], skip_special_tokens=True)
+                    keep, text = self._text_of(body, max(keep - self._dropped - 1, first))
                     self._cuts = cuts
                     enc = self._chat(turns(text), ex.label, test, where, least=least, keep_start=True)
-                    if not self._dropped or keep == 1:  # (still over: a start too long for max_length stays whole)
+                    if not self._dropped or keep <= first:  # (still over: a start too long for max_length stays whole)
                         break
             self._sentence_cuts += keep < len(body)
             return enc
@@ -275,6 +292,18 @@ class TaskEncoder:
         room = max(self.max_length - len(answer) - len(head) - len(tail), 1)
         self._sentence_cuts += len(body) > room
         return Encoded(head + body[:room] + tail, answer, ex.label)
+
+    def _text_of(self, body: list[int], keep: int) -> tuple[int, str]:
+        """(n, text): the text of ``body``'s first ``n`` tokens, ``n`` the nearest to ``keep`` whose
+        text ends on a whole character. A byte-level BPE token can hold part of a multi-byte
+        character (CJK, emoji), whose bytes decode to U+FFFD: a cut text re-tokenised would make
+        the model read a character the data does not hold. So ``keep`` backs off (a character is
+        at most 4 bytes), or where nothing before it is whole, moves on to the first character's end."""
+        for n in [*range(keep, max(keep - 4, 0), -1), *range(keep + 1, min(keep + 4, len(body)) + 1)]:
+            text = self.tok.decode(body[:n], skip_special_tokens=True)
+            if not text.endswith("\ufffd"):
+                return n, text
+        return keep, self.tok.decode(body[:keep], skip_special_tokens=True)  # the data's own U+FFFD: as cut
 
     def _eos(self) -> list[int]:
         """What ends every prompt: the EOS token with ``end_eos``, else nothing."""
@@ -386,10 +415,14 @@ class TaskEncoder:
         lead = probe[len(asked) : at]
         return lead if lead.strip() else ""
 
-    def _chat(self, turns, target: str, test: bool, where: str, least: int = 0, keep_start: bool = False) -> Encoded:
-        """The conversation's row: its prompt cut from the start where prompt and answer exceed
-        ``max_length`` (:attr:`_dropped` counts the tokens cut), or with ``keep_start`` never cut
-        (:attr:`_dropped` says how many tokens too long it is: the caller cuts its input);
+    def _chat(self, turns, target: str, test: bool, where: str, least: int = 0, keep_start: bool = False,
+              lead: str = "") -> Encoded:
+        """The conversation's row: where prompt and answer exceed ``max_length``, its prompt keeps
+        its opening (:meth:`_opening`: the template's start and the first user turn up to the end
+        of ``lead``, the instruction) and its last tokens, the middle cut (:attr:`_dropped` counts
+        the tokens cut); an opening over half the room is cut too, the prompt then its last
+        tokens alone (counted in :attr:`_start_cuts`). With ``keep_start`` the prompt is never
+        cut (:attr:`_dropped` says how many tokens too long it is: the caller cuts its input);
         ``least``: prompt tokens that must stay, for which the answer gives way (:meth:`_fit_answer`)."""
         prompt, answer, mask = self._chat_parts(turns, test, where)
         eos = self._eos()  # ends the prompt (end_eos), kept whatever is cut
@@ -397,13 +430,49 @@ class TaskEncoder:
         mask = mask[: len(answer)]
         room = max(self.max_length - len(answer) - len(eos), 1)
         self._dropped = max(len(prompt) - room, 0)
-        if not keep_start:
-            prompt = prompt[-room:]
+        if self._dropped and not keep_start:
+            head = self._opening(turns, lead, prompt, where)
+            if head is not None and head <= room // 2:
+                prompt = prompt[:head] + prompt[len(prompt) - (room - head) :]
+            else:
+                prompt = prompt[-room:]
+                self._start_cuts += 1
         return Encoded(prompt + eos, answer, target, None if all(mask) else mask)
 
+    def _opening(self, turns, lead: str, prompt: list[int], where: str) -> int | None:
+        """How many of ``prompt``'s first tokens are the conversation's opening: what the template
+        writes before the first user turn's content (its start, a system turn) and that content
+        up to the end of ``lead`` (the task's instruction, :func:`led_turns`), found by rendering
+        the conversation with :attr:`_MARKER` after it. None where there is no user turn, the
+        rendering does not show it (the template does not write the content verbatim) or ``prompt``
+        does not begin with it (the opening lies past a training row's prompt: a conversation
+        opening with the assistant)."""
+        at = next((k for k, (role, _) in enumerate(turns) if role == "user"), None)
+        if at is None:
+            return None
+        content = turns[at][1]
+        cut = len(lead) if content.startswith(lead) else len(content)
+        try:
+            probe = self.render((*turns[:at], ("user", content[:cut] + self._MARKER + content[cut:]), *turns[at + 1 :]), False, where)
+        except SureclError:
+            return None
+        if probe.count(self._MARKER) != 1:
+            return None
+        head = self._ids(probe[: probe.index(self._MARKER)])
+        same = len(os.path.commonprefix([prompt, head]))
+        # the opening's last token may merge with the text after it (a trailing space joins the next word)
+        return same if same >= len(head) - 1 else None
+
     def _chat_parts(self, turns, test: bool, where: str) -> tuple[list[int], list[int], list[int]]:
-        """(prompt ids, answer ids, answer mask) of a conversation, uncut."""
+        """(prompt ids, answer ids, answer mask) of a conversation, uncut; each assistant turn
+        ends with the EOS token where the template writes no end of turn (:meth:`_end_ids`)."""
         pieces = [(self._ids(text), a) for text, a in self.chat_segments(turns, where)]
+        self._chatted = True
+        if self._turn_end is None:
+            self._turn_end = self._turn_end_text(turns, where)
+        end = self._turn_end
+        if end is not None and not self._end_ids(end):  # no token ends a turn: EOS does, as after a plain answer
+            pieces = [(ids + [self.tok.eos_token_id] if a else ids, a) for ids, a in pieces]
         turns_at = [k for k, (_, a) in enumerate(pieces) if a]
         if not turns_at:
             raise SureclError(f"{where}: the assistant turn renders to no text")
@@ -421,25 +490,48 @@ class TaskEncoder:
             raise SureclError(f"{where}: the assistant turn has no tokens")
         return prompt, answer, mask
 
+    def _turn_end_text(self, turns, where: str) -> str | None:
+        """What the template writes after an assistant turn's content: the conversation ``turns``
+        rendered up to its last assistant turn, whose content is :attr:`_MARKER`, after the marker
+        (the first conversation encoded that shows it is :attr:`_turn_end`). None where the
+        template refuses it or the marker does not come out once (a template that rewrites contents)."""
+        last = max((i for i, (role, _) in enumerate(turns) if role == "assistant"), default=None)
+        if last is None:
+            return None
+        try:
+            probe = self.render((*turns[:last], ("assistant", self._MARKER)), False, where)
+        except SureclError:
+            return None
+        if probe.count(self._MARKER) != 1:
+            return None
+        return probe[probe.index(self._MARKER) + len(self._MARKER) :]
+
+    def _end_ids(self, end: str) -> list[int]:
+        """The end-of-turn token in ``end``, the text after an assistant turn's content: its first
+        token, leading whitespace skipped (a template that writes ``' ' + eos`` there, Llama-2's,
+        must not make the space token a stop, which would cut every answer at its first space);
+        none where it is whitespace alone."""
+        ids = self._ids(end.lstrip())[:1] if end.strip() else []
+        return ids if ids and self.tok.decode(ids).strip() else []
+
     def stop_ids(self) -> list[int]:
-        """The tokens that end a generated answer: EOS and, with a chat template, the first token
-        of what the template puts after an assistant turn's content (its end-of-turn token),
-        leading whitespace skipped: a template that writes ``' ' + eos`` there (Llama-2's) must
-        not make the space token a stop, which would cut every answer at its first space."""
+        """The tokens that end a generated answer: EOS and, with a chat template, its end-of-turn
+        token (:meth:`_end_ids`), read from the conversations encoded through the template (where
+        it writes none, every assistant turn was trained to end with EOS). Asked before any was
+        encoded, a one-turn conversation shows it; a template that shows it neither way stops at
+        EOS alone, said in one line where rows went through it."""
         ids = [self.tok.eos_token_id]
-        if self.has_chat_template:
-            marker = self._MARKER
-            try:
-                pieces = self.chat_segments((("user", "hi"), ("assistant", marker)), "")
-                turn = next(text for text, a in pieces if a)
-                after = turn[turn.index(marker) + len(marker) :]
-                end = self._ids(after.lstrip())[:1] if after.strip() else []
-                if end and not self.tok.decode(end).strip():
-                    end = []  # a token of whitespace alone never ends an answer
-            except (SureclError, ValueError, StopIteration):
-                end = []
-            ids += [t for t in end if t not in ids]
-        return ids
+        if not self.has_chat_template:
+            return ids
+        end = self._turn_end
+        if end is None:
+            end = self._turn_end_text((("user", "hi"), ("assistant", "hi")), "")
+        if end is None:
+            if self._chatted:
+                data_warning("the chat template's end of turn could not be read (it rewrites an assistant's content, and "
+                             "refuses a one-turn conversation): generation stops at the EOS token only")
+            return ids
+        return ids + [t for t in self._end_ids(end) if t not in ids]
 
 
 def bucketed_batches(lengths: list[int], batch_size: int, rng: random.Random, bucket: int = 32) -> list[list[int]]:
