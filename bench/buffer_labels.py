@@ -2,13 +2,15 @@
 task's labels, averaged over a method's finished runs (all orders and seeds).
 
 Reads ``buffer.labels`` of each run's results.json (runs from before that field are skipped).
-Per task and method: the runs read, the labels held (mean number of the task's labels with at
+Per task and method: the runs read, the examples kept, the labels held (mean number of the task's labels with at
 least one kept example, of how many), the largest label's share of the task's kept examples,
 and the total variation distance of the kept labels from a uniform spread over the task's
 labels (0 = every label equally often), beside the mean distance a random pick of the same
 number of examples from a balanced task has (simulated: a random buffer is not at 0 either),
 and the labels no run kept at all (a random pick misses different labels in different runs; a
-rule that misses the same ones never rehearses them).
+rule that misses the same ones never rehearses them). Where a task's count of kept examples
+differs between runs (reservoir replay) the examples kept are their mean and range, and the
+random pick's distance is the mean over the runs of the distance at each run's count.
 
 Usage (from the repository root):
   python bench/buffer_labels.py studies/smollm2 slow_surprise slow_reservoir random [--seeds 0,1]
@@ -22,6 +24,7 @@ import argparse
 import json
 import random
 from collections import defaultdict
+from functools import cache
 from pathlib import Path
 from statistics import fmean
 
@@ -36,6 +39,7 @@ def spread(counts: dict[str, int]) -> tuple[int, float, float] | None:
     return sum(n > 0 for n in counts.values()), max(shares), 0.5 * sum(abs(s - 1 / k) for s in shares)
 
 
+@cache
 def random_tv(k: int, m: int, draws: int = 2000) -> float:
     """Mean TV distance from uniform of m labels drawn at random from k equally frequent ones."""
     rng = random.Random(f"tv:{k}:{m}")
@@ -49,11 +53,11 @@ def random_tv(k: int, m: int, draws: int = 2000) -> float:
 
 
 def per_task(root: Path, method: str, seeds: set[str] | None = None):
-    """Per task: each run's spread, the number of labels, the examples kept, and the labels
-    every run left out (only the runs of ``seeds`` when given)."""
+    """Per task: each run's spread, the number of labels, each run's count of examples kept, and
+    the labels every run left out (only the runs of ``seeds`` when given)."""
     rows: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
     n_labels: dict[str, int] = {}
-    kept: dict[str, int] = {}
+    kept: dict[str, list[int]] = defaultdict(list)
     never: dict[str, set[str]] = {}
     # order-<name> (order-s1) or, for a numbered or the default order, order<name> (order4)
     for f in sorted((root / method).glob("order*/seed*/results.json")):
@@ -65,7 +69,7 @@ def per_task(root: Path, method: str, seeds: set[str] | None = None):
             if s is not None:
                 rows[task].append(s)
                 n_labels[task] = len(counts)
-                kept[task] = sum(counts.values())
+                kept[task].append(sum(counts.values()))
                 missing = {lab for lab, n in counts.items() if n == 0}
                 never[task] = never.get(task, missing) & missing
     return rows, n_labels, kept, never
@@ -85,9 +89,11 @@ def main() -> int:
         if not rows:
             print(f"| {m} | (no run with buffer labels) | 0 | | | | | | |")
         for task in sorted(rows):
-            r = rows[task]
-            print(f"| {m} | {task} | {len(r)} | {kept[task]} | {fmean(x[0] for x in r):.1f} / {n_labels[task]} | "
-                  f"{fmean(x[1] for x in r):.2f} | {fmean(x[2] for x in r):.2f} | {random_tv(n_labels[task], kept[task]):.2f} | "
+            r, k = rows[task], kept[task]
+            held = f"{k[0]}" if min(k) == max(k) else f"{fmean(k):.1f} ({min(k)}-{max(k)})"
+            pick = fmean(random_tv(n_labels[task], n) for n in k)
+            print(f"| {m} | {task} | {len(r)} | {held} | {fmean(x[0] for x in r):.1f} / {n_labels[task]} | "
+                  f"{fmean(x[1] for x in r):.2f} | {fmean(x[2] for x in r):.2f} | {pick:.2f} | "
                   f"{', '.join(sorted(never[task])) or '-'} |")
     return 0
 

@@ -15,6 +15,13 @@ Usage (from the repository root):
   python bench/ema_window.py OUT_DIR --benchmark ../shared/benchmarks/CL_Benchmark \
       --tasks dbpedia,amazon,agnews --n-train 120,400,1200 --seeds 0,1,2 [key.sub=value ...]
 Prints one table per stream length (steps per task) and writes OUT_DIR/ema_window.json.
+
+A rerun into the same OUT_DIR skips the (n_train, seed) pairs ema_window.json already holds and
+runs the rest, each from the start (``fresh=True``: the shadows are not checkpointed, so a
+stopped pair cannot resume; only what surecl wrote in the pair's folder is removed). Each record
+keeps the resolved config it ran and the script's arguments; a file holding a record whose
+config differs from what these arguments give for its pair (other tasks, epochs, presets, a
+record from before configs were kept) is refused in one line, as its table would mix settings.
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ from pathlib import Path
 import torch
 
 from surecl.checkpoint import write_json
-from surecl.config import build_config
+from surecl.config import build_config, same_config
+from surecl.errors import SureclError
 from surecl.trainer import ContinualRun
 
 PLAIN_BETAS = [0.9, 0.95, 0.99, 0.995]
@@ -99,6 +107,27 @@ def fp_ap(a: list[list[float | None]]) -> tuple[float, float]:
     return statistics.fmean(a[-1]), statistics.fmean(a[j][j] for j in range(len(a)))
 
 
+def pair_config(args, n_train: int, seed: int):
+    """The resolved config of one (n_train, seed) pair under the script's arguments."""
+    return build_config(args.config, [
+        f"data.benchmark={args.benchmark}", f"data.tasks=[{args.tasks}]", f"data.n_train={n_train}",
+        f"data.n_test={args.n_test}", f"seed={seed}", "dual.enabled=true", "train.checkpoint_every=0", *args.overrides,
+    ])
+
+
+def check_records(done: list, args, path: Path) -> None:
+    """Refuse a results file holding a record these arguments would not have run as it ran."""
+    if not isinstance(done, list):
+        raise SureclError(f"{path}: not a list of records of this script; give another OUT")
+    for r in done:
+        if not isinstance(r, dict) or "config" not in r:
+            raise SureclError(f"{path}: holds a record without its config (an earlier version of this script); "
+                              "give another OUT to run these settings")
+        if not same_config(r["config"], pair_config(args, r["n_train"], r["seed"])):
+            raise SureclError(f"{path}: n_train {r['n_train']} seed {r['seed']} ran other settings ({r.get('args')}); "
+                              "give another OUT, or remove that file and the pair folders to run these")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
@@ -110,23 +139,38 @@ def main() -> int:
     ap.add_argument("--config", default="slow_surprise")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_intermixed_args()
+    try:
+        n_trains, seeds = [int(x) for x in args.n_train.split(",")], [int(x) for x in args.seeds.split(",")]
+    except ValueError:
+        ap.error("--n-train and --seeds take comma-separated integers")
+    try:
+        return measure(args, n_trains, seeds)
+    except SureclError as exc:
+        print(f"ema_window.py: {exc}", file=sys.stderr)
+        return 2
+
+
+def measure(args, n_trains: list[int], seeds: list[int]) -> int:
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     results_path = out / "ema_window.json"
-    done = json.loads(results_path.read_text()) if results_path.exists() else []
-    for n_train in [int(x) for x in args.n_train.split(",")]:
-        for seed in [int(x) for x in args.seeds.split(",")]:
+    try:
+        done = json.loads(results_path.read_text()) if results_path.exists() else []
+    except (OSError, ValueError) as exc:
+        raise SureclError(f"{results_path}: unreadable ({exc}); give another OUT") from None
+    check_records(done, args, results_path)
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "n_train", "seeds")}
+    out.mkdir(parents=True, exist_ok=True)
+    for n_train in n_trains:
+        for seed in seeds:
             if any(r["n_train"] == n_train and r["seed"] == seed for r in done):
-                continue
-            cfg = build_config(args.config, [
-                f"data.benchmark={args.benchmark}", f"data.tasks=[{args.tasks}]", f"data.n_train={n_train}",
-                f"data.n_test={args.n_test}", f"seed={seed}", "dual.enabled=true", "train.checkpoint_every=0", *args.overrides,
-            ])
+                continue  # its config checked above
+            cfg = pair_config(args, n_train, seed)
             probe = ProbeRun(cfg, out / f"n{n_train}-s{seed}", progress=False)
-            res = probe.run(resume=False)
+            res = probe.run(fresh=True)
             fast_fp, fast_ap = fp_ap(res["fast"]["accuracy_matrix"])
             rec = {"n_train": n_train, "seed": seed, "steps_per_task": probe.steps_in_stage(probe.stages[0]),
                    "fast": {"fp": fast_fp, "ap": fast_ap}, "wall_s": res["timing"]["total"],
+                   "args": settings, "config": cfg.to_dict(),
                    "shadows": {sh.name: dict(zip(("fp", "ap"), fp_ap(sh.acc)), matrix=sh.acc) for sh in probe.shadows}}
             done.append(rec)
             write_json(results_path, done)

@@ -5,5 +5,5 @@
 set -euo pipefail
 OUT=${1:-runs/bench-default}
 # --fresh: a rerun starts over, removing only what an earlier run wrote in $OUT (never a file of yours)
-/usr/bin/time -f "wall %e s, peak RSS %M KB" surecl run --quiet --fresh --out "$OUT" "${@:2}"
+/usr/bin/time -f "wall %e s, peak RSS %M KiB" surecl run --quiet --fresh --out "$OUT" "${@:2}"
 python3 -c "import json,sys; r=json.load(open('$OUT/results.json')); print('FP', round(r['fp'],1), 'AP', round(r['ap'],1), 'timing', r['timing'])"

@@ -31,7 +31,7 @@ for seed in $SEEDS; do
   for side in fast plain; do
     if [ $side = fast ]; then name=$FAST; over=("${fast[@]}"); cmd=("${BF16_RUN[@]}"); else name=$PLAIN; over=("${plain[@]}"); cmd=(surecl run); fi
     # --fresh: start over, removing only what an earlier run wrote there (never a file of yours)
-    /usr/bin/time -f "$name seed $seed: wall %e s, peak RSS %M KB" "${cmd[@]}" "${ARGS[@]}" seed=$seed "${over[@]}" --fresh --out "$OUT/$name-$seed"
+    /usr/bin/time -f "$name seed $seed: wall %e s, peak RSS %M KiB" "${cmd[@]}" "${ARGS[@]}" seed=$seed "${over[@]}" --fresh --out "$OUT/$name-$seed"
   done
 done
 python - "$OUT" "$FAST" "$PLAIN" $SEEDS <<'PY'

@@ -3,7 +3,7 @@
 ``logits_to_keep`` hands the vocabulary projection ``hidden[:, -k:, :]``, a strided view.
 On CPU, ``linear`` on a strided 3-D bf16 view takes a batched-matmul path that materialises
 the weight once per row; surecl's model loader makes the input contiguous first
-(``surecl.model._contiguous_input``). Prints time and peak RSS growth of both.
+(``surecl.model._contiguous_input``). Prints time and peak RSS growth (MiB) of both.
 Run: ``python bench/lm_head.py``.
 """
 
@@ -38,7 +38,7 @@ def main() -> None:
                     torch.nn.functional.linear(x, w)
                 took = time.perf_counter() - start
                 time.sleep(0.05)
-                print(f"{str(dtype):15} last {k} of 32x128  {name:12}  {1e3 * took:8.1f} ms  peak +{(peak[0] - base) / 2**20:7.0f} MB")
+                print(f"{str(dtype):15} last {k} of 32x128  {name:12}  {1e3 * took:8.1f} ms  peak +{(peak[0] - base) / 2**20:7.0f} MiB")
 
 
 if __name__ == "__main__":

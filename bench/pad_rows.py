@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from surecl.checkpoint import write_text  # noqa: E402
 from surecl.data.encode import Encoded, collate  # noqa: E402
 from surecl.nll import token_nll  # noqa: E402
 
@@ -62,6 +63,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
+        # checked before the trials, not found after them
+        ap.error(f"--out {args.out}: {'is a folder' if args.out.is_dir() else 'its folder does not exist'}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     model = smollm2_shaped(dtype, device, args.seed)
@@ -86,7 +90,7 @@ def main() -> None:
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
-        args.out.write_text(text + "\n")
+        write_text(args.out, text + "\n")  # atomic: a stopped write leaves no half file
 
 
 if __name__ == "__main__":

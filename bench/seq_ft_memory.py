@@ -13,24 +13,32 @@ Usage (the machine otherwise idle; each mode in its own process, since the peak 
 Options: ``--config`` (default ``seq_ft``), ``--steps`` (default 3), ``--batch`` (default 8),
 then ``key=value`` overrides (default data: 64 examples of ``newsgroups``, the longest prompts
 of the embedded stream). ``--config tiny,seq_ft data.tasks=[colors]`` checks the script in seconds.
+
+``train`` writes a run folder of its own (a checkpoint outside ``surecl run``), so it refuses an
+OUT that exists and is not empty, and holds the folder's run lock while it writes; ``resume``
+only reads OUT. Peak RSS is ``ru_maxrss`` (KiB on Linux) in GB of 10^9 bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import resource
+import sys
 import time
 import warnings
 from pathlib import Path
 
+from surecl.checkpoint import LOCK, run_lock
 from surecl.config import build_config
+from surecl.errors import SureclError
 from surecl.trainer import ContinualRun
 
 DEFAULTS = ["data.tasks=[newsgroups]", "data.n_train=64", "data.n_test=8", "eval.before=false", "train.checkpoint_every=0"]
 
 
 def peak_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # ru_maxrss: KiB on Linux
 
 
 def say(what: str, since: float | None = None) -> None:
@@ -48,6 +56,28 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_intermixed_args()
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    try:
+        if args.mode == "train":  # checked before the lock too, which would write its holder into another run's lock file
+            check_empty(args.out)
+        # train writes checkpoints and a manifest: only into a folder of its own, under the run lock
+        with run_lock(args.out) if args.mode == "train" else contextlib.nullcontext():
+            measure(args)
+    except SureclError as exc:
+        sys.exit(f"seq_ft_memory.py: {exc}")
+
+
+def check_empty(out: Path) -> None:
+    """Refuse an OUT holding anything (but the lock file this process took): a checkpoint written
+    outside ``run()`` would prune another run's checkpoints and rewrite its manifest."""
+    if out.exists() and (not out.is_dir() or any(p.name != LOCK for p in out.iterdir())):
+        raise SureclError(f"{out} exists and is not an empty folder; train writes a run folder of its own: give a new OUT")
+
+
+def measure(args) -> None:
+    if args.mode == "train":
+        check_empty(args.out)  # again inside the lock: a run may have started there since
+    elif not args.out.is_dir():
+        raise SureclError(f"{args.out} is not a folder: run the train mode into it first")
     say("python, torch, surecl imported")
     start = time.perf_counter()
     cfg = build_config(args.config, [*DEFAULTS, f"train.batch_size={args.batch}", *args.overrides])
@@ -63,7 +93,8 @@ def main() -> None:
     if args.mode == "resume":
         start = time.perf_counter()
         found = run.restore()
-        assert found is not None, f"no checkpoint under {args.out}: run the train mode first"
+        if found is None:
+            raise SureclError(f"no checkpoint under {args.out}: run the train mode into it first")
         say(f"restored {found.name}", start)
     stage = run.stage = run.stages[0]
     items = run.train_sets[0]

@@ -77,7 +77,7 @@ def release_memory() -> None:
     """Hand freed heap memory back to the OS between phases (glibc only; a no-op elsewhere).
 
     The allocator keeps the arenas that a training stage's activations used; without this the
-    next phase's (scoring's) peak lands on top of them: the default run peaked at 3.45 GB RSS
+    next phase's (scoring's) peak lands on top of them: the default run peaked at 3.53 GB RSS
     with ~1.9 GB of it free but held (bench/end_to_end.sh)."""
     global _malloc_trim
     if _malloc_trim is None:
