@@ -25,7 +25,7 @@ from trainer_stops import Interrupt, StopAt  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from surecl.errors import SureclError  # noqa: E402
-from surecl.integrations.transformers import SureArguments  # noqa: E402
+from surecl.integrations.transformers import SureArguments, SureTrainer  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -298,3 +298,29 @@ def test_two_processes_given_other_rows_stop_in_one_line(tiny_loaded, tiny_cache
     assert said[0][0] == "trained" and len(said[0]) == 2
     assert "task 1's rows differ between processes (process 1 against process 0: the same 8 rows in another order" in said[0][1]
     assert "seed your shuffles and splits" in said[0][1] and "\n" not in said[0][1]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_process_that_stopped_alone_stops_next_task_with_one_line(world, monkeypatch):
+    """Under several processes, the backend's error for a process that has gone (out of a
+    collective in next_task) is one line saying how the script resumes; alone, or any other
+    error, passes unchanged."""
+    import torch.distributed as dist
+
+    from surecl.integrations.transformers import PEER_STOPPED
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: world)
+    gone = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:12345")
+
+    class Stopped:
+        def _next_task(self, *args):
+            raise gone
+
+    if world > 1:
+        with pytest.raises(SureclError) as caught:
+            SureTrainer.next_task(Stopped(), None)
+        assert str(caught.value) == PEER_STOPPED and "resume_from_checkpoint=True" in PEER_STOPPED and caught.value.__cause__ is gone
+    else:
+        with pytest.raises(RuntimeError, match="Connection closed by peer"):
+            SureTrainer.next_task(Stopped(), None)

@@ -66,18 +66,18 @@ def agreed(run, action):
 
 
 @contextlib.contextmanager
-def peers_stop_in_one_line():
+def peers_stop_in_one_line(message: str = PEER_STOPPED):
     """A collective that fails because another process stopped alone (an error only it met, a
-    signal to it alone) stops this one with :data:`PEER_STOPPED`, a :class:`SureclError`,
-    instead of the backend's traceback (gloo's ``Connection closed by peer`` out of the
-    backward's all-reduce). Only in a group of several processes, and only the backend's
-    errors for a peer that has gone: any other error passes unchanged."""
+    signal to it alone) stops this one with ``message`` (:data:`PEER_STOPPED`: how a command
+    resumes), a :class:`SureclError`, instead of the backend's traceback (gloo's ``Connection
+    closed by peer`` out of the backward's all-reduce). Only in a group of several processes,
+    and only the backend's errors for a peer that has gone: any other error passes unchanged."""
     try:
         yield
     except RuntimeError as exc:
         if not peer_gone(exc):
             raise
-        raise SureclError(PEER_STOPPED) from exc
+        raise SureclError(message) from exc
 
 
 def peer_gone(exc: BaseException) -> bool:

@@ -98,7 +98,7 @@ from surecl.data.encode import uniform_batches
 from surecl.errors import SureclError
 from surecl.logs import logger
 from surecl.plan import replay_count
-from surecl.processes import agreed, release_at_exit
+from surecl.processes import agreed, peers_stop_in_one_line, release_at_exit
 from surecl.registry import policy_class, policy_spec
 from surecl.replay.policies import check_scores
 from surecl.step import pair_weights
@@ -110,6 +110,10 @@ FORMAT = 1
 NEW, REPLAYED, WEIGHT, PADDING_TOKENS = "sure_new", "sure_replayed", "sure_pair_weight", "sure_padding_tokens"
 _MARK, _WEIGHT = "_sure_replay", "_sure_weight"
 KINDS = (NEW_ROW, REPLAYED_ROW, PADDING_ROW) = (0, 1, 2)
+PEER_STOPPED = ("another process stopped (its output says why); the checkpoints saved so far are intact: rerun the "
+                "script with resume_from_checkpoint=True to continue")
+"""The line of a process whose collective failed because another process of the script had gone
+(:func:`surecl.processes.peers_stop_in_one_line`)."""
 JOINT = -1.0
 """A planned row's weight in a step whose loss is the Trainer's own (``joint``, or a step
 without replayed rows); a ``pair`` step's rows carry their pair weight (>= 0)."""
@@ -586,7 +590,15 @@ class SureTrainer(Trainer):
         A call that raised (an interrupt, out of memory, an error while scoring) can be made
         again for the same task: the retry replaces the failed call's dataset, labels and replay
         counts (so the next task trains on its own rows), and trains from the weights, buffer and
-        EMA clock the failed call left (``resume_from_checkpoint`` continues exactly instead)."""
+        EMA clock the failed call left (``resume_from_checkpoint`` continues exactly instead).
+
+        Under several processes, a process that stopped alone (an error only it met, a signal to
+        it) stops the others with one line (:data:`PEER_STOPPED`) instead of the backend's
+        traceback out of a collective."""
+        with peers_stop_in_one_line(PEER_STOPPED):
+            return self._next_task(train_dataset, resume_from_checkpoint)
+
+    def _next_task(self, train_dataset, resume_from_checkpoint):
         t = self.task
         if self.dual.active != FAST:
             raise SureclError(
