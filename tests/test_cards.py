@@ -193,6 +193,17 @@ def test_a_generation_tasks_prompt_json_says_its_prompt_ends_with_eos_under_enco
         assert "EOS" not in without["prompt"] and with_eos["answer"] == without["answer"]
 
 
+def test_a_generation_tasks_prompt_json_says_how_references_are_scored():
+    """Under eval.references=max the task's score is a mean over instances of their best row,
+    not the mean of predictions.jsonl's row scores: prompt.json says so; under rows, nothing."""
+    from surecl.card import _generation_spec
+
+    for metric in ("rouge_l", "exact_match"):
+        best = _generation_spec(True, metric, references="max")
+        assert "one instance" in best["references"] and "mean over instances" in best["references"]
+        assert "references" not in _generation_spec(True, metric)
+
+
 def test_a_generation_tasks_prompt_json_gives_the_prompt_head_its_rows_were_encoded_with(tiny_cache, tmp_path):
     """A generation task's prompt.json entry names its ``prompt_head`` (O-LoRA's task prefix
     with ``data.task_prefix=true``, then the instruction), and [bos] + head + input + the tail,

@@ -173,6 +173,13 @@ def test_an_order_the_benchmark_lacks_is_refused_before_the_plan_is_written(tmp_
         err = one_error(capsys)
         assert words in err and f"seq_lora/order{order}/seed0" in err, err
         assert not out.exists()
+    # with data.allow_missing the folder's task lists are read first: an unknown order still names its run
+    argv = ["sweep", "--config", "tiny", "--methods", "seq_lora", "--orders", "9", "--out", str(out), "--quiet",
+            f"data.benchmark={bench}", "data.allow_missing=true"]
+    assert code_of(argv) == 2
+    err = one_error(capsys)
+    assert "sweep: run seq_lora/order9/seed0: data.order: unknown order '9'" in err and "in a plan" in err, err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("flag", ["--plan", "--methods", "--seeds", "--orders", "--config"])

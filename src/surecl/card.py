@@ -356,9 +356,10 @@ PROMPT_FORMAT = 1
 """The version of ``prompt.json``'s layout."""
 
 
-def _generation_spec(chat: bool, metric: str, eos: bool = False) -> dict:
+def _generation_spec(chat: bool, metric: str, eos: bool = False, references: str = "rows") -> dict:
     """How a generation task's rows were prompted, cut and scored (its ``prompt.json`` entry);
-    ``eos``: the prompt ends with the EOS token (an encoder-decoder's input, ``model.encoder_eos``)."""
+    ``eos``: the prompt ends with the EOS token (an encoder-decoder's input, ``model.encoder_eos``);
+    ``references``: ``eval.references``."""
     if chat:
         out = {"prompt": "the tokenizer's chat template over the row's turns up to its last assistant turn, prompt_head "
                          "at the start of the first user turn (a prompt / response row: one user turn, prompt_head + input; "
@@ -367,7 +368,7 @@ def _generation_spec(chat: bool, metric: str, eos: bool = False) -> dict:
                "answer": "the assistant turn's content and the template's end of turn (the EOS token after each assistant "
                          "turn where the template writes none)",
                "truncation": "a prompt / response row's input is cut at its end until prompt + answer fit max_length; the "
-                             "template's start, prompt_head and the input's first token stay, the answer keeping fewer than "
+                             "template's start, prompt_head and the input's first character stay, the answer keeping fewer than "
                              "max_length // 2 tokens for them where needed (a template start longer than max_length stays "
                              "whole, over it); a longer conversation loses its middle: its opening (the template's start, any "
                              "system turn and the first user turn up to the end of prompt_head) and its last tokens stay, and "
@@ -386,6 +387,10 @@ def _generation_spec(chat: bool, metric: str, eos: bool = False) -> dict:
                           "up to case and whitespace")
     elif metric == "rouge_l":
         out["scoring"] = "rouge-score's ROUGE-L F-measure x100 (its default tokenizer: lower-cased ASCII letters and digits; Porter stemming)"
+    if references == "max" and "scoring" in out:
+        out["references"] = ("test rows with the same input (prompt, or conversation before the answer) are one instance, "
+                             "answered once; an instance scores the best of its rows' scores against their targets, and the "
+                             "task the mean over instances (eval.references=max, Super-NaturalInstructions' rule)")
     return out
 
 
@@ -415,7 +420,8 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
             entry.update(instruction=task.instruction, prompt_head=task_lead(task, cfg.data.task_prefix), metric=task.score_metric,
                          template=cfg.data.template, chat_template=chat,
                          max_new_tokens=cfg.eval.max_new_tokens or min(longest, cfg.eval.max_new_cap),
-                         stop_ids=sorted(getattr(ctx, "stop_ids", None) or []), **_generation_spec(chat, task.score_metric, bool(ctx.is_seq2seq and cfg.model.encoder_eos)))
+                         stop_ids=sorted(getattr(ctx, "stop_ids", None) or []),
+                         **_generation_spec(chat, task.score_metric, bool(ctx.is_seq2seq and cfg.model.encoder_eos), cfg.eval.references))
         elif task.kind == "text":
             entry["metric"] = "perplexity"
         else:

@@ -276,11 +276,14 @@ def _folder_order(cfg) -> list[str]:
     """The tasks a run on a benchmark folder trains, when its order loses some to
     ``data.allow_missing`` (CL_Benchmark without yahoo makes orders 1 and 2 one list); [] for
     every other stream."""
-    if not cfg.data.allow_missing or cfg.data.benchmark in ("tiny", "none", "instruct", "embedded"):
-        return []
-    from surecl.data.cl_benchmark import order_missing, resolve_order
+    from surecl.data.cl_benchmark import ORDERS, order_missing, resolve_order
+    from surecl.data.loading import ONE_ORDER
 
+    if not cfg.data.allow_missing or cfg.data.benchmark in ONE_ORDER:
+        return []
     root = Path(cfg.data.benchmark).expanduser()
+    if cfg.data.order not in (*ORDERS, "default"):  # an unknown order: _check_order says so, naming the run
+        return []
     if not root.is_dir() or not order_missing(root, cfg.data.order, []):
         return []
     return resolve_order(root, cfg.data.order, [], True)

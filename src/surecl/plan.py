@@ -139,17 +139,16 @@ def _model_line(cfg: RunConfig) -> str:
     if not (folder / "config.json").is_file():
         return f"model: {name} (not a local folder: loaded by name at run time; LoRA targets not checked)"
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    try:  # what the run's loader says of a folder it cannot load (surecl.model.load_model)
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=cfg.model.trust_remote_code)
-        seq2seq = bool(getattr(config, "is_encoder_decoder", False))
-        auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+    config = _read_config(folder, cfg)
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+    try:
         with torch.device("meta"):
             model = auto.from_config(config, trust_remote_code=cfg.model.trust_remote_code)
     except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SureclError(f"model.name: cannot load {name!r}: {first}") from None
+        raise SureclError(_cannot_load(cfg, exc)) from None
     from surecl.adapters import adaptable_layers, layer_names, names_layer, resolve_targets
 
     layers = adaptable_layers(model)  # linear layers and GPT-2's Conv1D, as PEFT adapts them
@@ -182,13 +181,27 @@ def _model_config(cfg: RunConfig, cache_dir: Path | None):
     folder = {SMOLLM2: models / SMOLLM2_FOLDER, TINY: models / TINY_VERSION}.get(name, Path(name).expanduser())
     if not (folder / "config.json").is_file():
         return None
+    try:
+        config = _read_config(folder, cfg)
+    except SureclError:  # _model_line says what the run will
+        return None
+    return config, bool(getattr(config, "is_encoder_decoder", False))
+
+
+def _read_config(folder: Path, cfg: RunConfig):
+    """The transformers config of the model folder ``folder``; one line where it cannot be read,
+    as the run's loader says it (:func:`surecl.model.load_model`)."""
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=cfg.model.trust_remote_code)
-    except (OSError, ValueError):  # _model_line says what the run will
-        return None
-    return config, bool(getattr(config, "is_encoder_decoder", False))
+        return AutoConfig.from_pretrained(folder, trust_remote_code=cfg.model.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise SureclError(_cannot_load(cfg, exc)) from None
+
+
+def _cannot_load(cfg: RunConfig, exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"model.name: cannot load {cfg.model.name!r}: {first}"
 
 
 def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:

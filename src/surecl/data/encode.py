@@ -386,10 +386,9 @@ class TaskEncoder:
         if before_last + contents[-1] + pieces[-1] != full:
             return None, verbatim
         last = max(i for i, (role, _) in enumerate(turns) if role == "assistant")
-        one = self.render((*turns[:last], ("assistant", self._MARKER)), False, where)
-        if one.count(self._MARKER) != 1:
+        tail = self._after_last_content(turns, where)
+        if tail is None:
             return None, verbatim
-        tail = one[one.index(self._MARKER) + len(self._MARKER):]
         if not before_last.startswith(self.render(turns[:last], True, where)):
             return None, "the text before the last assistant content beginning with the template's generation prompt"
         out: list[tuple[str, bool]] = [(pieces[0], False)]
@@ -495,13 +494,20 @@ class TaskEncoder:
         rendered up to its last assistant turn, whose content is :attr:`_MARKER`, after the marker
         (the first conversation encoded that shows it is :attr:`_turn_end`). None where the
         template refuses it or the marker does not come out once (a template that rewrites contents)."""
+        try:
+            return self._after_last_content(turns, where)
+        except SureclError:
+            return None
+
+    def _after_last_content(self, turns, where: str) -> str | None:
+        """The text the template writes after the content of ``turns``' last assistant turn, the
+        conversation rendered up to that turn with :attr:`_MARKER` as its content; None where
+        there is no assistant turn or the marker does not come out once (the template's refusal
+        of the conversation is raised)."""
         last = max((i for i, (role, _) in enumerate(turns) if role == "assistant"), default=None)
         if last is None:
             return None
-        try:
-            probe = self.render((*turns[:last], ("assistant", self._MARKER)), False, where)
-        except SureclError:
-            return None
+        probe = self.render((*turns[:last], ("assistant", self._MARKER)), False, where)
         if probe.count(self._MARKER) != 1:
             return None
         return probe[probe.index(self._MARKER) + len(self._MARKER) :]
