@@ -234,8 +234,8 @@ def rouge_l(predictions: list[str], gold: list[str]) -> float:
     scores 0; Porter stemming)."""
     if not gold:
         return 0.0
-    scorer = _rouge_scorer()
-    return 100.0 * sum(scorer.score(g, p)["rougeL"].fmeasure for p, g in zip(predictions, gold)) / len(gold)
+    score = row_scorer("rouge_l")
+    return 100.0 * sum(score(p, g) for p, g in zip(predictions, gold)) / len(gold)
 
 
 _SCORER = None
@@ -303,17 +303,23 @@ def task_score(metric: str, predictions: list[str], gold: list[str], labels=(), 
     return accuracy(predictions, gold, labels)
 
 
+def row_scorer(metric: str, labels=()):
+    """One answer's score in ``metric`` against its target, in [0, 1]: ``score(prediction,
+    gold)``; :func:`rouge_l` averages it over rows and :func:`task_score` under
+    ``eval.references=max`` takes its best per instance."""
+    if metric == "rouge_l":
+        scorer = _rouge_scorer()
+        return lambda p, g: scorer.score(g, p)["rougeL"].fmeasure
+    if metric == "exact_match":
+        return lambda p, g: float(_same_answer(p, g))
+    return lambda p, g: float(is_label(p, g, labels))
+
+
 def _best_per_instance(metric: str, predictions: list[str], gold: list[str], labels, instances: list[int]) -> float:
     """:func:`task_score` over instances: the mean of each instance's best row score."""
     if not gold:
         return 0.0
-    if metric == "rouge_l":
-        scorer = _rouge_scorer()
-        score = lambda p, g: scorer.score(g, p)["rougeL"].fmeasure  # noqa: E731
-    elif metric == "exact_match":
-        score = lambda p, g: float(_same_answer(p, g))  # noqa: E731
-    else:
-        score = lambda p, g: float(is_label(p, g, labels))  # noqa: E731
+    score = row_scorer(metric, labels)
     best: dict[int, float] = {}
     for key, p, g in zip(instances, predictions, gold, strict=True):
         best[key] = max(best.get(key, 0.0), score(p, g))
