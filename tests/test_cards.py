@@ -152,12 +152,15 @@ def test_readme_says_progressive_prompts_exports_prompts_instead(request):
 
 # ----------------------------------------------------------------------------- 3. a perplexity run's prompt.json
 
-def test_perplexity_prompt_json_describes_perplexity_which_plain_peft_reproduces(tiny_cache, tmp_path):
+@pytest.mark.parametrize("start", ["auto", "<eos>"])
+def test_perplexity_prompt_json_describes_perplexity_which_plain_peft_reproduces(tiny_cache, tmp_path, start):
+    """Also under ``data.text_start``: the start token prompt.json names is the one the run
+    trained and scored from."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "cpt"
-    run, results = _run("tiny,cpt,slow_surprise", [], out, tiny_cache)
+    run, results = _run("tiny,cpt,slow_surprise", [f"data.text_start={start}"], out, tiny_cache)
     folder = out / "adapters" / "slow"
     spec = json.loads((folder / "prompt.json").read_text())
     for key in ("template", "decoding", "predictions", "normalisation"):
@@ -167,6 +170,8 @@ def test_perplexity_prompt_json_describes_perplexity_which_plain_peft_reproduces
     assert ppl["max_length"] == run.cfg.model.max_length and ppl["measured_with"] == "slow" and ppl["this_adapter_measured"] is True
     # the spec alone: start token + the document's ids cut to max_length - 1, every token after the start scored, exp(total / count)
     tok = AutoTokenizer.from_pretrained(spec["base_model"])
+    assert ppl["start_token_id"] == (tok.bos_token_id if start == "auto" else tok.eos_token_id)
+    assert {e.prompt[0] for t in run.train_sets for e in t} == {ppl["start_token_id"]}
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(spec["base_model"]), str(folder)).eval()
     for j, entry in enumerate(spec["tasks"]):
         assert entry["kind"] == "text" and entry["metric"] == "perplexity"

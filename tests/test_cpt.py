@@ -113,3 +113,23 @@ def test_report_refuses_mixed_metrics(tmp_path, tiny_cache):
     accuracy_run = dict(results["seq_lora"], metric="accuracy")
     with pytest.raises(SureclError, match=r"different metrics \(accuracy: 1 run; perplexity: 2 runs\)"):
         aggregate(runs + [accuracy_run], "fp")
+
+
+def test_the_documents_start_token_is_data_text_start(tiny_loaded):
+    """``data.text_start``: auto (BOS, else EOS), bos, eos or a token of the vocabulary as
+    written; a token the vocabulary lacks, or a BOS the tokenizer has none of, is one line."""
+    import copy
+
+    tok = tiny_loaded.tokenizer
+    task = tiny_stream()[0].as_text()
+    starts = {spec: {e.prompt[0] for e in TaskEncoder(tok, 64, text_start=spec).encode(task, task.test[:3])}
+              for spec in ("auto", "bos", "eos", "<pad>")}
+    assert starts == {"auto": {tok.bos_token_id}, "bos": {tok.bos_token_id}, "eos": {tok.eos_token_id}, "<pad>": {tok.pad_token_id}}
+    with pytest.raises(SureclError, match=r"^data.text_start: '<nope>' is not a token of this tokenizer's vocabulary"):
+        TaskEncoder(tok, 64, text_start="<nope>").encode(task, task.test[:1])
+    no_bos = copy.deepcopy(tok)
+    no_bos.bos_token = None
+    assert TaskEncoder(no_bos, 64).encode(task, task.test[:1])[0].prompt == [tok.eos_token_id]  # auto falls back to EOS
+    with pytest.raises(SureclError, match=r"^data.text_start=bos: this tokenizer has no BOS token"):
+        TaskEncoder(no_bos, 64, text_start="bos").encode(task, task.test[:1])
+    assert build_config("tiny,cpt", ["data.text_start=<|endoftext|>"]).data.text_start == "<|endoftext|>"

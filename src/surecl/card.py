@@ -498,8 +498,10 @@ def _perplexity_spec(ctx, adapter: str, base_model: str, evaluated: str | None, 
     (:meth:`surecl.data.encode.TaskEncoder.document`, :func:`surecl.run_eval.score_task`,
     :func:`surecl.evaluate.perplexity`), so a script without surecl reproduces the matrix."""
     cfg, tok = ctx.cfg, ctx.tokenizer
+    from surecl.data.encode import text_start_id
+
     method = getattr(ctx, "method", None)
-    start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    start = text_start_id(tok, cfg.data.text_start)
     return {
         "format": PROMPT_FORMAT,
         "adapter": adapter,
@@ -514,6 +516,8 @@ def _perplexity_spec(ctx, adapter: str, base_model: str, evaluated: str | None, 
                         "[start_token_id] + those, at most max_length in all; the method's input_prefix, if any, goes before "
                         "the start token",
             "start_token_id": start,
+            "start_token": f"data.text_start={cfg.data.text_start}: " + (
+                "the tokenizer's BOS, else its EOS" if cfg.data.text_start == "auto" else "the token named"),
             "max_length": cfg.model.max_length,
             "forward": "one forward of the whole row in eval mode (model.eval(): no dropout), no padding inside a row (the run "
                        "left-pads batches with explicit position ids counting from the row's first real token, which gives "

@@ -177,7 +177,7 @@ def _build(run, cfg: RunConfig, cache_dir, *, plugins: dict[str, Plugin], model,
     if cfg.data.kind == "text" and run.is_seq2seq:
         raise SureclError(f"data.kind=text (continual pre-training) needs a causal LM; {cfg.model.name} is encoder-decoder")
     encoder = TaskEncoder(run.tokenizer, cfg.model.max_length, end_eos=run.is_seq2seq and cfg.model.encoder_eos, task_prefix=cfg.data.task_prefix,
-                          template=cfg.data.template)
+                          template=cfg.data.template, text_start=cfg.data.text_start)
     for t in run.tasks:  # labels the tokenizer cannot tell apart stop here, before any training
         for warning in encoder.check_labels(t):
             if cfg.eval.mode == "generate":

@@ -136,6 +136,13 @@ class DataConfig:
     tokenizer's chat template, as a user turn and the assistant's answer, where the tokenizer
     has one; else plain) or ``plain`` (``instruction + prompt + "\nAnswer:"``, the answer
     after a space, then EOS). Chat rows (``messages``) always use the chat template."""
+    text_start: str = "auto"
+    """The one token before every document of a ``text`` task (continual pre-training), from
+    which its first token is predicted, in training and in perplexity: ``auto`` (the
+    tokenizer's BOS, else its EOS, as lm-evaluation-harness's HFLM prefixes), ``bos``, ``eos``,
+    or a token of the tokenizer's vocabulary written as it is (``<|endoftext|>``: the document
+    separator SmolLM2's base was pre-trained with, where the Instruct tokenizer's BOS is the
+    chat-turn opener ``<|im_start|>``)."""
     n_train: int = 240
     """Training examples kept per task (0 = all). The default sizes keep the embedded run
     within 10 minutes on a 2-core CPU while every task is learned well above its zero-shot

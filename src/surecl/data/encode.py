@@ -55,6 +55,24 @@ def build_prompt(task: Task, sentence: str, task_prefix: bool = False) -> str:
     return "".join(prompt_parts(task, sentence, task_prefix))
 
 
+def text_start_id(tok, spec: str = "auto") -> int:
+    """The id of the token before every document of a text task (``data.text_start``): ``auto``
+    the tokenizer's BOS, else its EOS; ``bos``; ``eos``; or a token of its vocabulary as written.
+    One line where the tokenizer has no such token."""
+    if spec in ("auto", "bos", "eos"):
+        bos, eos = tok.bos_token_id, tok.eos_token_id
+        found = (bos if bos is not None else eos) if spec == "auto" else (bos if spec == "bos" else eos)
+        if found is None:
+            raise SureclError(f"data.text_start={spec}: this tokenizer has no {'BOS or EOS' if spec == 'auto' else spec.upper()} token; "
+                              "name one of its tokens as written (e.g. data.text_start='<|endoftext|>')")
+        return found
+    found = tok.get_vocab().get(spec)
+    if found is None:
+        raise SureclError(f"data.text_start: {spec!r} is not a token of this tokenizer's vocabulary (give auto, bos, eos, "
+                          "or one token as the vocabulary writes it)")
+    return found
+
+
 def start_ids(tok) -> list[int]:
     """The special tokens the tokenizer itself puts before a text (Llama's, Mistral's, Gemma's
     BOS; none for GPT-2-style or T5 tokenizers), read from its own encoding of a word: its
@@ -120,8 +138,11 @@ class TaskEncoder:
     template keeps the template's start, the instruction and one input token whatever is cut
     (its target gives way below ``max_length // 2`` for them)."""
 
-    def __init__(self, tokenizer, max_length: int, end_eos: bool = False, task_prefix: bool = False, template: str = "auto"):
+    def __init__(self, tokenizer, max_length: int, end_eos: bool = False, task_prefix: bool = False, template: str = "auto",
+                 text_start: str = "auto"):
         self.tok = tokenizer
+        self.text_start = text_start
+        """The token before every document (``data.text_start``, :func:`text_start_id`)."""
         self.template = template
         """``auto``: a generation task's prompt/response rows go through the tokenizer's chat
         template where it has one; ``plain``: never (chat rows always do)."""
@@ -171,7 +192,7 @@ class TaskEncoder:
         return head_ids + body_ids[:room] + tail_ids
 
     def document(self, text: str) -> Encoded:
-        start = self.tok.bos_token_id if self.tok.bos_token_id is not None else self.tok.eos_token_id
+        start = text_start_id(self.tok, self.text_start)
         ids = self._ids(text)
         self._cuts += len(ids) > self.max_length - 1
         return Encoded([start], ids[: self.max_length - 1], "")
