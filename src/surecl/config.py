@@ -196,9 +196,10 @@ def choices() -> dict[str, tuple[str, ...]]:
 
 
 
-RAW_STRING_KEYS = ("replay.ratio", "preset")
+RAW_STRING_KEYS = ("replay.ratio", "preset", "data.text_start")
 """Keys whose command-line value is taken as written, not parsed as YAML (a sweep's row name,
-``preset``, may hold a grid value with `` #`` that YAML would read as a comment)."""
+``preset``, may hold a grid value with `` #`` that YAML would read as a comment; a token such as
+``[SEP]`` or ``yes`` is a token, not a list or a boolean)."""
 
 
 def replay_ratio(text: str) -> tuple[int, int]:
@@ -215,7 +216,8 @@ def replay_ratio(text: str) -> tuple[int, int]:
 
 
 MAX_INT = 10**9
-"""The largest whole number any option takes (steps, sizes, counts, seeds)."""
+"""The largest whole number any option takes (steps, sizes, counts, seeds); a decimal number
+(an EWC strength of 1e10) is bound only to be finite."""
 
 
 def _check_finite(tree: Any, key: str) -> None:
@@ -231,8 +233,16 @@ def _check_finite(tree: Any, key: str) -> None:
         return
     elif isinstance(tree, float) and not math.isfinite(tree):
         raise SureclError(f"{key}: {tree!r} must be a finite number")
-    elif isinstance(tree, (int, float)) and abs(tree) > MAX_INT:
+    elif isinstance(tree, int) and abs(tree) > MAX_INT:
         raise SureclError(f"{key}: {tree:g} is out of range (at most {MAX_INT:g})")
+
+
+def check_again(cfg: RunConfig) -> RunConfig:
+    """The checks a config had when it was built, again: a config changed in Python after
+    :func:`build_config` (``cfg.dual.beta = 1.5``) is refused in one line before a run starts,
+    as it would be when its saved ``config.yaml`` is run again."""
+    _check_types(cfg, "")
+    return validate(cfg)
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -277,6 +287,11 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("eval.max_new_cap", cfg.eval.max_new_cap >= 1, "must be >= 1"),
         ("eval.general_n", cfg.eval.general_n >= 0, "must be >= 0 (0 = every row)"),
         ("eval.general", bool(cfg.eval.general.strip()), "must be none, default or a path"),
+        ("model.name", bool(cfg.model.name.strip()), "is empty; give smollm2-135m, tiny, a model folder or a hub id (an unset shell "
+         "variable gives an empty value)"),
+        ("data.benchmark", bool(cfg.data.benchmark.strip()), "is empty; give embedded, instruct, tiny, none or a CL_Benchmark folder"),
+        ("data.jsonl", all(isinstance(p, str) and p.strip() for p in cfg.data.jsonl), "holds an empty path; give each task file's path"),
+        ("data.text_start", bool(cfg.data.text_start.strip()), "is empty; give auto, bos, eos or one token of the tokenizer's vocabulary"),
         ("log_every", cfg.log_every >= 1, "must be >= 1"),
     ]
     for key, ok, why in checks:
@@ -334,6 +349,9 @@ def config_warnings(cfg: RunConfig) -> list[str]:
     the heatmap) while forward transfer, which needs the before-training row as well, stays
     null. The run logs each as a warning before it starts."""
     warnings = []
+    if cfg.eval.mode == "rank" and (cfg.data.kind == "generate" or cfg.data.benchmark == "instruct"):
+        warnings.append("eval.mode=rank on generation tasks: free-text answers have no options to rank, so they are generated "
+                        "and scored in their metric whatever eval.mode says (rank applies to classification tasks only)")
     if cfg.eval.ahead and not cfg.eval.before:
         warnings.append("eval.ahead=true without eval.before: the cells above the diagonal are evaluated, but forward transfer "
                         "(fwt) also needs the before-training row and stays null; set eval.before=true for it")

@@ -273,7 +273,7 @@ def instances(examples) -> list[int]:
     rows share its instruction) are one instance, each row's target one of its references
     (``eval.references=max``)."""
     first: dict = {}
-    return [first.setdefault((e.sentence, e.messages[:-1]), k) for k, e in enumerate(examples)]
+    return [first.setdefault((e.sentence, tuple(tuple(turn) for turn in e.messages[:-1])), k) for k, e in enumerate(examples)]
 
 
 def instance_rows(keys: list[int], prompts: list[list[int]]) -> dict[int, int]:

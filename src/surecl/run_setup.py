@@ -22,7 +22,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
 from surecl.adapters import DualLoRA, beta_per_step, resolve_beta, task_seed
-from surecl.config import RunConfig, config_warnings
+from surecl.config import RunConfig, check_again, config_warnings
 from surecl.data.encode import TaskEncoder
 from surecl.data.general import load_general_probe
 from surecl.data.loading import caller_stream, caller_tasks, load_stream, missing_tasks_warning, short_tasks_warning, streams_seed
@@ -75,6 +75,7 @@ def build_run(
     generators: the build seeds them for the learner's draw; ``run.torch_streams`` keeps them as
     the build leaves them (:meth:`~surecl.trainer.ContinualRun.run` takes them up) and the
     caller's are back when the build ends, however it ends."""
+    check_again(cfg)  # a config changed in Python since it was built
     run.cfg = cfg
     run.out_dir = Path(out_dir)
     run.progress = progress

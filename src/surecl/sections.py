@@ -385,7 +385,9 @@ class EvalConfig:
 
     mode: str = "generate"
     """``generate`` (greedy decoding, normalised exact match; paper), ``rank`` (label
-    likelihood), or ``perplexity`` (the metric of ``data.kind=text`` streams; lower is better)."""
+    likelihood), or ``perplexity`` (the metric of ``data.kind=text`` streams; lower is better).
+    Generation tasks (free text, no options) are generated and scored in their metric whatever
+    it says (a run with ``rank`` on them warns)."""
     before: bool = True
     """Also evaluate every task before any training (the "without fine-tuning" row), so a run
     shows what training added."""
