@@ -62,3 +62,36 @@ def test_instances_take_conversations_given_as_lists():
     rows = [Example("", "red", [["user", "a"], ["assistant", "red"]]), Example("", "blue", [["user", "a"], ["assistant", "blue"]]),
             Example("", "red", [["user", "b"], ["assistant", "red"]])]
     assert instances(rows) == [0, 0, 2]
+
+
+def test_a_window_past_float_precision_is_refused():
+    """dual.window_tasks=1e17 with beta auto rounded beta to 1: the bias-corrected EMA divided
+    by 0 and the slow adapter answered with NaN weights (FP 0), no error."""
+    from surecl.adapters import resolve_beta
+
+    dual = build_config("tiny,slow_surprise", ["dual.beta=auto", "dual.window_tasks=1e17"]).dual
+    with pytest.raises(SureclError, match=r"^dual.window_tasks: 1e\+17 tasks of 30 updates is a window past float precision"):
+        resolve_beta(dual, 30)
+    assert 0 < resolve_beta(build_config("tiny,slow_surprise", ["dual.beta=auto", "dual.window_tasks=1e9"]).dual, 30) < 1
+
+
+@pytest.mark.parametrize("written, token", [("'s", "'s"), ('Ġ"', 'Ġ"'), ("<s>'", "<s>'"), ('"', '"'), ("'[SEP]'", "[SEP]"), ('"yes"', "yes")])
+def test_a_start_token_keeps_its_quote_characters_but_one_surrounding_pair(written, token):
+    assert build_config("tiny,cpt", [f"data.text_start={written}"]).data.text_start == token
+
+
+def test_a_yaml_token_read_as_a_list_says_to_quote_it(tmp_path):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("kind: setting\ndata:\n  text_start: [SEP]\n")
+    with pytest.raises(SureclError, match=r"data.text_start: expected a string, got \['SEP'\] .*quote it, e.g. '\[SEP\]'"):
+        build_config(f"tiny,cpt,{preset}")
+
+
+def test_rank_on_generation_tasks_from_a_file_warns_too(tmp_path):
+    from surecl.config import stream_warnings
+    from surecl.data.task import Task
+
+    cfg = build_config("tiny,seq_lora", ["eval.mode=rank"])
+    generate = Task("gen", "", [], [Example("a", "b")], [Example("a", "b")], kind="generate")
+    assert any(w.startswith("eval.mode=rank on generation tasks") for w in stream_warnings(cfg, [generate]))
+    assert stream_warnings(cfg, [Task("c", "", ["x"], [Example("a", "x")], [Example("a", "x")])]) == []

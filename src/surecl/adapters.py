@@ -483,7 +483,11 @@ def resolve_beta(dual: DualConfig, units_first_task: int) -> float:
     least one update: beta 0, the slow adapter then follows the fast one)."""
     if dual.beta != "auto":
         return float(dual.beta)
-    return 1.0 - 1.0 / max(1.0, dual.window_tasks * units_first_task)
+    beta = 1.0 - 1.0 / max(1.0, dual.window_tasks * units_first_task)
+    if beta >= 1.0:  # the window past float precision: the bias-corrected EMA would divide by 0
+        raise SureclError(f"dual.window_tasks: {dual.window_tasks:g} tasks of {units_first_task} updates is a window past float "
+                          "precision (beta rounds to 1, and the slow adapter would never move); give a smaller window")
+    return beta
 
 
 def beta_per_step(beta: float, dual: DualConfig, batch_size: int) -> float:

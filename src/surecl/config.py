@@ -343,6 +343,12 @@ def validate(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+RANK_ON_GENERATION = ("eval.mode=rank on generation tasks: free-text answers have no options to rank, so they are generated "
+                      "and scored in their metric whatever eval.mode says (rank applies to classification tasks only)")
+"""The warning of a run whose stream holds generation tasks under ``eval.mode=rank`` (from its
+config, :func:`config_warnings`, or from the tasks loaded: ``data.jsonl`` headers, tasks from Python)."""
+
+
 def config_warnings(cfg: RunConfig) -> list[str]:
     """What a valid config runs, but not as it may be meant: ``eval.ahead`` without
     ``eval.before`` evaluates the cells above the diagonal (results.json's matrix, report.md,
@@ -350,11 +356,20 @@ def config_warnings(cfg: RunConfig) -> list[str]:
     null. The run logs each as a warning before it starts."""
     warnings = []
     if cfg.eval.mode == "rank" and (cfg.data.kind == "generate" or cfg.data.benchmark == "instruct"):
-        warnings.append("eval.mode=rank on generation tasks: free-text answers have no options to rank, so they are generated "
-                        "and scored in their metric whatever eval.mode says (rank applies to classification tasks only)")
+        warnings.append(RANK_ON_GENERATION)
     if cfg.eval.ahead and not cfg.eval.before:
         warnings.append("eval.ahead=true without eval.before: the cells above the diagonal are evaluated, but forward transfer "
                         "(fwt) also needs the before-training row and stays null; set eval.before=true for it")
+    return warnings
+
+
+def stream_warnings(cfg: RunConfig, tasks) -> list[str]:
+    """:func:`config_warnings`, and those the loaded ``tasks`` show: generation tasks the config
+    does not declare (``data.jsonl`` headers, tasks from Python) under ``eval.mode=rank``. The run
+    logs them and the dry run prints them."""
+    warnings = config_warnings(cfg)
+    if cfg.eval.mode == "rank" and any(t.kind == "generate" for t in tasks) and RANK_ON_GENERATION not in warnings:
+        warnings.append(RANK_ON_GENERATION)
     return warnings
 
 
@@ -488,8 +503,9 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
         except (TypeError, ValueError):
             raise SureclError(f"{key}: expected a number, got {value!r}") from None
     if typ is str:
-        if isinstance(value, (dict, list)):
-            raise SureclError(f"{key}: expected a string, got {value!r}")
+        if isinstance(value, (dict, list)):  # YAML reads [SEP] unquoted as a list
+            raise SureclError(f"{key}: expected a string, got {value!r} (YAML reads [...] and {{...}} unquoted as a list or "
+                              "a mapping): quote it, e.g. '[SEP]'")
         if isinstance(value, bool):  # YAML 1.1 reads yes/no/on/off/true/false unquoted as booleans: "no" would become "False"
             raise SureclError(f"{key}: expected a string, got the boolean {value!r} (YAML reads yes, no, on, off, true and false "
                               "as booleans): quote it, e.g. \"no\"")
@@ -582,7 +598,9 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
         if dotted == "preset":  # a row name as written (a grid value's quote or `` #`` included)
             value = raw.strip()
         elif dotted in RAW_STRING_KEYS:  # YAML 1.1 reads an unquoted 1:2 as the base-60 number 62
-            value = raw.strip().strip("'\"")
+            value = raw.strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":  # one pair of quotes around it, no more
+                value = value[1:-1]
         nested: dict[str, Any] = {}
         cursor = nested
         parts = dotted.split(".")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from surecl.config import RunConfig, config_warnings, per_task_values, replay_ratio
+from surecl.config import RunConfig, per_task_values, replay_ratio, stream_warnings
 from surecl.errors import SureclError
 
 
@@ -292,7 +292,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
                     missing_tasks_warning(tasks, cfg.data.order)):
         if warning:
             lines.append(f"warning: {warning}")
-    lines += [f"warning: {w}" for w in name_warnings + config_warnings(cfg)]
+    lines += [f"warning: {w}" for w in name_warnings + stream_warnings(cfg, tasks)]
     if cfg.dual.enabled:
         from surecl.adapters import beta_per_step, resolve_beta
 

@@ -22,7 +22,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
 from surecl.adapters import DualLoRA, beta_per_step, resolve_beta, task_seed
-from surecl.config import RunConfig, check_again, config_warnings
+from surecl.config import RunConfig, check_again, stream_warnings
 from surecl.data.encode import TaskEncoder
 from surecl.data.general import load_general_probe
 from surecl.data.loading import caller_stream, caller_tasks, load_stream, missing_tasks_warning, short_tasks_warning, streams_seed
@@ -171,7 +171,7 @@ def _build(run, cfg: RunConfig, cache_dir, *, plugins: dict[str, Plugin], model,
         run.share_prefix = False
         run.log(f"model.share_prefix: off for this model: {obstacle}, where a shared prefix puts each row's left padding "
                 "between the prefix and the row, so scores would depend on the batch; each row runs whole")
-    for warning in config_warnings(cfg):
+    for warning in stream_warnings(cfg, run.tasks):
         run.log(f"warning: {warning}")
     if loaded.note:
         run.log(f"warning: {loaded.note}")
