@@ -230,6 +230,17 @@ def load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None = 
             hf_logging.enable_progress_bar()
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's first line (its type's name where it says nothing)."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def cannot_load(name: str, exc: BaseException) -> str:
+    """The line for a model ``model.name`` names that transformers cannot load (the run's
+    loader and the dry run say it alike)."""
+    return f"model.name: cannot load {name!r}: {first_line(exc)}"
+
+
 def _load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None) -> LoadedModel:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -261,10 +272,10 @@ def _load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None) 
         attn = {} if cfg.attn_implementation == "auto" else {"attn_implementation": cfg.attn_implementation}
         model = auto.from_pretrained(str(path), dtype=dtype, trust_remote_code=cfg.trust_remote_code, **attn)
     except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         if cfg.attn_implementation != "auto" and "attn" in first.lower():
             raise SureclError(f"model.attn_implementation={cfg.attn_implementation}: {cfg.name!r} does not support it: {first}") from None
-        raise SureclError(f"model.name: cannot load {cfg.name!r}: {first}") from None
+        raise SureclError(cannot_load(cfg.name, exc)) from None
     return prepare_model(model, tokenizer, device, path=str(path), note=note)
 
 

@@ -131,7 +131,9 @@ def replayed_in(batch_size: int, cfg: RunConfig) -> float:
     return batch_size * a / b
 
 
-def _model_line(cfg: RunConfig) -> str:
+def _model_line(cfg: RunConfig, config=None) -> str:
+    """The dry run's model line; ``config``: the model folder's transformers config where it
+    was read already (:func:`_model_config`)."""
     name = cfg.model.name
     if name in ("smollm2-135m", "tiny"):
         return f"model: {name} (built in; causal LM)"
@@ -141,14 +143,16 @@ def _model_line(cfg: RunConfig) -> str:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    config = _read_config(folder, cfg)
+    config = config if config is not None else _read_config(folder, cfg)
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
     try:
         with torch.device("meta"):
             model = auto.from_config(config, trust_remote_code=cfg.model.trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise SureclError(_cannot_load(cfg, exc)) from None
+        from surecl.model import cannot_load  # (surecl.model imports torch: not at plan's import)
+
+        raise SureclError(cannot_load(cfg.model.name, exc)) from None
     from surecl.adapters import adaptable_layers, layer_names, names_layer, resolve_targets
 
     layers = adaptable_layers(model)  # linear layers and GPT-2's Conv1D, as PEFT adapts them
@@ -196,12 +200,10 @@ def _read_config(folder: Path, cfg: RunConfig):
     try:
         return AutoConfig.from_pretrained(folder, trust_remote_code=cfg.model.trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise SureclError(_cannot_load(cfg, exc)) from None
+        from surecl.model import cannot_load  # (surecl.model imports torch: not at plan's import)
 
+        raise SureclError(cannot_load(cfg.model.name, exc)) from None
 
-def _cannot_load(cfg: RunConfig, exc: BaseException) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"model.name: cannot load {cfg.model.name!r}: {first}"
 
 
 def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
@@ -215,8 +217,8 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     name_warnings = check_task_names(cfg, [t.name for t in tasks])
     n_train = [len(t.train) for t in tasks]
     method = method_class(cfg.method)(method_config(cfg))
-    model_line = _model_line(cfg)
     read = _model_config(cfg, cache_dir)
+    model_line = _model_line(cfg, read[0] if read is not None else None)
     if read is not None:
         try:  # what the method's setup refuses before anything trains
             method.check_model(*read)

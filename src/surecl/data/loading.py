@@ -26,20 +26,15 @@ def check_order(data, another: str = "give another with data.tasks", folder: boo
     its task list (a run: ``data.tasks``; a sweep: its plan's ``orders``). With ``folder``, an
     existing benchmark folder must hold the tasks the order names, as the run's loading checks
     (a missing folder is the run's to say)."""
-    if data.tasks:
-        if folder and data.benchmark not in ONE_ORDER and Path(data.benchmark).expanduser().is_dir():
-            resolve_order(Path(data.benchmark).expanduser(), data.order, list(data.tasks), data.allow_missing)
-        return
-    if data.benchmark in ONE_ORDER:
-        if data.order != "default":
+    if not data.tasks and data.order != "default":
+        if data.benchmark in ONE_ORDER:
             hint = "; the paper's orders 1-6 need data.benchmark=/path/to/CL_Benchmark" if data.benchmark == "embedded" else ""
             raise SureclError(f"data.order: {ONE_ORDER[data.benchmark]} has one order (default), not {data.order!r}; {another}{hint}")
-        return
-    if data.order not in ORDERS and data.order != "default":
-        raise SureclError(f"data.order: unknown order {data.order!r} (choose from {', '.join(ORDERS)} or default, or {another})")
+        if data.order not in ORDERS:
+            raise SureclError(f"data.order: unknown order {data.order!r} (choose from {', '.join(ORDERS)} or default, or {another})")
     root = Path(data.benchmark).expanduser()
-    if folder and root.is_dir():
-        resolve_order(root, data.order, [], data.allow_missing)
+    if folder and data.benchmark not in ONE_ORDER and root.is_dir():
+        resolve_order(root, data.order, list(data.tasks), data.allow_missing)
 
 
 def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
