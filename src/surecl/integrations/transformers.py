@@ -766,15 +766,14 @@ class SureTrainer(Trainer):
         def later() -> list[Path]:
             after = -1 if checkpoint is None else int(json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text(encoding="utf-8"))["global_step"])
             found = []
-            for p in self.root.glob("task-*"):
-                m = re.fullmatch(r"task-(\d+)", p.name)
-                if not m or int(m.group(1)) < t or p.is_symlink() or not p.is_dir():
+            for k, p in _task_folders(self.root):
+                if k < t or p.is_symlink() or not p.is_dir():
                     continue
                 end = p / END_DIR
                 if (end / STATE_JSON).is_file() and not end.is_symlink():
                     found.append(end)
                 found += [c for c in _checkpoints(p) if not c.is_symlink() and _complete(c)
-                          and (int(m.group(1)) > t or int(c.name.rsplit("-", 1)[1]) > after)]
+                          and (k > t or int(c.name.rsplit("-", 1)[1]) > after)]
             return sorted(found)
 
         def move() -> None:
@@ -1256,9 +1255,7 @@ class SureTrainer(Trainer):
         ``output_dir`` (a mid-task checkpoint or a task's end); None when there is none."""
         if where is not True:
             return _given_resume(Path(where))
-        tasks = sorted((int(m.group(1)) for p in self.root.glob("task-*") if (m := re.fullmatch(r"task-(\d+)", p.name))), reverse=True)
-        for k in tasks:
-            folder = self.root / f"task-{k}"
+        for k, folder in sorted(_task_folders(self.root), reverse=True):
             if (folder / END_DIR / STATE_JSON).is_file():
                 return {"task": k, "path": str(folder / END_DIR), "done": True}
             for last in _checkpoints(folder):
@@ -1314,6 +1311,12 @@ def _check_rows(rows: int, examples: int, what: str) -> None:
             f"SureTrainer: the data collator gave {rows} rows for {examples} examples to be {what} one by one (a padding-free "
             "collator such as DataCollatorWithFlattening joins them into one); use a padding collator (DataCollatorForLanguageModeling, DataCollatorForSeq2Seq)"
         )
+
+
+def _task_folders(root: Path) -> list[tuple[int, Path]]:
+    """The ``task-<k>`` folders in ``root`` with their task numbers, as SureTrainer names them
+    (``task-01`` is not one)."""
+    return [(int(m.group(1)), p) for p in root.glob("task-*") if (m := re.fullmatch(r"task-(0|[1-9]\d*)", p.name))]
 
 
 def _checkpoints(folder: Path) -> list[Path]:
