@@ -276,7 +276,8 @@ class ReplayConfig:
     only past that); ``true`` each on its own, uniformly with replacement, so a step may replay
     an example twice: the paper's reference code, which draws one buffer example per
     micro-batch of one (``get_data(1)``), and the ``paper-*`` presets. At the paper's scale
-    (S = 300, 32 replayed a step) a step repeats an example with probability 0.82."""
+    (S = 300, 32 replayed a step) a step repeats an example with probability
+    1 - prod_{k<32} (1 - k/S) = 0.82."""
     loss: str = "joint"
     """How the step's examples enter its loss: ``joint`` (default): the token mean over the
     whole mixed batch, so an example weighs by its answer tokens; ``example`` (the reference's,
