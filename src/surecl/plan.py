@@ -288,10 +288,10 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         probe = load_general_probe(cfg.eval.general, cfg.eval.general_n, cache_dir)
         parts = ", ".join(f"{t.name} ({'perplexity' if t.kind == 'text' else t.score_metric}) {len(t.test)} rows" for t in probe.tasks)
         lines.append(f"general-ability probe ({cfg.eval.general}): {parts}; before the first task and after each of the {len(stages)} stages")
-    from surecl.data.loading import missing_tasks_warning, short_tasks_warning
+    from surecl.data.loading import missing_tasks_warning, short_tasks_warning, unnamed_tasks_warning
 
     for warning in (stream_quota_warning(policy_cls, capacity, tasks), short_tasks_warning(tasks, cfg.data.n_train),
-                    missing_tasks_warning(tasks, cfg.data.order)):
+                    missing_tasks_warning(tasks, cfg.data.order), unnamed_tasks_warning(tasks)):
         if warning:
             lines.append(f"warning: {warning}")
     lines += [f"warning: {w}" for w in name_warnings + stream_warnings(cfg, tasks)]

@@ -25,7 +25,15 @@ from surecl.adapters import DualLoRA, beta_per_step, resolve_beta, task_seed
 from surecl.config import RunConfig, check_again, stream_warnings
 from surecl.data.encode import TaskEncoder
 from surecl.data.general import load_general_probe
-from surecl.data.loading import caller_stream, caller_tasks, load_stream, missing_tasks_warning, short_tasks_warning, streams_seed
+from surecl.data.loading import (
+    caller_stream,
+    caller_tasks,
+    load_stream,
+    missing_tasks_warning,
+    short_tasks_warning,
+    streams_seed,
+    unnamed_tasks_warning,
+)
 from surecl.data.task import Task
 from surecl.errors import SureclError
 from surecl.methods.base import check_declarations
@@ -263,7 +271,7 @@ def _build(run, cfg: RunConfig, cache_dir, *, plugins: dict[str, Plugin], model,
     run.adapters.beta = resolve_beta(cfg.dual, ema_units([len(run.train_sets[t]) for t in first], cfg, [run.tasks[t].name for t in first]))
     warn_slow_window(run)
     for warning in (stream_quota_warning(type(run.policy), run.policy.capacity, run.tasks), short_tasks_warning(run.tasks, cfg.data.n_train),
-                    missing_tasks_warning(run.tasks, cfg.data.order)):
+                    missing_tasks_warning(run.tasks, cfg.data.order), unnamed_tasks_warning(run.tasks)):
         if warning:
             run.log(f"warning: {warning}")
 

@@ -12,7 +12,7 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-from surecl.data.task import Example, Task, clean_label
+from surecl.data.task import Example, Task, clean_label, user_instruction
 from surecl.errors import SureclError
 
 # O-LoRA scripts (orders 1-3) and the N-LoRA fork (orders 4-6).
@@ -79,6 +79,8 @@ def parse_rows(rows: Any, source: str, lines: list[int] | None = None) -> list[E
 
 
 def _instructions(root: Path) -> dict[str, str]:
+    """Group -> its instruction, keyed NFC as group folders are read (a file written on macOS
+    may hold decomposed names)."""
     path = root / "instruction_config.json"
     if not path.is_file():
         raise SureclError(f"{root}: not a CL_Benchmark folder (no instruction_config.json)")
@@ -92,7 +94,7 @@ def _instructions(root: Path) -> dict[str, str]:
             entry = entry.get("instruction")
         if not isinstance(entry, str):
             raise SureclError(f"{path}: group {group!r} has no instruction string")
-        out[group] = _text(entry, f"{path}: group {group!r}'s instruction")
+        out[unicodedata.normalize("NFC", group)] = _text(entry, f"{path}: group {group!r}'s instruction")
     return out
 
 
@@ -113,15 +115,17 @@ def available_tasks(root: Path) -> list[str]:
 
 
 def load_task(folder: Path, instructions: dict[str, str], invalid_labels: str = "error") -> Task:
-    group = folder.parent.name
-    name = folder.name
+    group = unicodedata.normalize("NFC", folder.parent.name)  # a folder made on macOS is named NFD, as index_tasks reads it
+    name = unicodedata.normalize("NFC", folder.name)
     labels = read_json(folder / "labels.json")
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise SureclError(f"{folder / 'labels.json'}: expected a JSON list of label strings")
     for i, x in enumerate(labels):
         _text(x, f"{folder / 'labels.json'} label {i}")
     # COPA has no instruction upstream; the options line still tells the model what to answer.
-    instruction = instructions.get(group, instructions.get(name, ""))
+    # One ending in a word gets a newline, as in every reader (O-LoRA's end in "\n", the
+    # embedded benchmark's in a space: both stay as written).
+    instruction = user_instruction(instructions.get(group, instructions.get(name, "")))
     if not instruction and group not in ("COPA",) and name != "COPA":
         raise SureclError(f"{folder.parent.parent / 'instruction_config.json'}: no instruction for group {group!r}")
     splits = {}
@@ -177,7 +181,10 @@ def resolve_order(root: Path, order: str, tasks: list[str], allow_missing: bool)
         if not tasks and order in ORDERS:
             raise SureclError(f"{root}: holds none of the tasks order {order} names ({', '.join(wanted)}); the order needs "
                               "data.benchmark=/path/to/CL_Benchmark (O-LoRA's benchmark folder)")
-        raise SureclError(f"{root}: holds none of the tasks {', '.join(wanted)} (its tasks: {', '.join(sorted(have)) or 'none'})")
+        if not have:  # the folder above CL_Benchmark, or another folder
+            raise SureclError(f"{root}: holds no <group>/<task>/labels.json (point data.benchmark at the folder holding "
+                              "instruction_config.json)")
+        raise SureclError(f"{root}: holds none of the tasks {', '.join(wanted)} (its tasks: {', '.join(sorted(have))})")
     if missing and not allow_missing:
         raise SureclError(
             f"{root}: lacks task(s) {', '.join(missing)} named by the order "
@@ -197,6 +204,8 @@ def load_benchmark(
     root: Path, order: str = "default", tasks: list[str] | None = None, allow_missing: bool = False, invalid_labels: str = "error"
 ) -> list[Task]:
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise SureclError(f"data.benchmark: {root} is a file, not a CL_Benchmark folder (a JSONL task goes in data.jsonl)")
     if not root.is_dir():
         raise SureclError(f"data.benchmark: folder {root} does not exist")
     names = resolve_order(root, order, tasks or [], allow_missing)

@@ -177,6 +177,8 @@ def _task_name(header: dict, path: Path) -> str:
 def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: str = "error") -> Task:
     path = Path(path).expanduser()
     header, lines = read_jsonl(path)
+    if not lines:  # an empty file or a header alone: said as such, not as a task without labels
+        raise SureclError(f"{path}: holds no rows")
     name = _task_name(header, path)
     rows: dict[str, list] = {"train": [], "test": []}
     for lineno, obj in lines:

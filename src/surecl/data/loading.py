@@ -1,14 +1,15 @@
 """From a :class:`~surecl.config.DataConfig` to a subsampled task stream: benchmark, then
-``data.jsonl``, then ``data.hf`` tasks."""
+``data.jsonl``, then ``data.hf`` tasks, or those ``data.tasks`` names, in its order."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import unicodedata
 from pathlib import Path
 
 from surecl.config import RunConfig
-from surecl.data.cl_benchmark import ORDERS, load_benchmark, resolve_order
+from surecl.data.cl_benchmark import ORDERS, index_tasks, load_benchmark, resolve_order
 from surecl.data.jsonl import load_jsonl_task
 from surecl.data.task import Task, prepare_stream
 from surecl.data.tiny import tiny_generation_stream, tiny_stream
@@ -25,7 +26,8 @@ def check_order(data, another: str = "give another with data.tasks", folder: boo
     task list (``data.tasks``) makes any name an order. ``another`` says how to give an order
     its task list (a run: ``data.tasks``; a sweep: its plan's ``orders``). With ``folder``, an
     existing benchmark folder must hold the tasks the order names, as the run's loading checks
-    (a missing folder is the run's to say)."""
+    (a missing folder is the run's to say; a ``data.jsonl`` / ``data.hf`` task is not the
+    folder's)."""
     if not data.tasks and data.order != "default":
         if data.benchmark in ONE_ORDER:
             hint = "; the paper's orders 1-6 need data.benchmark=/path/to/CL_Benchmark" if data.benchmark == "embedded" else ""
@@ -34,35 +36,63 @@ def check_order(data, another: str = "give another with data.tasks", folder: boo
             raise SureclError(f"data.order: unknown order {data.order!r} (choose from {', '.join(ORDERS)} or default, or {another})")
     root = Path(data.benchmark).expanduser()
     if folder and data.benchmark not in ONE_ORDER and root.is_dir():
-        resolve_order(root, data.order, list(data.tasks), data.allow_missing)
+        own = _own_task_names(data) if data.tasks else set()
+        picked = [n for n in data.tasks if n not in own]
+        if picked or not data.tasks:  # a task list of data.jsonl / data.hf tasks alone reads no folder
+            resolve_order(root, data.order, picked, data.allow_missing)
+
+
+def _own_task_names(data) -> set[str]:
+    """The names of the ``data.jsonl`` and ``data.hf`` tasks, as their readers give them,
+    without reading a ``data.hf`` source (``datasets`` is not imported)."""
+    from surecl.data.hf import _default_name
+    from surecl.data.jsonl import _task_name, read_jsonl
+    from surecl.sections import HFTaskConfig
+
+    names = {_task_name(read_jsonl(p)[0], Path(p).expanduser()) for p in data.jsonl}
+    for spec in data.hf:
+        spec = HFTaskConfig(path=spec) if isinstance(spec, str) else spec
+        names.add(spec.task or _default_name(spec))
+    return {unicodedata.normalize("NFC", n) for n in names}  # as Task names them
 
 
 def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
+    """The config's stream, sampled: the benchmark's tasks, then the ``data.jsonl`` and
+    ``data.hf`` tasks; ``data.tasks`` chooses and orders them all alike (the benchmark reads
+    the names that are not the user's own tasks, and none where it names only those)."""
     data = cfg.data
     check_order(data)
-    if data.benchmark == "tiny":
-        tasks = tiny_generation_stream() if data.kind == "generate" else tiny_stream()
-        if data.tasks:
-            tasks = _chosen(tasks, data.tasks, "the tiny benchmark")
-    elif data.benchmark == "none":
-        tasks = []
-    elif data.benchmark == "instruct":
-        from surecl.data.instruct import ensure_instruct_benchmark, load_instruct_stream
-
-        tasks = load_instruct_stream(ensure_instruct_benchmark(cache_dir), data.tasks)
-    else:
-        if data.benchmark == "embedded":
-            from surecl.data.embedded import ensure_embedded_benchmark
-
-            root = ensure_embedded_benchmark(cache_dir)
-        else:
-            root = Path(data.benchmark).expanduser()
-        tasks = load_benchmark(root, data.order, data.tasks, data.allow_missing, data.invalid_labels)
-        for t in tasks:  # a benchmark's train rows before sampling, for short_tasks_warning
-            t.meta["benchmark_train_rows"] = len(t.train)
+    own = _own_tasks(data)
+    owned = {t.name for t in own}
+    picked = [n for n in data.tasks if n not in owned]  # the benchmark's share of data.tasks
+    tasks = [] if data.tasks and not picked else _benchmark_tasks(data, picked, cache_dir)
     if data.kind == "text":
         tasks = [t.as_text() for t in tasks]
-    tasks += [load_jsonl_task(p, data.kind, data.invalid_labels) for p in data.jsonl]
+    tasks += own
+    if not tasks:
+        raise SureclError("data: the stream has no tasks (set data.benchmark, data.jsonl or data.hf)")
+    if data.tasks:
+        both = [n for n in data.tasks if n in owned and n in _benchmark_names(data)]
+        if both:  # which of the two would run?
+            raise SureclError(f"data.tasks: {', '.join(both)} names a task of the benchmark and a data.jsonl / data.hf task; "
+                              "give the file's task another name")
+        # what data.allow_missing left out is named by missing_tasks_warning; the stream is data.tasks' order
+        left_out = next((t.meta["order_missing"] for t in tasks if t.meta.get("order_missing")), [])
+        # a name in neither is refused here for the tiny and the none streams, by the other benchmarks' readers
+        source = "data.jsonl / data.hf" if data.benchmark == "none" else "the tiny benchmark" + (" or data.jsonl / data.hf" if own else "")
+        tasks = _chosen(tasks, [n for n in data.tasks if n not in left_out], source)
+        if left_out:  # every task the stream runs is one of the order's: missing_tasks_warning counts them
+            for t in tasks:
+                t.meta["order_missing"] = left_out
+        unnamed = [t.name for t in own if t.name not in data.tasks]
+        for t in tasks if unnamed else []:  # a file the user gave that does not run: unnamed_tasks_warning says so
+            t.meta["unnamed_own"] = unnamed
+    return sampled(tasks, cfg)
+
+
+def _own_tasks(data) -> list[Task]:
+    """The ``data.jsonl`` tasks, then the ``data.hf`` ones."""
+    tasks = [load_jsonl_task(p, data.kind, data.invalid_labels) for p in data.jsonl]
     if data.hf:
         from surecl.data.hf import load_hf_task  # only now: it imports `datasets`
         from surecl.sections import HFTaskConfig
@@ -70,11 +100,49 @@ def load_stream(cfg: RunConfig, cache_dir: Path | None = None) -> list[Task]:
         for i, spec in enumerate(data.hf):
             spec = HFTaskConfig(path=spec) if isinstance(spec, str) else spec
             tasks.append(load_hf_task(spec, f"data.hf[{i}]", data.kind, data.invalid_labels))
-    if not tasks:
-        raise SureclError("data: the stream has no tasks (set data.benchmark, data.jsonl or data.hf)")
-    if data.benchmark == "none" and data.tasks:  # the user's own tasks, chosen and ordered by name
-        tasks = _chosen(tasks, data.tasks, "data.jsonl / data.hf")
-    return sampled(tasks, cfg)
+    return tasks
+
+
+def _benchmark_tasks(data, names: list[str], cache_dir: Path | None) -> list[Task]:
+    """The benchmark's tasks: those of ``names`` (its share of ``data.tasks``) or, without,
+    its order's. A name it lacks is refused, or with ``data.allow_missing`` in a folder left out
+    and named (``order_missing``); the tiny benchmark's are chosen with the whole stream."""
+    if data.benchmark == "tiny":
+        return tiny_generation_stream() if data.kind == "generate" else tiny_stream()
+    if data.benchmark == "none":
+        return []
+    if data.benchmark == "instruct":
+        from surecl.data.instruct import ensure_instruct_benchmark, load_instruct_stream
+
+        return load_instruct_stream(ensure_instruct_benchmark(cache_dir), names)
+    if data.benchmark == "embedded":
+        from surecl.data.embedded import ensure_embedded_benchmark
+
+        root = ensure_embedded_benchmark(cache_dir)
+    else:
+        root = Path(data.benchmark).expanduser()
+    tasks = load_benchmark(root, data.order, names, data.allow_missing, data.invalid_labels)
+    for t in tasks:  # a benchmark's train rows before sampling, for short_tasks_warning
+        t.meta["benchmark_train_rows"] = len(t.train)
+    return tasks
+
+
+def _benchmark_names(data) -> set[str]:
+    """The names of the benchmark's tasks, without building or reading one (a missing folder: none)."""
+    if data.benchmark == "tiny":
+        return {t.name for t in (tiny_generation_stream() if data.kind == "generate" else tiny_stream())}
+    if data.benchmark == "none":
+        return set()
+    if data.benchmark == "instruct":
+        from surecl.data.instruct import INSTRUCT_ORDER
+
+        return set(INSTRUCT_ORDER)
+    if data.benchmark == "embedded":
+        from surecl.data.embedded import EMBEDDED_ORDER
+
+        return set(EMBEDDED_ORDER)
+    root = Path(data.benchmark).expanduser()
+    return set(index_tasks(root)) if root.is_dir() else set()
 
 
 def missing_tasks_warning(tasks: list[Task], order: str) -> str | None:
@@ -86,6 +154,16 @@ def missing_tasks_warning(tasks: list[Task], order: str) -> str | None:
     kept = sum(1 for t in tasks if "order_missing" in t.meta)
     return (f"order {order}: the benchmark folder lacks {', '.join(missing)}; the stream runs {kept} of its "
             f"{kept + len(missing)} tasks (data.allow_missing), which is not the order's stream")
+
+
+def unnamed_tasks_warning(tasks: list[Task]) -> str | None:
+    """The ``data.jsonl`` / ``data.hf`` tasks that ``data.tasks`` leaves out (it chooses the
+    stream's tasks, the user's own among them), which therefore do not run, or None."""
+    unnamed = next((t.meta["unnamed_own"] for t in tasks if t.meta.get("unnamed_own")), None)
+    if not unnamed:
+        return None
+    return (f"data.tasks leaves out the data.jsonl / data.hf task(s) {', '.join(unnamed)}: they do not run "
+            "(name them in data.tasks, in the place they train, to run them)")
 
 
 def short_tasks_warning(tasks: list[Task], n_train: int) -> str | None:
@@ -101,7 +179,11 @@ def short_tasks_warning(tasks: list[Task], n_train: int) -> str | None:
 
 
 def _chosen(tasks: list[Task], names: list[str], source: str) -> list[Task]:
-    """``names`` of ``tasks``, in that order (``data.tasks``); a name not among them is one line."""
+    """``names`` of ``tasks``, in that order (``data.tasks``); a name not among them, or held by
+    two of them, is one line."""
+    twice = sorted({t.name for t in tasks if t.name in names and sum(u.name == t.name for u in tasks) > 1})
+    if twice:
+        raise SureclError(f"task named twice in the stream: {', '.join(twice)}")
     by_name = {t.name: t for t in tasks}
     unknown = [n for n in names if n not in by_name]
     if unknown:
