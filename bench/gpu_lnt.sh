@@ -8,8 +8,8 @@
 # workers (default 2: with the plan's unsliced steps each takes up to 30 GB, two used 61 GB of an
 # 80 GB H100 together, RESULTS.md §9); SECONDS: stop every worker after this long (0 = no limit): a stopped
 # run resumes from its last checkpoint when the same command runs again. The model cache is
-# built once before the workers start. Ends with the paper-layout report in OUT/report, with the
-# study's claims (studies/gpu-lnt-report.sh).
+# built once before the workers start. Ends with the paper-layout report in OUT/report (with the
+# plan's claims, which the sweep keeps in OUT/sweep.json).
 set -u
 out=${1:?usage: bench/gpu_lnt.sh OUT BENCH [WORKERS] [SECONDS]}
 bench=${2:?usage: bench/gpu_lnt.sh OUT BENCH [WORKERS] [SECONDS]}
@@ -25,5 +25,5 @@ for i in $(seq 1 "$workers"); do
   sleep 2
 done
 wait
-bash studies/gpu-lnt-report.sh "$py" "$out" > "$out/report.txt" 2>&1
+$py -m surecl.cli report "$out" --layout paper --out-dir "$out/report" > "$out/report.txt" 2>&1
 tail -n 3 "$out"/worker-*.log

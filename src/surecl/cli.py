@@ -344,6 +344,14 @@ def cmd_sweep(args) -> int:
         todo.append((cfg, root / r.path))
         planned.append({"row": r.row, "method": r.method, "grid": dict(p.split("=", 1) for p in r.point), "order": r.order,
                         "seed": r.seed, "dual": bool(cfg.dual.enabled and cfg.eval.fast), "path": r.path})
+    if plan.claims:  # a misspelt row stops the sweep now, not its report after the runs (the whole plan's rows: --methods may pick some)
+        from surecl.sweep import check_claims, load_plan, plan_rows
+
+        try:  # the plan as written (a plan naming no methods leaves them to --methods)
+            full = expand(load_plan(args.plan)) if args.plan else []
+        except SureclError:
+            full = []
+        check_claims(plan, plan_rows(full + expand(plan)), args.plan or "sweep")
     for benchmark, orders in streams.items():
         if len(orders) > 1:  # one stream under several names: a report would count its runs as independent units
             what = "the tiny benchmark" if benchmark == "tiny" else "a stream of data.jsonl / data.hf tasks"
@@ -352,7 +360,8 @@ def cmd_sweep(args) -> int:
     for (cfg, _), r in zip(todo, planned):
         _check_order(cfg, r["path"], checked)
     # the plan first, so `surecl report` can name the runs a killed or failed sweep did not finish
-    meta = {"config": plan.config, "overrides": list(args.overrides), "plan": args.plan, "order_benchmark": plan.order_benchmark}
+    meta = {"config": plan.config, "overrides": list(args.overrides), "plan": args.plan, "order_benchmark": plan.order_benchmark,
+            "claims": plan.claims}
     from surecl.report import PLAN_FILE
 
     if not (root / PLAN_FILE).exists():  # a folder no sweep wrote: the end-of-sweep tables must not replace a user's files

@@ -806,6 +806,10 @@ def read_plan(path: Path) -> dict | None:
         if bad:
             raise SureclError(f"report: {path}: a run's {' and '.join(bad)} must be a name (the run {r!r}); "
                               "sweep.json is written by surecl sweep: move it away or rerun the sweep")
+    claims = plan.get("claims")
+    if claims is not None and not (isinstance(claims, list) and all(isinstance(c, str) for c in claims)):
+        raise SureclError(f"report: {path}: 'claims' must be a list of texts like 'A>B'; "
+                          "sweep.json is written by surecl sweep: move it away or rerun the sweep")
     benches = plan.get("order_benchmark")
     if benches is not None and not (isinstance(benches, dict) and all(isinstance(b, str) for b in benches.values())):
         raise SureclError(f"report: {path}: 'order_benchmark' must map order names to benchmark names; "
@@ -820,8 +824,9 @@ PLAN_LOCK = ".surecl-sweep-lock"
 
 def write_sweep_plan(root: Path, runs: list[dict], meta: dict | None = None) -> Path:
     """Write ``<root>/sweep.json`` atomically: the runs a sweep plans (row, method, grid, order,
-    seed, dual, path relative to root). Runs already planned there by an earlier sweep into the
-    same folder are kept (a later sweep adds orders, seeds or methods); the read, merge and
+    seed, dual, path relative to root), with ``meta`` (the plan's config, overrides, orders'
+    benchmarks and claims). Runs already planned there by an earlier sweep into the same folder
+    are kept (a later sweep adds orders, seeds or methods), as are its benchmarks and claims; the read, merge and
     write hold :data:`PLAN_LOCK`, so a sweep started beside another loses none of its runs."""
     import os
 
@@ -849,6 +854,8 @@ def write_sweep_plan(root: Path, runs: list[dict], meta: dict | None = None) -> 
             merged = {r["path"]: r for r in old["runs"]}
             # an earlier sweep's orders keep their benchmark (the report groups and averages by it)
             meta["order_benchmark"] = {**(old.get("order_benchmark") or {}), **(meta.get("order_benchmark") or {})}
+            # and their plans' claims (the later plan's added after them, each once)
+            meta["claims"] = list(dict.fromkeys([*(old.get("claims") or []), *(meta.get("claims") or [])]))
         for r in runs:
             merged[r["path"]] = r
         write_json(path, {"kind": PLAN_KIND, "format": 1, **meta, "runs": list(merged.values())})
@@ -885,6 +892,8 @@ class Study:
     def __init__(self, records: dict[Key, Record], expected: dict[Key, str], kind: str, bench_of: dict[str, str]):
         self.records, self.expected, self.kind, self.bench_of = records, expected, kind, bench_of
         self._unlearned: dict[str, list[str]] = {}  # per order, computed once (records do not change)
+        self.plan_claims: list[str] = []
+        """The ``claims`` of the ``sweep.json`` plans read, each once, in the plans' order."""
         self.pooled_differences: list[str] = []
         """:func:`config_differences` of the runs pooled per (row, order): said in the report's header."""
         keys = set(records) | set(expected)
@@ -927,6 +936,7 @@ class Study:
         # expected runs: the plans, then every combination seen among runs no plan covers
         expected: dict[Key, str] = {}
         plan_dirs = []
+        plan_claims: list[str] = []
         for p in paths:
             p = Path(p)
             for plan_path in sorted(p.rglob(PLAN_FILE)) if p.is_dir() else []:
@@ -934,6 +944,7 @@ class Study:
                 if plan is None:
                     continue
                 plan_dirs.append(plan_path.parent.resolve())
+                plan_claims += [c for c in plan.get("claims") or [] if c not in plan_claims]
                 for o, b in (plan.get("order_benchmark") or {}).items():
                     bench_of[str(o)] = str(b)
                 for e in plan["runs"]:
@@ -956,6 +967,7 @@ class Study:
                     expected.setdefault((row, o, s), "")
         bench_of.update({str(o): str(b) for o, b in (order_benchmark or {}).items()})
         st = cls(records, expected, kind, bench_of)
+        st.plan_claims = plan_claims
         st.pooled_differences = config_differences(cells) + order_differences(cells, lambda o: st.bench_of.get(o, "other"))
         return st
 
@@ -1526,21 +1538,30 @@ def default_claims(rows: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def parse_claim(text: str, rows: list[str]) -> tuple[str, str]:
-    """``"A>B"`` (A better than B) or ``"A<B"`` (B better than A), row names as in the table."""
+def split_claim(text: str, where: str = "--claim") -> tuple[str, str]:
+    """``"A>B"`` (A better than B) or ``"A<B"`` (B better than A) as (better, worse), its form
+    alone checked (``where`` names the option or plan key in the message)."""
+    if not isinstance(text, str):
+        raise SureclError(f"{where} {text!r} must be a text like 'A>B' (A better than B)")
     ops = [c for c in text if c in "<>"]
     if len(ops) != 1:
-        raise SureclError(f"--claim {text!r} must look like 'A>B' (A better than B) with one '>' or '<'")
+        raise SureclError(f"{where} {text!r} must look like 'A>B' (A better than B) with one '>' or '<'")
     a, b = (s.strip() for s in text.split(ops[0]))
     if not a or not b:
-        raise SureclError(f"--claim {text!r} must name a row on each side of {ops[0]!r}")
+        raise SureclError(f"{where} {text!r} must name a row on each side of {ops[0]!r}")
     if ops[0] == "<":
         a, b = b, a
+    if a == b:
+        raise SureclError(f"{where} {text!r} compares a row with itself")
+    return a, b
+
+
+def parse_claim(text: str, rows: list[str], where: str = "--claim") -> tuple[str, str]:
+    """``"A>B"`` (A better than B) or ``"A<B"`` (B better than A), row names as in the table."""
+    a, b = split_claim(text, where)
     for name in (a, b):
         if name not in rows:
-            raise SureclError(f"--claim {text!r}: no row {name!r} in the runs (rows: {', '.join(rows)})")
-    if a == b:
-        raise SureclError(f"--claim {text!r} compares a row with itself")
+            raise SureclError(f"{where} {text!r}: no row {name!r} in the runs (rows: {', '.join(rows)})")
     return a, b
 
 
@@ -1655,12 +1676,15 @@ def _fmt_p(p: float | None) -> str:
     return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: float = 0.95, unit: str = "auto") -> Table:
+def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: float = 0.95, unit: str = "auto",
+                 absent: list[str] | None = None) -> Table:
     """Paired claims "A > B" per benchmark group: the independent units (see :func:`claim_units`;
     ``unit="seed"``: the seed whatever the runs' draws, each seed's pairs averaged over its orders),
     same-host units only where at least :data:`MIN_SAME_HOST` exist, the Student-t interval, the
     paired t-test's raw p-value, its Holm adjustment over every claim row of the table,
-    the exact sign test, and the verdict from the Holm-adjusted p-value at 1 − ``level``."""
+    the exact sign test, and the verdict from the Holm-adjusted p-value at 1 − ``level``.
+    ``absent``: the plans' claims left out, a row of theirs planned by no sweep here (said in
+    the caption)."""
     from surecl.stats import NO_SPREAD_WHY, holm, p_verdict, paired, sign_test
 
     d = _digits(st.kind) + 1
@@ -1822,6 +1846,9 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         caption += (" **confounded**: the two runs of some pair differ in config keys other than those their rows are defined "
                     "by (the method preset's keys and the grid keys the row names), so the difference is not the rows'; "
                     "no verdict is drawn (its p-values stay in the table).")
+    if absent:
+        caption += (" Left out: the sweep plans' claims " + ", ".join(f"'{c}'" for c in absent)
+                    + ", each naming a row no sweep into these folders planned or ran (a sweep of some of the plan's methods).")
     return Table("claims", f"Claims ({_LABEL[metric]}, paired)", caption + "\n\n" + _md(header, body), _csv(csv_rows))
 
 
@@ -1953,8 +1980,10 @@ def paper_report(paths: list[Path], metric: str = "fp", fast: bool = True, claim
                  custom_claims: list[str] | None = None, order_benchmark: dict[str, str] | None = None,
                  unit: str = "auto") -> PaperReport:
     """Main table, forgetting table, ablation tables (rows with grid values), paired claims and
-    missing runs from run directories (see ``surecl report --layout paper``). ``unit``: the
-    claims' unit, ``auto`` (from the runs' ``data.draw``) or ``seed``."""
+    missing runs from run directories (see ``surecl report --layout paper``). The claims: the
+    paper's whose rows are in the runs (``claims="default"``; ``"none"``: not these), those the
+    sweep plans under ``paths`` name (a plan's ``claims`` key) and ``custom_claims``. ``unit``:
+    the claims' unit, ``auto`` (from the runs' ``data.draw``) or ``seed``."""
     if unit not in ("auto", "seed"):
         raise SureclError(f"--unit: {unit!r} must be 'auto' or 'seed'")
     if metric not in METRICS:
@@ -1964,6 +1993,15 @@ def paper_report(paths: list[Path], metric: str = "fp", fast: bool = True, claim
     st = Study.load(paths, order_benchmark)
     rep = PaperReport(st, metric, fast)
     pairs = default_claims(st.rows) if claims == "default" else []
+    # the study's own claims (its plan's ``claims``, kept in sweep.json; one naming a row that
+    # a sweep of some of its methods left unplanned is left out, saying so), then the caller's
+    absent = []
+    for text in st.plan_claims:
+        pair = split_claim(text, "sweep.json: claims:")
+        if not all(name in st.rows for name in pair):
+            absent.append(text)
+        elif pair not in pairs:
+            pairs.append(pair)
     for text in custom_claims or []:
         pair = parse_claim(text, st.rows)
         if pair not in pairs:
@@ -1971,7 +2009,7 @@ def paper_report(paths: list[Path], metric: str = "fp", fast: bool = True, claim
     rep.claims = pairs
     rows = rep.shown_rows
     rep.tables = [main_table(st, metric, rows), forgetting_table(st, rows), *ablation_tables(st, metric, rows),
-                  claims_table(st, metric, pairs, unit=unit), missing_table(st, metric, rows), timing_table(st)]
+                  claims_table(st, metric, pairs, unit=unit, absent=absent), missing_table(st, metric, rows), timing_table(st)]
     general = general_table(st, rows)
     if general is not None:
         rep.tables.insert(rep.tables.index(next(t for t in rep.tables if t.name == "claims")), general)

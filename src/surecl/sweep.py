@@ -15,6 +15,13 @@ belongs to in the report, and groups of methods that run at different seeds::
     groups:                         # optional: each group overrides methods/seeds/orders/grid
       - {methods: [seq_lora, slow_surprise], seeds: [0, 1, 2]}
       - {methods: [random, ewc], seeds: [0]}
+    claims: ["slow_surprise>seq_lora"]   # optional: the study's claims, beside the paper's
+
+``claims`` names the study's own paired claims (``A>B``: row A better than row B, rows as
+the report names them: ``"slow_surprise (fast)"``, ``"slow_surprise dual.beta=0.999"``). The
+sweep checks that each names rows it plans, keeps them in ``sweep.json``, and every
+``surecl report --layout paper`` of the folder tests them with the paper's claims, so the
+study's claims table is one command without options.
 
 Packaged plans (``surecl list``) reproduce the paper's tables; a path to a YAML file runs
 your own. Options given on the command line (``--methods``, ``--orders``, ``--seeds``,
@@ -39,7 +46,8 @@ import yaml
 from surecl.config import safe_yaml, written
 from surecl.errors import SureclError
 
-PLAN_KEYS = {"description", "config", "overrides", "orders", "order_benchmark", "seeds", "methods", "grid", "groups", "layout"}
+PLAN_KEYS = {"description", "config", "overrides", "orders", "order_benchmark", "seeds", "methods", "grid", "groups", "layout",
+             "claims"}
 GROUP_KEYS = {"methods", "seeds", "orders", "grid", "overrides"}
 
 
@@ -66,6 +74,8 @@ class Plan:
     grid: dict[str, list[str]] = field(default_factory=dict)
     groups: list[dict[str, Any]] = field(default_factory=list)
     layout: str = "orders"
+    claims: list[str] = field(default_factory=list)
+    """The study's paired claims, ``A>B`` (:func:`surecl.report.split_claim`), for its report."""
     orders_given: bool = False
     """Whether the plan names its orders (else a sweep takes its protocol preset's, as without a plan)."""
 
@@ -183,6 +193,41 @@ def _grid(value: Any, where: str) -> dict[str, list[str]]:
     return {str(k): _strings(_grid_values(v, f"{where}.{k}") if isinstance(v, str) else v, f"{where}.{k}") for k, v in value.items()}
 
 
+def _claims(value: Any, where: str) -> list[str]:
+    """A plan's claims: texts of the form ``A>B`` (checked here; their rows by the sweep)."""
+    from surecl.report import split_claim
+
+    if not isinstance(value, list):
+        raise SureclError(f"{where}: must be a list of texts like 'A>B' (row A better than row B)")
+    out: list[str] = []
+    for text in value:
+        split_claim(text, where)
+        if text not in out:
+            out.append(text)
+    return out
+
+
+def plan_rows(runs: list[PlannedRun]) -> list[str]:
+    """The rows planned runs can make in the report: each run's row and ``<row> (fast)``
+    (which runs are dual, and so report a fast row too, is known only once their configs are
+    built; the report refuses a fast row no run has)."""
+    from surecl.report import FAST
+
+    return list(dict.fromkeys(name for r in runs for name in (r.row, r.row + FAST)))
+
+
+def check_claims(plan: Plan, rows: list[str], source: str) -> None:
+    """Every claim of ``plan`` names two of ``rows`` (the rows its runs make), so a claim with
+    a misspelt row stops the sweep before anything trains, not its report at the end."""
+    from surecl.report import split_claim
+
+    for text in plan.claims:
+        for name in split_claim(text, f"{source}: claims:"):
+            if name not in rows:
+                raise SureclError(f"{source}: claims: {text!r}: no row {name!r} among the runs the sweep plans "
+                                  f"(rows: {', '.join(rows)})")
+
+
 def load_plan(name_or_path: str) -> Plan:
     text, source = _text(name_or_path)
     try:
@@ -210,6 +255,8 @@ def load_plan(name_or_path: str) -> Plan:
         plan.methods = _strings(data["methods"], f"{source}: methods")
     if "grid" in data:
         plan.grid = _grid(data["grid"], f"{source}: grid")
+    if "claims" in data:
+        plan.claims = _claims(data["claims"], f"{source}: claims")
     if data.get("layout", "orders") not in ("orders", "paper"):
         raise SureclError(f"{source}: layout must be orders or paper")
     plan.layout = data.get("layout", "orders")
