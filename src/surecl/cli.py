@@ -738,6 +738,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import_modules(modules)
         except SureclError as exc:
+            if "--debug" in argv[: argv.index("--") if "--" in argv else len(argv)]:  # parsed after the import: read here
+                raise  # with the module's own error as its cause
             print(f"surecl: error: {_bounded(str(exc))}", file=sys.stderr)
             return 2
     parser = build_parser()

@@ -104,8 +104,9 @@ class RunConfig:
         return head + text
 
 
-CORE_SECTIONS = ("method", "preset", "seed", "model", "data", "lora", "replay", "dual", "train", "eval", "log_every")
-"""The keys of the tree that surecl itself owns; a registered section may not take one."""
+CORE_SECTIONS = registry.CORE_KEYS
+"""The keys of the tree that surecl itself owns (:class:`RunConfig`'s fields); a registered section
+may not take one (registration refuses it)."""
 
 
 def _fill_sections(cfg: RunConfig) -> dict[str, Options]:
@@ -339,7 +340,11 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.replay.aging and cfg.replay.policy != "none" and not _ages(policy):
         raise SureclError(f"replay.aging: policy {cfg.replay.policy} ranks by scores but does not re-score replayed entries "
                           "(it overrides no age() and after_step(); surecl's surprise policies do)")
-    registry.method_class(cfg.method).validate_config(cfg)  # combinations the method cannot run
+    method = registry.method_class(cfg.method)
+    method.validate_config(cfg)  # combinations the method cannot run
+    if cfg.dual.enabled and method.trains != "fast":  # the built-ins say why in their own words first
+        raise SureclError(f"dual.enabled: method {cfg.method} trains {method.trains!r} (not the fast LoRA adapter), so the dual "
+                          "learner's slow adapter would average an adapter nothing trains; set dual.enabled=false")
     return cfg
 
 
@@ -811,12 +816,31 @@ def same_config(saved: dict[str, Any], cfg: RunConfig) -> bool:
     saved value that no longer validates, is a different config. A section only one method
     reads (a registered section, :func:`surecl.registry.sections`) counts only for that method, and the dual learner's options
     only where they are read (:func:`_read_only`): a changed default of N-LoRA's strength or of
-    the EMA rate does not make a finished SeqLoRA run a different run."""
+    the EMA rate does not make a finished SeqLoRA run a different run. A saved section no
+    registered plugin declares counts for nothing where the saved method and policy are
+    registered (:func:`_unread_sections`): a run made while a plugin was loaded stays skipped or
+    resumed once the plugin is gone, unless it ran that plugin."""
     try:
-        old, new = config_from_dict(saved).to_dict(), cfg.to_dict()
+        old, new = config_from_dict(_unread_sections(saved)).to_dict(), cfg.to_dict()
     except SureclError:
         return False
     return read_view([old, new]) == read_view([new, old])
+
+
+def _unread_sections(saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` without the sections (mappings at the top level) that are neither surecl's own
+    keys nor registered, when its method and replay policy are registered, so neither reads
+    one: every run's config.yaml holds every section registered when it ran, an unrelated
+    plugin's too. A saved run whose method or policy is not registered is left whole, and
+    rebuilding it fails (it cannot run without its plugin)."""
+    if not isinstance(saved, dict):
+        return saved
+    replay = saved.get("replay")
+    policy = replay.get("policy") if isinstance(replay, dict) else None
+    if saved.get("method") not in (None, *registry.method_names()) or policy not in (None, *registry.policy_names()):
+        return saved
+    keep = {f.name for f in dataclasses.fields(RunConfig)} | set(registry.sections())
+    return {k: v for k, v in saved.items() if k in keep or not isinstance(v, dict)}
 
 
 def read_view(trees: list[dict[str, Any]]) -> dict[str, Any]:

@@ -27,11 +27,18 @@ is also installed) is settled at the next look-up, when the module is complete. 
 fails or a class of the wrong kind is a one-line :class:`~surecl.errors.SureclError` naming the
 entry, the string and the cause.
 
+Registration refuses, in one line (``TypeError`` / ``ValueError``; an entry point's is a warning,
+and the entry is left out), what would otherwise fail every run later: a method named like a
+packaged preset (``--config NAME`` would run the preset), a section named like a core key of the
+config, options that are not an ``@dataclass`` of their own or whose defaults do not build or
+pass their own ``check``, a method's declarations out of range (``trains``, ``answers``,
+``state``, ``exports``) and a policy whose ``Config`` is not its view of ``replay.*``.
+
 A method's options live in the config section its spec names (default: the method's name), so
 ``l2_prev.lam=0.1`` works on the command line, in presets and in sweeps for an outside method
 as for ``olora.lambda_orth``. A method class is built as ``cls(method_config(cfg, name))`` and a
-policy class as ``cls(run_config.replay, capacity, seed)``, its own section (if any) then set as
-``policy.options``.
+policy class as ``cls(run_config.replay, capacity, seed)``, its own section (if any) set as
+``policy.options`` before its ``__init__`` runs.
 
 The bottom layer: imports nothing of surecl but its error and options types; it finds the
 built-ins by scanning the :mod:`surecl.methods` package, never by naming a module.
@@ -41,10 +48,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import logging
 import pkgutil
 import re
 import sys
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +91,9 @@ _IMPORT_PATH = re.compile(rf"^{_DOTTED}:{_DOTTED}$")
 _SECTION = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _BASES = {"method": ("surecl.methods.base", "Method"), "replay policy": ("surecl.replay.policies", "ReplayPolicy")}
 _GROUPS = {"method": "surecl.methods", "replay policy": "surecl.policies"}
+CORE_KEYS = ("method", "preset", "seed", "model", "data", "lora", "replay", "dual", "train", "eval", "log_every", "options")
+"""The top-level keys of the run config that surecl itself owns (:class:`surecl.config.RunConfig`'s
+fields): no registered section may take one."""
 
 
 class _Table:
@@ -90,6 +102,9 @@ class _Table:
         self.specs: dict[str, MethodSpec] = {}
         self.classes: dict[str, type] = {}
         self.loaded = False
+        self.builtin: set[str] = set()
+        """The names the package itself registers (a built-in method may share its name with
+        its own preset)."""
         self.pending: dict[str, tuple[Any, Exception, bool]] = {}
         """Entry points that failed to load, by name: (entry point, its error, whether its
         module was being imported then), settled by :meth:`settle`."""
@@ -139,20 +154,24 @@ class _Table:
         spec = obj if isinstance(obj, MethodSpec) else _spec_from_class(self.spec_type, ep.name, obj)
         self.add(dataclasses.replace(spec, name=ep.name) if spec.name != ep.name else spec, replace=False)
 
-    def add(self, spec: MethodSpec, replace: bool) -> type | str:
+    def add(self, spec: MethodSpec, replace: bool, builtin: bool = False) -> type | str:
         name = spec.name
         if not isinstance(name, str) or not _NAME.match(name):
             raise ValueError(f"{self.kind} name {name!r}: use letters, digits, '_' or '-', starting with a letter")
+        if self.kind == "method" and not builtin and name not in self.builtin and name in _preset_names():
+            raise ValueError(f"method {name!r}: --config {name} and sweep --methods {name} run the packaged preset {name} "
+                             f"(surecl/presets/{name}.yaml), not this method; register it under another name")
         if isinstance(spec.cls, str):
             if not _IMPORT_PATH.match(spec.cls):
                 raise ValueError(f"{self.kind} {name!r}: class {spec.cls!r} is not a \"module:Class\" import path "
                                  f"(a module's dotted name, ':', then the class's name, e.g. \"my_cl.policies:Extreme\")")
         elif isinstance(spec.cls, type):
             _check_base(self.kind, name, spec.cls)
+            _check_class(self.kind, name, spec.cls)
         else:
             raise TypeError(f"{self.kind} {name!r}: {spec.cls!r} is neither a class nor a \"module:Class\" import path")
         if spec.config is not None:
-            if not (isinstance(spec.config, type) and dataclasses.is_dataclass(spec.config) and issubclass(spec.config, Options)):
+            if not (isinstance(spec.config, type) and issubclass(spec.config, Options) and _own_dataclass(spec.config)):
                 raise TypeError(f"{self.kind} {name!r}: config {spec.config!r} is not an @dataclass subclass of surecl.options.Options")
             bad = spec.config.unsupported_fields()
             if bad:
@@ -161,6 +180,10 @@ class _Table:
                                 "cannot give: use bool, int, float or str, a list of one of them, or a union of those with None")
             if not _SECTION.match(spec.key):
                 raise ValueError(f"{self.kind} {name!r}: section {spec.key!r}: use letters, digits or '_', starting with a letter")
+            if spec.key in CORE_KEYS:
+                raise ValueError(f"{self.kind} {name!r}: section {spec.key!r} is a key of surecl's own config; register the "
+                                 "options under another section (section=...)")
+            _check_defaults(self.kind, name, spec.config, spec.key)
             for other in _all_specs():
                 if other.name != name and other.config is not None and other.key == spec.key and other.config is not spec.config:
                     raise ValueError(f"{self.kind} {name!r}: section {spec.key!r} already holds the options of {other.name!r}")
@@ -169,6 +192,8 @@ class _Table:
             if _same_class(old.cls, spec.cls) and old.config is spec.config and old.key == spec.key:
                 return spec.cls
             raise ValueError(f"{self.kind} {name!r} is already registered (pass replace=True to replace it)")
+        if builtin:
+            self.builtin.add(name)
         self.specs[name] = spec
         self.classes.pop(name, None)
         return spec.cls
@@ -196,6 +221,7 @@ class _Table:
             raise SureclError(f"{self.kind} {name!r}: cannot import {path!r}: {type(exc).__name__}: {_one_line(exc)}") from exc
         try:
             _check_base(self.kind, name, target)
+            _check_class(self.kind, name, target)
         except TypeError as exc:
             raise SureclError(f"{exc} (imported from {path!r})") from None
         return target
@@ -213,9 +239,73 @@ def _check_base(kind: str, name: str, cls: Any) -> None:
         raise TypeError(f"{kind} {name!r}: {cls!r} is not a subclass of {module}.{qualname}")
 
 
-def _spec_from_class(spec_type: type, name: str, cls: type) -> MethodSpec:
+def _check_class(kind: str, name: str, cls: type) -> None:
+    """A method's declarations are among the known values (:func:`surecl.methods.base.check_declarations`);
+    a policy's ``Config`` is its view of ``replay.*`` (built with ``from_replay``), not its options."""
+    if kind == "method":
+        module = sys.modules[_BASES[kind][0]]  # loaded: ``cls`` derives its Method
+        try:
+            module.check_declarations(cls, name)
+        except SureclError as exc:
+            raise TypeError(str(exc)) from None
+        return
     config = getattr(cls, "Config", None)
-    if not (isinstance(config, type) and issubclass(config, Options)):
+    if not callable(getattr(config, "from_replay", None)):
+        what = getattr(config, "__name__", repr(config))
+        give = what if isinstance(config, type) and issubclass(config, Options) else "MyOptions"
+        raise TypeError(f"replay policy {name!r}: its Config {what} is not a view of the replay section (a policy's Config is "
+                        f"what it reads of replay.*, built with from_replay, as surecl.replay.policies.BufferConfig is); leave "
+                        f"Config as inherited and give the policy's options with register_policy({name!r}, {cls.__name__}, "
+                        f"config={give})")
+
+
+def _own_dataclass(cls: type) -> bool:
+    """Whether every class from ``cls`` up to :class:`~surecl.options.Options` that annotates
+    fields is an ``@dataclass`` itself (a subclass without the decorator inherits the dataclass
+    machinery, but its annotated options are no fields: no config could set them)."""
+    for c in cls.__mro__:
+        if c is Options:
+            return True
+        if "__dataclass_fields__" not in vars(c) and any(not _class_var(t) for t in inspect.get_annotations(c).values()):
+            return False
+    return True
+
+
+def _class_var(annotation: Any) -> bool:
+    """Whether an annotation (an object, or its text under ``from __future__ import annotations``) is a ``ClassVar``."""
+    if isinstance(annotation, str):
+        return annotation.replace("typing.", "").startswith("ClassVar")
+    return annotation is typing.ClassVar or typing.get_origin(annotation) is typing.ClassVar
+
+
+def _check_defaults(kind: str, name: str, config: type, section: str) -> None:
+    """The options build from their defaults and pass their own ``check``: every config holds
+    every registered section, so otherwise every run would fail, not only this plugin's."""
+    try:
+        defaults = config()
+    except Exception as exc:  # the plugin's class: whatever building it raises is one line naming it
+        raise TypeError(f"{kind} {name!r}: its options {config.__name__}() cannot be built from their defaults "
+                        f"({type(exc).__name__}: {_one_line(exc)}); give every option a default") from None
+    try:
+        defaults.check(section)
+    except Exception as exc:  # the plugin's check
+        raise ValueError(f"{kind} {name!r}: the defaults of its options {config.__name__} fail their own check: "
+                         f"{type(exc).__name__}: {_one_line(exc)}") from None
+
+
+def _preset_names() -> set[str]:
+    """The packaged presets' names (``surecl/presets/*.yaml``), which ``--config NAME`` reads first."""
+    from importlib import resources
+
+    return {p.name[: -len(".yaml")] for p in (resources.files("surecl") / "presets").iterdir() if p.name.endswith(".yaml")}
+
+
+def _spec_from_class(spec_type: type, name: str, cls: type) -> MethodSpec:
+    """The spec of a class alone: a method's options are its ``Config`` when that is an
+    :class:`~surecl.options.Options`; a policy's ``Config`` is its view of ``replay.*``, so a
+    policy takes options only as ``config=`` (or a :class:`PolicySpec`)."""
+    config = getattr(cls, "Config", None)
+    if spec_type is PolicySpec or not (isinstance(config, type) and issubclass(config, Options)):
         config = None
     return spec_type(name=name, cls=cls, config=config, section=getattr(cls, "section", "") or "")
 
@@ -263,7 +353,7 @@ def _load_all() -> None:
     try:
         for table in tables:
             for spec in _builtin_specs(table.kind):
-                table.add(spec, replace=False)
+                table.add(spec, replace=False, builtin=True)
         for table in tables:
             for ep in _entry_points(_GROUPS[table.kind]):
                 table.load_entry_point(ep)
@@ -313,7 +403,9 @@ def register_method(name: str, cls: type, *, config: type | None = None, section
 
 def register_policy(name: str, cls: type, *, config: type | None = None, section: str | None = None, replace: bool = False) -> type:
     """Make ``replay.policy=name`` select with ``cls`` (a :class:`surecl.replay.policies.ReplayPolicy`
-    subclass); options as for :func:`register_method`, handed to the policy as ``policy.options``."""
+    subclass). Its options are ``config`` alone (``cls.Config`` is the policy's view of ``replay.*``),
+    set as ``<section>.<key>=value`` (default section: ``name``) and handed to the policy as
+    ``self.options``, already set when its ``__init__`` runs."""
     return _register(_POLICIES, PolicySpec, name, cls, config, section, replace)
 
 
@@ -404,9 +496,9 @@ def lazy_attributes(package: str, module: str):
 
 def import_modules(modules: list[str]) -> None:
     """Import each module (``--import``), whose top level registers methods or policies; an
-    unimportable one is a one-line error."""
+    unimportable one is a one-line error, its cause chained (``--debug`` shows the module's traceback)."""
     for module in modules:
         try:
             importlib.import_module(module)
         except Exception as exc:  # the user's module: any failure is one line naming it
-            raise SureclError(f"--import {module}: {type(exc).__name__}: {str(exc)[:200]}") from None
+            raise SureclError(f"--import {module}: {type(exc).__name__}: {str(exc)[:200]}") from exc  # --debug: its traceback

@@ -231,18 +231,18 @@ def _build(run, cfg: RunConfig, cache_dir, *, plugins: dict[str, Plugin], model,
     run.model = run.adapters.model
     run.method = method_class(cfg.method)(method_config(cfg))
     _registered_name(run.method, cfg.method)
-    check_declarations(type(run.method))
+    check_declarations(type(run.method), cfg.method)
     total = sum(len(s) for s in run.train_sets)
     policy_name = cfg.replay.policy if run.method.continual else "none"
-    run.policy = policy_class(policy_name)(cfg.replay, buffer_capacity(cfg.replay, total), run.streams_seed)
-    run.policy.options = policy_options(cfg, policy_name)
+    run.policy = build_policy(policy_class(policy_name), policy_options(cfg, policy_name), cfg.replay,
+                              buffer_capacity(cfg.replay, total), run.streams_seed)
     _registered_name(run.policy, policy_name)
     if generation and (cfg.replay.balance == "label" or isinstance(run.policy.buffer, OnlineQuotaBuffer)):
         what = "replay.balance=label" if cfg.replay.balance == "label" else f"replay.policy={policy_name} (a quota per answer label)"
         raise SureclError(f"{what} needs labelled tasks; {', '.join(generation)} generate free text (no label set)")
     run.adapters.learn(run.method.trains)  # the learner as the method's declaration says, before its setup
     run.method.setup(run)
-    run.train_step = TrainStep(TrainStep.config_from(cfg), run.method.parameters(run))
+    run.train_step = TrainStep(TrainStep.config_from(cfg), trained_parameters(run.method, run.method.parameters(run), cfg.method))
     run.train_step.keep_weights = run.method.trains != "fast"  # the learner checkpoints the fast adapter itself
     run.trained_params = run.train_step.params
     run.model, run.train_step.optimizer = run.accelerator.prepare(run.model, run.train_step.optimizer)
@@ -294,6 +294,46 @@ def warn_slow_window(run) -> None:
             "it will lag far behind the fast one early on (set dual.bias_correction=true or a smaller dual.beta)"
         )
 
+
+
+def build_policy(cls: type, options, *args):
+    """``cls(*args)`` (the replay section, the capacity, the seed) with ``options`` (the policy's
+    own section, or None) set as ``self.options`` before its ``__init__`` runs, so ``__init__``
+    may choose its buffer by an option; what ``type.__call__`` does otherwise."""
+    policy = cls.__new__(cls, *args)
+    if isinstance(policy, cls):
+        policy.options = options
+        policy.__init__(*args)
+    return policy
+
+
+def trained_parameters(method, params, name: str) -> list:
+    """What the method's ``parameters(ctx)`` returned, as a list the optimizer takes (a param
+    group's ``params`` listed too), refused in one line naming the method when the optimizer
+    would train nothing: no tensors, something other than a tensor, or a tensor that does not
+    require grad (backward would fail far from the method, or leave it untrained)."""
+    who = f"method plugin {name!r}: its parameters(ctx)"
+    want = f"expected the tensors it trains (trains={method.trains!r}), each with requires_grad=True"
+    if isinstance(params, (torch.Tensor, dict)) or not hasattr(params, "__iter__"):
+        raise SureclError(f"{who} returned {type(params).__name__}; {want}, as a list (or a list of param groups)")
+    params, tensors = list(params), []
+    for k, item in enumerate(params):
+        if isinstance(item, dict):
+            group = item.get("params", ())
+            group = [group] if isinstance(group, torch.Tensor) else list(group)
+            params[k] = {**item, "params": group}
+            tensors += group
+        else:
+            tensors.append(item)
+    if not tensors:
+        raise SureclError(f"{who} returned no parameters; {want}")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise SureclError(f"{who} returned a {type(t).__name__} as parameter {i}; {want}")
+        if not t.requires_grad:
+            raise SureclError(f"{who} returned parameter {i} (shape {tuple(t.shape)}) frozen, requires_grad=False; {want} "
+                              "(unfreeze it in setup)")
+    return params
 
 
 def _registered_name(plugin, name: str) -> None:

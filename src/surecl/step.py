@@ -115,7 +115,8 @@ class TrainStep(Plugin):
                 tensors[f"{idx}/{key}"] = (value if torch.is_tensor(value) else torch.tensor(value)).cpu()
         if self.keep_weights:  # the live tensors, not copies: the checkpoint writes them out before training goes on
             tensors.update({f"{WEIGHTS}/{i}": p.detach() for i, p in enumerate(self.params)})
-        return {"param_groups": sd["param_groups"]}, tensors
+        groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in sd["param_groups"]]  # betas: as JSON reads it back
+        return {"param_groups": groups}, tensors
 
     @torch.no_grad()
     def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:

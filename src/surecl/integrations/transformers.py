@@ -101,6 +101,7 @@ from surecl.plan import replay_count
 from surecl.processes import agreed, peers_stop_in_one_line, release_at_exit
 from surecl.registry import policy_class, policy_spec
 from surecl.replay.policies import check_scores
+from surecl.run_setup import build_policy
 from surecl.step import pair_weights
 
 STATE_JSON = "sure_state.json"
@@ -492,9 +493,10 @@ class SureTrainer(Trainer):
             raise SureclError(self.sure._named(str(e))) from None
         self.is_seq2seq = is_seq2seq
         self.replay_cfg = self.sure.replay_config()
-        self.policy = policy_class(self.sure.policy)(self.replay_cfg, self.sure.buffer_size if self.sure.policy != "none" else 0, _data_seed(args))
         spec = policy_spec(self.sure.policy)
-        self.policy.options = spec.config() if spec.config is not None else None
+        # its options set before its __init__ runs, as a run's policy has them (run_setup.build_policy)
+        self.policy = build_policy(policy_class(self.sure.policy), spec.config() if spec.config is not None else None, self.replay_cfg,
+                                   self.sure.buffer_size if self.sure.policy != "none" else 0, _data_seed(args))
         try:
             super().__init__(self.dual.model, args, *trainer_args, **kwargs)
             self._check_processes()

@@ -55,7 +55,7 @@ The hooks it may implement beyond a plugin's:
   with it. Negative ids are *virtual tokens*: ``-1 - s`` names slot ``s`` of vectors the
   method gives the model's input embedding itself (a hook on the input embedding module);
   no loss or surprise score ever predicts one (:mod:`surecl.nll`), and an encoder-decoder
-  keeps them on its encoder side. Default: none.
+  keeps them on its encoder side. Default: empty (a hook returns ``()`` for none, not None).
 * ``longest_prefix(config, n_tasks)``  - (a class method) the most tokens ``input_prefix`` will
   put before a prompt in a stream of ``n_tasks`` tasks, so the run can check before training
   that its rows fit the model's positions. Default: 0.
@@ -145,7 +145,7 @@ class Method(Plugin):
 
     def input_prefix(self, ctx, task: int) -> Sequence[int]:
         """Token ids before every prompt of ``task``, as the method's state is now (negative:
-        virtual tokens, see the module docstring). None by default."""
+        virtual tokens, see the module docstring). Empty by default (never None)."""
         return ()
 
     def stages(self, n_tasks: int) -> list[Stage]:
@@ -159,16 +159,19 @@ class Method(Plugin):
         return 0
 
 
-def check_declarations(cls: type) -> None:
-    """Refuse a method class whose declarations are not among the known values (one line)."""
+def check_declarations(cls: type, name: str | None = None) -> None:
+    """Refuse a method class whose declarations are not among the known values (one line naming
+    it as ``name``, default its own ``name``). Registration calls it, so a dry run never plans
+    what the run would refuse after loading its model; the run calls it again."""
+    name = name or cls.name
     if cls.trains not in TRAINS:
-        raise SureclError(f"method {cls.name}: trains={cls.trains!r} is not one of {', '.join(TRAINS)}")
+        raise SureclError(f"method {name}: trains={cls.trains!r} is not one of {', '.join(TRAINS)}")
     if cls.answers not in ANSWERS:
-        raise SureclError(f"method {cls.name}: answers={cls.answers!r} is not one of {', '.join(ANSWERS)}")
+        raise SureclError(f"method {name}: answers={cls.answers!r} is not one of {', '.join(ANSWERS)}")
     for what in ("state", "exports"):
         value = getattr(cls, what)
         if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
-            raise SureclError(f"method {cls.name}: {what} must be a tuple of non-empty strings, not {value!r}")
+            raise SureclError(f"method {name}: {what} must be a tuple of non-empty strings, not {value!r}")
 
 
 def learner_of(method) -> dict:

@@ -20,7 +20,7 @@ these hooks (all optional; the defaults do nothing):
 * ``input_prefix(ctx, task) -> ids``  - token ids put before the prompt of every example of
   ``task`` wherever the run builds the model's input (training, scoring, evaluation), asked
   at each use; the run puts every plugin's before the prompt, in list order, leaving out those
-  of the plugins an evaluation leaves out (``ctx.left_out``). Default: none.
+  of the plugins an evaluation leaves out (``ctx.left_out``). Default: empty (``()``; never None).
 * ``after_step(ctx, record)``   - after each optimizer step, with its :class:`StepRecord`
   (EMA of the slow adapter, buffer insertion and aging, the step log).
 * ``after_task(ctx, stage)``   - after training on a stage, before it is evaluated (Fisher
@@ -60,8 +60,10 @@ plugin may use of it.
 The dispatcher (:class:`Plugins`) checks what a hook hands back where the run would otherwise
 fail far from the plugin: ``loss`` must give a one-element ``torch.Tensor`` (still in the autograd
 graph when it was given one), ``sample_replay`` a list of
-:class:`~surecl.replay.buffer.Entry` naming training examples that exist, ``state_dict`` a pair
-(a JSON-serialisable dict, a dict of tensors under string keys). Anything else is a one-line
+:class:`~surecl.replay.buffer.Entry` naming training examples that exist, ``input_prefix`` a
+sequence of integer token ids, ``eval_context`` a context manager, ``state_dict`` a pair (a
+dict that JSON writes and reads back the same: no tuples, string keys; a dict of tensors under
+string keys). Anything else is a one-line
 :class:`~surecl.errors.SureclError` naming the plugin, the hook and what was expected.
 
 Nothing here imports torch at import time: ``surecl --help`` and the registry stay light.
@@ -240,7 +242,7 @@ class Plugin:
         return None
 
     def input_prefix(self, ctx: RunContext, task: int) -> Sequence[int]:
-        """Token ids before every prompt of ``task`` now (negative: virtual tokens). None by default."""
+        """Token ids before every prompt of ``task`` now (negative: virtual tokens). Empty by default (never None)."""
         return ()
 
     def after_step(self, ctx: RunContext, record: StepRecord) -> None:
@@ -331,11 +333,17 @@ class Plugins:
         return list(entries)
 
     def input_prefix(self, ctx: RunContext, task: int, skip: tuple[Plugin, ...] = ()) -> tuple[int, ...]:
-        """Every plugin's ``input_prefix`` for ``task`` but those in ``skip``, in list order."""
+        """Every plugin's ``input_prefix`` for ``task`` but those in ``skip``, in list order; each
+        a sequence of integer token ids (else one line naming the plugin)."""
         prefix: tuple[int, ...] = ()
         for p in self._list:
             if p not in skip:
-                prefix += tuple(p.input_prefix(ctx, task))
+                given = p.input_prefix(ctx, task)
+                ids = _token_ids(given)
+                if ids is None:
+                    raise SureclError(f"{self.who(p)}: its input_prefix hook returned {_kind(given)} for task {task}; expected a "
+                                      "sequence of integer token ids (negative: virtual tokens), () for none")
+                prefix += ids
         return prefix
 
     def after_step(self, ctx: RunContext, record: StepRecord) -> None:
@@ -352,7 +360,11 @@ class Plugins:
         with contextlib.ExitStack() as stack:
             for p in self._list:
                 if p not in skip:
-                    stack.enter_context(p.eval_context(ctx, task))
+                    manager = p.eval_context(ctx, task)
+                    if not (hasattr(type(manager), "__enter__") and hasattr(type(manager), "__exit__")):
+                        raise SureclError(f"{self.who(p)}: its eval_context hook returned {_kind(manager)}; expected a context "
+                                          "manager (decorate the method with @contextlib.contextmanager and yield once)")
+                    stack.enter_context(manager)
             yield
 
     def after_eval(self, ctx: RunContext, stage: Stage | None) -> None:
@@ -395,6 +407,10 @@ class Plugins:
         if key is not None:  # JSON writes it as a string: the resumed run would read "3" where 3 was
             raise SureclError(f"{self.who(p)}: its state_dict's meta holds the key {key!r}, not a string; JSON would give it back "
                               f"as {str(key)!r} on resume: use string keys (str({key!r}))")
+        where = _tuple_at(meta)
+        if where is not None:  # JSON writes it as a list: the resumed run would read [0, [0]] where (0, (0,)) was
+            raise SureclError(f"{self.who(p)}: its state_dict's meta holds a tuple at {where}; JSON would give it back as a list "
+                              "on resume: store a list (and make it a tuple again in load_state_dict)")
         return meta, tensors
 
     def load_state_dicts(self, states: dict[str, tuple[dict, dict[str, torch.Tensor]]]) -> None:
@@ -433,6 +449,26 @@ def _non_string_key(tree: Any) -> Any:
             found = _non_string_key(v)
             if found is not None:
                 return found
+    return None
+
+
+def _token_ids(value: Any) -> tuple | None:
+    """``value`` as a tuple of token ids, or None when it is not a sequence of integers."""
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        return None
+    ids = tuple(value)
+    return ids if all(_is_index(i) for i in ids) else None
+
+
+def _tuple_at(tree: Any, path: str = "meta") -> str | None:
+    """Where the first tuple in ``tree`` (dicts and lists, any depth) is (``meta['last'][1]``), else None."""
+    if isinstance(tree, tuple):
+        return path
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
+    for k, v in items:
+        found = _tuple_at(v, f"{path}[{k!r}]")
+        if found is not None:
+            return found
     return None
 
 

@@ -100,7 +100,7 @@ class ReplayPolicy(Plugin):
     """Whether the buffer fills while a task trains (so the first task already replays)."""
     options = None
     """The policy's own option section when it registered one (``register_policy(name, cls,
-    config=MyOptions)``; set by the run after construction), else None."""
+    config=MyOptions)``; set by the run before its ``__init__`` runs, so ``__init__`` may read it), else None."""
 
     def __init__(self, cfg, capacity: int, seed: int):
         super().__init__(cfg if isinstance(cfg, self.Config) else self.Config.from_replay(cfg))
