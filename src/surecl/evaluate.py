@@ -8,13 +8,16 @@ averaged over its references) or as one instance whose score is its best referen
 
 Generation is greedy, batched over length-sorted, left-padded prompts with the KV cache, for at
 most (longest answer + 1) new tokens, stopping when every row emitted EOS; for causal models
-the prompt prefix a batch shares (the task's instruction and options) runs once per batch.
+the prompt prefix a batch shares (the task's instruction and options) runs once per batch. An
+encoder-decoder's ``generate`` runs plain greedy search too (:func:`plain_greedy`): nothing of
+its checkpoint's ``generation_config.json`` applies.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from contextlib import contextmanager
 
 import torch
 
@@ -40,15 +43,10 @@ def generate_answers(
         rows = [items[i] for i in idx]
         if is_seq2seq:
             batch = collate(rows, tokenizer.pad_token_id, True, with_answer=False)
-            new = model.generate(
-                input_ids=batch["input_ids"].to(device),
-                attention_mask=batch["attention_mask"].to(device),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                num_beams=1,
-                eos_token_id=stop,
-                pad_token_id=tokenizer.pad_token_id,
-            )[:, 1:]  # the decoder's start token first (BART's is its EOS, which would end every answer at once)
+            with plain_greedy(model, max_new_tokens=max_new_tokens, eos_id=stop, pad_id=tokenizer.pad_token_id) as config:
+                new = model.generate(
+                    input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device), generation_config=config,
+                )[:, 1:]  # the decoder's start token first (BART's is its EOS, which would end every answer at once)
         else:
             batch = {k: v.to(device) for k, v in collate(rows, tokenizer.pad_token_id, False, with_answer=False, share_prefix=prefix_sharing(model, share_prefix)).items()}
             new = greedy(model, batch, max_new_tokens=max_new_tokens, eos_id=stop, pad_id=tokenizer.pad_token_id)
@@ -60,6 +58,34 @@ def generate_answers(
         for i, text in zip(idx, tokenizer.batch_decode(new, skip_special_tokens=True)):
             answers[i] = text
     return answers
+
+
+@contextmanager
+def plain_greedy(model, *, max_new_tokens: int, eos_id: int | list[int], pad_id: int):
+    """A ``GenerationConfig`` for an encoder-decoder's ``generate`` that is greedy search and
+    nothing else: one beam, no sampling, the decoder start the model trains with, ``eos_id``
+    and ``pad_id``, ``max_new_tokens``. Meanwhile the model's own ``generation_config`` (the
+    checkpoint's ``generation_config.json``) is a blank one: ``generate`` fills every field a
+    given config leaves unset from it, so BART-CNN's forced BOS, ``min_length`` and
+    ``no_repeat_ngram_size`` (or mBART's language BOS) would still apply, at decoder positions
+    training never saw and unlike the causal models' :func:`greedy`. It is back when the
+    block ends."""
+    from transformers import GenerationConfig
+
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model  # a PeftModel's transformers model
+    own = getattr(base, "generation_config", None)
+    start = getattr(getattr(base, "config", None), "decoder_start_token_id", None)
+    start = getattr(own, "decoder_start_token_id", None) if start is None else start
+    config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, decoder_start_token_id=start,
+                              eos_token_id=eos_id, pad_token_id=pad_id)
+    if own is None:  # no transformers model: nothing to fill the config from
+        yield config
+        return
+    base.generation_config = GenerationConfig()
+    try:
+        yield config
+    finally:
+        base.generation_config = own
 
 
 def _until(row: list[int], stop: set[int]) -> list[int]:

@@ -242,6 +242,7 @@ def cannot_load(name: str, exc: BaseException) -> str:
 
 
 def _load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None) -> LoadedModel:
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     cache_dir = cache_dir or default_cache_dir()
@@ -271,9 +272,12 @@ def _load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None) 
         auto = AutoModelForSeq2SeqLM if is_seq2seq else AutoModelForCausalLM
         attn = {} if cfg.attn_implementation == "auto" else {"attn_implementation": cfg.attn_implementation}
         model = auto.from_pretrained(str(path), dtype=dtype, trust_remote_code=cfg.trust_remote_code, **attn)
-    except (OSError, ValueError) as exc:
+    except torch.OutOfMemoryError:
+        raise  # the CLI's own line: free the device, or a lower batch size
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        # RuntimeError: a config.json its weights do not match (shapes); SafetensorError: damaged weights (a cut file)
         first = first_line(exc)
-        if cfg.attn_implementation != "auto" and "attn" in first.lower():
+        if cfg.attn_implementation != "auto" and isinstance(exc, (OSError, ValueError)) and "attn" in first.lower():
             raise SureclError(f"model.attn_implementation={cfg.attn_implementation}: {cfg.name!r} does not support it: {first}") from None
         raise SureclError(cannot_load(cfg.name, exc)) from None
     return prepare_model(model, tokenizer, device, path=str(path), note=note)
@@ -282,14 +286,17 @@ def _load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None) 
 def prepare_model(model: torch.nn.Module, tokenizer, device: torch.device, path: str = "", note: str = "") -> LoadedModel:
     """A loaded transformers model and its tokenizer made ready for a run, as :func:`load_model`
     does for the configured one: a pad token (the EOS token when there is none; an
-    encoder-decoder's config without a ``pad_token_id`` takes the tokenizer's), left padding,
-    base frozen and in eval mode, on ``device``. Also the entry for a model the caller built
-    (``ContinualRun(..., model=, tokenizer=)``, checked first by :func:`check_given_model`); its
-    dtype is kept as it is."""
+    encoder-decoder's config without a ``pad_token_id`` takes the tokenizer's, and one without a
+    ``decoder_start_token_id`` its generation config's), left padding, base frozen and in eval
+    mode, on ``device``. Also the entry for a model the caller built (``ContinualRun(...,
+    model=, tokenizer=)``, checked first by :func:`check_given_model`); its dtype is kept as it
+    is. The special tokens a run needs are checked first (:func:`_check_special_tokens`), so a
+    model that cannot run stops in one line before the run writes anything."""
     _check_types(model, tokenizer)
+    path = path or getattr(model.config, "_name_or_path", "") or type(model).__name__
+    is_seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
+    _check_special_tokens(model, tokenizer, str(path), is_seq2seq)
     if tokenizer.pad_token_id is None:
-        if tokenizer.eos_token is None:
-            raise SureclError("tokenizer: has neither a pad token nor an EOS token to pad with")
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     head = model.get_output_embeddings()
@@ -299,14 +306,57 @@ def prepare_model(model: torch.nn.Module, tokenizer, device: torch.device, path:
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    is_seq2seq = bool(getattr(model.config, "is_encoder_decoder", False))
     if is_seq2seq and getattr(model.config, "pad_token_id", None) is None:
         # an encoder-decoder shifts its labels right with the config's pad token (-100 read as
         # it): without one every forward with labels stops ("pad_token_id has to be defined")
         model.config.pad_token_id = tokenizer.pad_token_id
+    if is_seq2seq and getattr(model.config, "decoder_start_token_id", None) is None:
+        # the shift puts the config's start token first (surecl.nll.seq2seq_inputs and the models' own)
+        model.config.decoder_start_token_id = decoder_start(model)
     dtype = weights_dtype(model)
-    path = path or getattr(model.config, "_name_or_path", "") or type(model).__name__
     return LoadedModel(model=model, tokenizer=tokenizer, is_seq2seq=is_seq2seq, path=str(path), dtype=dtype, note=note)
+
+
+def decoder_start(model) -> int | None:
+    """An encoder-decoder's first decoder input: its config's ``decoder_start_token_id``, else
+    its generation config's (None where neither has one)."""
+    start = getattr(model.config, "decoder_start_token_id", None)
+    return getattr(getattr(model, "generation_config", None), "decoder_start_token_id", None) if start is None else start
+
+
+def _check_special_tokens(model, tokenizer, name: str, is_seq2seq: bool) -> None:
+    """The tokens every run reads, refused in one line naming the model where they are missing
+    or past the model's embeddings (later a traceback mid-run, after the run folder was
+    started, or a device-side assert on a GPU): an EOS token (every answer ends with it, and
+    pads where there is no pad token), each of the pad and EOS ids the tokenizer gives within
+    the input embeddings (a pad token added to a tokenizer whose model was not resized), and an
+    encoder-decoder's decoder start (bert2bert's ``EncoderDecoderModel`` has none by default)."""
+    if tokenizer.eos_token_id is None:
+        raise SureclError(f"tokenizer of {name}: has no EOS token (every answer is trained to end with it, and generation stops "
+                          "at it); give it the token this model ends a text with: eos_token in its tokenizer_config.json, or "
+                          "tokenizer.eos_token = ... (a BERT tokenizer's [SEP]) for a tokenizer passed from Python")
+    try:
+        size = model.get_input_embeddings().num_embeddings
+    except (AttributeError, NotImplementedError):  # no embedding table to read: nothing to check against
+        size = None
+    for what, token, i in (("pad", tokenizer.pad_token, tokenizer.pad_token_id), ("EOS", tokenizer.eos_token, tokenizer.eos_token_id)):
+        if size is not None and i is not None and not 0 <= i < size:  # no pad token: the EOS pads
+            raise SureclError(f"tokenizer of {name}: its {what} token {token!r} has id {i}, past the model's {size} token "
+                              "embeddings (a token added to the tokenizer without resizing the model); resize them "
+                              "(model.resize_token_embeddings(len(tokenizer))) and save the model with its tokenizer, or give "
+                              "the tokenizer a token the model has")
+    if not is_seq2seq:
+        return
+    start = decoder_start(model)
+    if start is None:
+        raise SureclError(f"model {name}: an encoder-decoder without a decoder_start_token_id (in neither its config nor its "
+                          "generation config): the decoder's first input, which training and generation need; set "
+                          "decoder_start_token_id in its config.json (T5: its pad token's id; BART: its EOS's; a bert2bert "
+                          "EncoderDecoderModel: its [CLS]'s), or model.config.decoder_start_token_id = ... for a model passed "
+                          "from Python")
+    if size is not None and not 0 <= start < size:
+        raise SureclError(f"model {name}: its decoder_start_token_id {start} is past its {size} token embeddings; set "
+                          "decoder_start_token_id in its config.json to a token the model has")
 
 
 def _check_types(model, tokenizer) -> None:
@@ -351,7 +401,7 @@ class GivenModel:
     on the model), the hooks added to its modules (:func:`prepare_model`'s on the output layer, a
     method's on the embeddings), each module's train/eval mode, each parameter's
     ``requires_grad``, the device its weights were on (where they were all on one), the config's
-    ``pad_token_id`` and the tokenizer's pad token and padding side."""
+    ``pad_token_id`` and ``decoder_start_token_id`` and the tokenizer's pad token and padding side."""
 
     def __init__(self, model: torch.nn.Module, tokenizer):
         self.model, self.tokenizer = model, tokenizer
@@ -364,6 +414,7 @@ class GivenModel:
         self.device = devices.pop() if len(devices) == 1 else None
         self.peft_config = hasattr(model, "peft_config")
         self.pad_token_id = getattr(model.config, "pad_token_id", None)
+        self.decoder_start_token_id = getattr(model.config, "decoder_start_token_id", None)
         self.pad_token, self.padding_side = tokenizer.pad_token, tokenizer.padding_side
 
     def restore(self) -> None:
@@ -386,6 +437,8 @@ class GivenModel:
             model.to(self.device)
         if getattr(model.config, "pad_token_id", None) != self.pad_token_id:
             model.config.pad_token_id = self.pad_token_id
+        if getattr(model.config, "decoder_start_token_id", None) != self.decoder_start_token_id:
+            model.config.decoder_start_token_id = self.decoder_start_token_id
         if tokenizer.pad_token != self.pad_token:
             tokenizer.pad_token = self.pad_token
         tokenizer.padding_side = self.padding_side
