@@ -57,10 +57,24 @@ def test_the_report_tests_the_plans_claims_beside_the_papers(tmp_path):
     assert only.claims == [("seq_lora", "slow_surprise (fast)"), ("slow_surprise", "seq_lora")]
 
 
-def test_a_later_sweeps_claims_join_the_earlier_ones(tmp_path):
-    write_sweep_plan(tmp_path, [], {"claims": ["a>b", "c>d"]})
-    write_sweep_plan(tmp_path, [], {"claims": ["c>d", "e>f"]})
-    assert json.loads((tmp_path / PLAN_FILE).read_text())["claims"] == ["a>b", "c>d", "e>f"]
+def test_another_plans_claims_join_and_the_same_plans_replace_its_own(tmp_path):
+    def claims():
+        return json.loads((tmp_path / PLAN_FILE).read_text())["claims"]
+
+    write_sweep_plan(tmp_path, [], {"plan": "a.yaml", "claims": ["a>b", "c>d"]})
+    write_sweep_plan(tmp_path, [], {"plan": "b.yaml", "claims": ["c>d", "e>f"]})
+    assert claims() == ["a>b", "c>d", "e>f"]
+    # plan a edited: its claim a>b taken out leaves the reports, plan b's stay
+    write_sweep_plan(tmp_path, [], {"plan": "a.yaml", "claims": ["c>d"]})
+    assert claims() == ["c>d", "e>f"]
+    write_sweep_plan(tmp_path, [], {"plan": "b.yaml", "claims": []})
+    assert claims() == ["c>d"]
+    # a sweep.json from before claims were kept per plan: its claims are its plan's
+    (tmp_path / PLAN_FILE).write_text(json.dumps({"kind": "surecl-sweep-plan", "format": 1, "plan": "a.yaml", "claims": ["x>y"], "runs": []}))
+    write_sweep_plan(tmp_path, [], {"plan": "c.yaml", "claims": ["u>v"]})
+    assert claims() == ["x>y", "u>v"]
+    write_sweep_plan(tmp_path, [], {"plan": "a.yaml", "claims": []})
+    assert claims() == ["u>v"]
 
 
 def test_a_plan_claim_whose_row_no_sweep_planned_is_left_out_and_named(tmp_path):
@@ -71,7 +85,11 @@ def test_a_plan_claim_whose_row_no_sweep_planned_is_left_out_and_named(tmp_path)
     rep = paper_report([runs], claims="none")
     assert rep.claims == [("slow_surprise", "seq_lora")]
     md = next(t for t in rep.tables if t.name == "claims").markdown
-    assert "Left out: the sweep plans' claims 'mtl>slow_surprise'" in md
+    assert "Left out: the sweep plans' claim 'mtl>slow_surprise': it names a row no sweep into these folders planned or ran" in md
+    # a fast row of a row whose runs are not dual: said so, not called unplanned
+    write_sweep_plan(runs, [], {"claims": ["slow_surprise>seq_lora (fast)"]})
+    md = next(t for t in paper_report([runs], claims="none").tables if t.name == "claims").markdown
+    assert "the sweep plans' claim 'slow_surprise>seq_lora (fast)': no run of seq_lora is dual (it has no fast row)" in md
     with pytest.raises(SureclError, match="no row 'mtl'"):  # the caller's own claim still must name a row
         paper_report([runs], custom_claims=["mtl>slow_surprise"])
 
@@ -86,12 +104,19 @@ def test_a_sweeps_claims_reach_its_report_and_a_misspelt_row_stops_it_before_tra
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no row 'seq_lroa' among the runs the sweep plans" in err[0], err
     assert not out.exists()  # nothing planned, written or trained
+    # a fast row of a row whose runs are not dual names no row either
+    fast = _plan(tmp_path, f"config: tiny\nmethods: [seq_lora, slow_surprise]\nlayout: paper\noverrides: [{overrides}]\n"
+                           'claims: ["slow_surprise>seq_lora (fast)"]\n')
+    assert main(["sweep", "--plan", str(fast), "--out", str(out), "--quiet", "--methods", "slow_surprise"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no row 'seq_lora (fast)' among the runs the sweep plans" in err[0], err
+    assert "slow_surprise (fast)" in err[0] and not out.exists()
     good = _plan(tmp_path, f"config: tiny\nmethods: [seq_lora, slow_surprise]\nlayout: paper\noverrides: [{overrides}]\n"
                            'claims: ["seq_lora>slow_surprise (fast)"]\n')
     # a sweep of one of its methods keeps the plan's claims for the report
     assert main(["sweep", "--plan", str(good), "--out", str(out), "--quiet", "--methods", "seq_lora"]) == 0
     assert json.loads((out / PLAN_FILE).read_text())["claims"] == ["seq_lora>slow_surprise (fast)"]
-    assert "Left out: the sweep plans' claims 'seq_lora>slow_surprise (fast)'" in (out / "report" / "claims.md").read_text()
+    assert "Left out: the sweep plans' claim 'seq_lora>slow_surprise (fast)'" in (out / "report" / "claims.md").read_text()
     assert main(["sweep", "--plan", str(good), "--out", str(out), "--quiet"]) == 0
     table = (out / "report" / "claims.md").read_text()
     assert "| seq_lora > slow_surprise (fast) |" in table and "Left out" not in table

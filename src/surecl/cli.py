@@ -348,10 +348,20 @@ def cmd_sweep(args) -> int:
         from surecl.sweep import check_claims, load_plan, plan_rows
 
         try:  # the plan as written (a plan naming no methods leaves them to --methods)
-            full = expand(load_plan(args.plan)) if args.plan else []
+            written = load_plan(args.plan) if args.plan else None
+            full = expand(written) if written else []
         except SureclError:
             full = []
-        check_claims(plan, plan_rows(full + expand(plan)), args.plan or "sweep")
+        mine = {r["path"] for r in planned}
+        others = [r for r in full if r.path not in mine]
+        dual = []
+        for r in others:  # the plan's runs this sweep leaves out: dual as their configs say (one that cannot be built: either row)
+            try:
+                cfg = build_config(f"{written.config},{r.method}" if written.config else r.method, r.overrides)
+                dual.append(bool(cfg.dual.enabled and cfg.eval.fast))
+            except SureclError:
+                dual.append(True)
+        check_claims(plan, plan_rows(others + expand(plan), dual + [r["dual"] for r in planned]), args.plan or "sweep")
     for benchmark, orders in streams.items():
         if len(orders) > 1:  # one stream under several names: a report would count its runs as independent units
             what = "the tiny benchmark" if benchmark == "tiny" else "a stream of data.jsonl / data.hf tasks"

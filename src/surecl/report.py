@@ -806,15 +806,24 @@ def read_plan(path: Path) -> dict | None:
         if bad:
             raise SureclError(f"report: {path}: a run's {' and '.join(bad)} must be a name (the run {r!r}); "
                               "sweep.json is written by surecl sweep: move it away or rerun the sweep")
-    claims = plan.get("claims")
-    if claims is not None and not (isinstance(claims, list) and all(isinstance(c, str) for c in claims)):
-        raise SureclError(f"report: {path}: 'claims' must be a list of texts like 'A>B'; "
+    by_plan = plan.get("plan_claims", {})
+    claims = [plan.get("claims"), *(by_plan.values() if isinstance(by_plan, dict) else [by_plan])]
+    if not all(c is None or (isinstance(c, list) and all(isinstance(t, str) for t in c)) for c in claims):
+        raise SureclError(f"report: {path}: 'claims' (and each plan's in 'plan_claims') must be a list of texts like 'A>B'; "
                           "sweep.json is written by surecl sweep: move it away or rerun the sweep")
     benches = plan.get("order_benchmark")
     if benches is not None and not (isinstance(benches, dict) and all(isinstance(b, str) for b in benches.values())):
         raise SureclError(f"report: {path}: 'order_benchmark' must map order names to benchmark names; "
                           "sweep.json is written by surecl sweep: move it away or rerun the sweep")
     return plan
+
+
+def _claims_by_plan(plan: dict) -> dict[str, list[str]]:
+    """A sweep.json's claims per plan (``plan_claims``: the plan's path as given to the sweep, or
+    "" for none); a file written before claims were kept per plan has them under its ``plan``."""
+    if isinstance(plan.get("plan_claims"), dict):
+        return {str(k): list(v) for k, v in plan["plan_claims"].items()}
+    return {str(plan.get("plan") or ""): list(plan["claims"])} if plan.get("claims") else {}
 
 
 PLAN_LOCK = ".surecl-sweep-lock"
@@ -854,8 +863,14 @@ def write_sweep_plan(root: Path, runs: list[dict], meta: dict | None = None) -> 
             merged = {r["path"]: r for r in old["runs"]}
             # an earlier sweep's orders keep their benchmark (the report groups and averages by it)
             meta["order_benchmark"] = {**(old.get("order_benchmark") or {}), **(meta.get("order_benchmark") or {})}
-            # and their plans' claims (the later plan's added after them, each once)
-            meta["claims"] = list(dict.fromkeys([*(old.get("claims") or []), *(meta.get("claims") or [])]))
+            by_plan = _claims_by_plan(old)
+        else:
+            by_plan = {}
+        if "claims" in meta:  # each plan's claims as it was last swept: a claim taken out of a plan leaves the reports
+            by_plan[str(meta.get("plan") or "")] = list(dict.fromkeys(meta["claims"]))
+        if by_plan:
+            meta["plan_claims"] = by_plan
+            meta["claims"] = list(dict.fromkeys(c for claims in by_plan.values() for c in claims))
         for r in runs:
             merged[r["path"]] = r
         write_json(path, {"kind": PLAN_KIND, "format": 1, **meta, "runs": list(merged.values())})
@@ -1677,14 +1692,14 @@ def _fmt_p(p: float | None) -> str:
 
 
 def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: float = 0.95, unit: str = "auto",
-                 absent: list[str] | None = None) -> Table:
+                 absent: list[tuple[str, str]] | None = None) -> Table:
     """Paired claims "A > B" per benchmark group: the independent units (see :func:`claim_units`;
     ``unit="seed"``: the seed whatever the runs' draws, each seed's pairs averaged over its orders),
     same-host units only where at least :data:`MIN_SAME_HOST` exist, the Student-t interval, the
     paired t-test's raw p-value, its Holm adjustment over every claim row of the table,
     the exact sign test, and the verdict from the Holm-adjusted p-value at 1 − ``level``.
-    ``absent``: the plans' claims left out, a row of theirs planned by no sweep here (said in
-    the caption)."""
+    ``absent``: the plans' claims left out, each with why (a row of theirs no sweep here planned,
+    or a fast row of a row whose runs are not dual), said in the caption."""
     from surecl.stats import NO_SPREAD_WHY, holm, p_verdict, paired, sign_test
 
     d = _digits(st.kind) + 1
@@ -1847,8 +1862,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
                     "by (the method preset's keys and the grid keys the row names), so the difference is not the rows'; "
                     "no verdict is drawn (its p-values stay in the table).")
     if absent:
-        caption += (" Left out: the sweep plans' claims " + ", ".join(f"'{c}'" for c in absent)
-                    + ", each naming a row no sweep into these folders planned or ran (a sweep of some of the plan's methods).")
+        caption += " Left out: " + "; ".join(f"the sweep plans' claim '{c}': {why}" for c, why in absent) + "."
     return Table("claims", f"Claims ({_LABEL[metric]}, paired)", caption + "\n\n" + _md(header, body), _csv(csv_rows))
 
 
@@ -1998,8 +2012,11 @@ def paper_report(paths: list[Path], metric: str = "fp", fast: bool = True, claim
     absent = []
     for text in st.plan_claims:
         pair = split_claim(text, "sweep.json: claims:")
-        if not all(name in st.rows for name in pair):
-            absent.append(text)
+        lacking = [name for name in pair if name not in st.rows]
+        if lacking:  # a fast row whose row is here: no run of it is dual
+            nondual = [n.removesuffix(FAST) for n in lacking if n.endswith(FAST) and n.removesuffix(FAST) in st.rows]
+            absent.append((text, f"no run of {', '.join(nondual)} is dual (it has no fast row)" if len(nondual) == len(lacking)
+                           else "it names a row no sweep into these folders planned or ran (a sweep of some of the plan's methods)"))
         elif pair not in pairs:
             pairs.append(pair)
     for text in custom_claims or []:

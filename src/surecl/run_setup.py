@@ -310,10 +310,12 @@ def build_policy(cls: type, options, *args):
 def trained_parameters(method, params, name: str) -> list:
     """What the method's ``parameters(ctx)`` returned, as a list the optimizer takes (a param
     group's ``params`` listed too), refused in one line naming the method when the optimizer
-    would train nothing: no tensors, something other than a tensor, or a tensor that does not
-    require grad (backward would fail far from the method, or leave it untrained)."""
+    would train nothing: no tensors, something other than a tensor, or only tensors that do not
+    require grad (backward would fail far from the method). A frozen tensor beside trained ones
+    is ordinary (a method that freezes the embeddings in ``setup`` and keeps the default
+    ``parameters``): it gets no gradient, and the optimizer leaves it as it is."""
     who = f"method plugin {name!r}: its parameters(ctx)"
-    want = f"expected the tensors it trains (trains={method.trains!r}), each with requires_grad=True"
+    want = f"expected the tensors it trains (trains={method.trains!r}), at least one with requires_grad=True"
     if isinstance(params, (torch.Tensor, dict)) or not hasattr(params, "__iter__"):
         raise SureclError(f"{who} returned {type(params).__name__}; {want}, as a list (or a list of param groups)")
     params, tensors = list(params), []
@@ -330,9 +332,9 @@ def trained_parameters(method, params, name: str) -> list:
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
             raise SureclError(f"{who} returned a {type(t).__name__} as parameter {i}; {want}")
-        if not t.requires_grad:
-            raise SureclError(f"{who} returned parameter {i} (shape {tuple(t.shape)}) frozen, requires_grad=False; {want} "
-                              "(unfreeze it in setup)")
+    if not any(t.requires_grad for t in tensors):
+        raise SureclError(f"{who} returned {len(tensors)} parameter(s), all frozen (requires_grad=False), so nothing would "
+                          f"train; {want} (unfreeze what it trains in setup)")
     return params
 
 

@@ -207,13 +207,13 @@ def _claims(value: Any, where: str) -> list[str]:
     return out
 
 
-def plan_rows(runs: list[PlannedRun]) -> list[str]:
-    """The rows planned runs can make in the report: each run's row and ``<row> (fast)``
-    (which runs are dual, and so report a fast row too, is known only once their configs are
-    built; the report refuses a fast row no run has)."""
+def plan_rows(runs: list[PlannedRun], dual: list[bool]) -> list[str]:
+    """The rows planned runs make in the report: each run's row, and ``<row> (fast)`` where the
+    run is dual (``dual``, one flag per run: its built config's ``dual.enabled`` and
+    ``eval.fast``), so it reports its fast adapter too."""
     from surecl.report import FAST
 
-    return list(dict.fromkeys(name for r in runs for name in (r.row, r.row + FAST)))
+    return list(dict.fromkeys(name for r, d in zip(runs, dual) for name in ((r.row, r.row + FAST) if d else (r.row,))))
 
 
 def check_claims(plan: Plan, rows: list[str], source: str) -> None:

@@ -78,6 +78,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from surecl.errors import SureclError, start_over
+from surecl.logs import logger
 from surecl.replay.buffer import Entry
 
 if TYPE_CHECKING:
@@ -283,6 +284,7 @@ class Plugins:
 
     def __init__(self, plugins: dict[str, Plugin]) -> None:
         self.by_key = dict(plugins)
+        self._tuples_said: set[int] = set()  # the plugins warned that their meta's tuples come back as lists
         self._list = list(self.by_key.values())
         self._keys = {id(p): key for key, p in self.by_key.items()}
 
@@ -408,9 +410,10 @@ class Plugins:
             raise SureclError(f"{self.who(p)}: its state_dict's meta holds the key {key!r}, not a string; JSON would give it back "
                               f"as {str(key)!r} on resume: use string keys (str({key!r}))")
         where = _tuple_at(meta)
-        if where is not None:  # JSON writes it as a list: the resumed run would read [0, [0]] where (0, (0,)) was
-            raise SureclError(f"{self.who(p)}: its state_dict's meta holds a tuple at {where}; JSON would give it back as a list "
-                              "on resume: store a list (and make it a tuple again in load_state_dict)")
+        if where is not None and id(p) not in self._tuples_said:  # JSON writes it as a list: a resumed run reads [0, [0]] where (0, (0,)) was
+            self._tuples_said.add(id(p))
+            logger.warning(f"{self.who(p)}: its state_dict's meta holds a tuple at {where}; a resumed run's "
+                           "load_state_dict gets it back as a list (JSON has no tuples): make it a tuple again there if it must be one")
         return meta, tensors
 
     def load_state_dicts(self, states: dict[str, tuple[dict, dict[str, torch.Tensor]]]) -> None:
