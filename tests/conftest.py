@@ -82,3 +82,35 @@ def random_dual():
         return dl
 
     return make
+
+
+@pytest.fixture
+def registered():
+    """``registered(name, cls, **kw)``: a method (or a ``surecl.ReplayPolicy`` subclass: a policy)
+    registered for the test, unregistered after it."""
+    import surecl
+    from surecl import registry
+
+    added = []
+
+    def add(name, cls, **kw):
+        policy = issubclass(cls, surecl.ReplayPolicy)
+        (surecl.register_policy if policy else surecl.register_method)(name, cls, **kw)
+        added.append((name, policy))
+
+    yield add
+    for name, policy in added:
+        (registry.unregister_policy if policy else registry.unregister_method)(name)
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch):
+    """Both registries empty and not loaded: the next look-up loads built-ins and entry points anew."""
+    from surecl import registry
+
+    for table in (registry._METHODS, registry._POLICIES):
+        monkeypatch.setattr(table, "specs", {})
+        monkeypatch.setattr(table, "classes", {})
+        monkeypatch.setattr(table, "loaded", False)
+        monkeypatch.setattr(table, "pending", {})
+        monkeypatch.setattr(table, "builtin", set())

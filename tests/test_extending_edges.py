@@ -52,22 +52,6 @@ class FullFT(surecl.Method):
     trains = "base"
 
 
-@pytest.fixture
-def registered():
-    """``registered(name, cls)`` registers a method (a policy: a ``surecl.ReplayPolicy``
-    subclass), unregistered after the test."""
-    added = []
-
-    def add(name, cls, **kw):
-        policy = issubclass(cls, surecl.ReplayPolicy)
-        (surecl.register_policy if policy else surecl.register_method)(name, cls, **kw)
-        added.append((name, policy))
-
-    yield add
-    for name, policy in added:
-        (registry.unregister_policy if policy else registry.unregister_method)(name)
-
-
 def _losses(out):
     return [(r["stage"], r["step"], r["loss"]) for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in r]
 

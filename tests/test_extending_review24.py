@@ -44,22 +44,6 @@ def _no_leftovers():
         registry.unregister_policy(name)
 
 
-@pytest.fixture
-def registered():
-    """``registered(name, cls, **kw)``: a method (or a ``surecl.ReplayPolicy`` subclass: a policy)
-    registered for the test, unregistered after it."""
-    added = []
-
-    def add(name, cls, **kw):
-        policy = issubclass(cls, surecl.ReplayPolicy)
-        (surecl.register_policy if policy else surecl.register_method)(name, cls, **kw)
-        added.append((name, policy))
-
-    yield add
-    for name, policy in added:
-        (registry.unregister_policy if policy else registry.unregister_method)(name)
-
-
 # ------------------------------------------------------------------ 1: a plugin gone since the run
 
 
@@ -173,17 +157,6 @@ def test_options_every_run_would_trip_over_are_refused_at_registration():
     assert not {"r24_nodef", "r24_baddef", "train", "r24_core", "r24_opts"} & set(registry.method_names())
     assert build_config("tiny,seq_lora").method == "sequential"  # every other run goes on
     assert set(registry.CORE_KEYS) == {f.name for f in dataclasses.fields(RunConfig)}
-
-
-@pytest.fixture
-def fresh_registry(monkeypatch):
-    """Both registries empty and not loaded: the next look-up loads built-ins and entry points anew."""
-    for table in (registry._METHODS, registry._POLICIES):
-        monkeypatch.setattr(table, "specs", {})
-        monkeypatch.setattr(table, "classes", {})
-        monkeypatch.setattr(table, "loaded", False)
-        monkeypatch.setattr(table, "pending", {})
-        monkeypatch.setattr(table, "builtin", set(), raising=False)
 
 
 def test_an_installed_plugin_with_options_without_defaults_is_a_warning_and_other_runs_go_on(tmp_path, monkeypatch, fresh_registry, caplog):

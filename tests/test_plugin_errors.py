@@ -35,16 +35,6 @@ SMALL = ["data.tasks=[colors,animals]", "data.n_train=8", "data.n_test=4", "trai
 
 
 @pytest.fixture
-def fresh_registry(monkeypatch):
-    """Both registries empty and not loaded: the next look-up loads built-ins and entry points anew."""
-    for table in (registry._METHODS, registry._POLICIES):
-        monkeypatch.setattr(table, "specs", {})
-        monkeypatch.setattr(table, "classes", {})
-        monkeypatch.setattr(table, "loaded", False)
-        monkeypatch.setattr(table, "pending", {}, raising=False)
-
-
-@pytest.fixture
 def install(tmp_path, monkeypatch, fresh_registry):
     """``install(modules, entry_points)``: the modules (name -> code) and a distribution declaring
     ``entry_points`` (entry_points.txt), on ``sys.path`` as an installed package; removed after."""
