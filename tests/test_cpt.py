@@ -100,6 +100,7 @@ def test_cpt_learns_forgets_and_replay_protects(cpt_runs):
     assert mean("reservoir", 1, 0) < 0.75 * mean("seq_lora", 1, 0), {p: [r["accuracy_matrix"] for r in rs] for p, rs in results.items()}
     report = (out / "seq_lora" / "0" / "report.md").read_text()
     assert "Perplexity matrix" in report and "(before training)" in report
+    assert "![perplexity matrix](heatmap.png)" in report and "accuracy matrix" not in report.lower()
 
 
 def test_report_refuses_mixed_metrics(tmp_path, tiny_cache):
@@ -133,3 +134,14 @@ def test_the_documents_start_token_is_data_text_start(tiny_loaded):
     with pytest.raises(SureclError, match=r"^data.text_start=bos: this tokenizer has no BOS token"):
         TaskEncoder(no_bos, 64, text_start="bos").encode(task, task.test[:1])
     assert build_config("tiny,cpt", ["data.text_start=<|endoftext|>"]).data.text_start == "<|endoftext|>"
+
+
+def test_the_dry_run_says_a_text_streams_documents_are_drawn_at_random(tiny_cache):
+    """A text stream's documents have no labels, so "balanced" sampling cannot balance them."""
+    from surecl.plan import describe
+
+    plan = describe(build_config("tiny,cpt,seq_lora", ["data.n_train=8", "data.n_test=4"]), cache_dir=tiny_cache)
+    stream = next(line for line in plan.splitlines() if line.startswith("stream:"))
+    assert "documents drawn at random: a text stream has no labels to balance" in stream and "balanced" not in stream.replace("to balance", "")
+    labelled = describe(build_config("tiny,seq_lora", ["data.n_train=8", "data.n_test=4"]), cache_dir=tiny_cache)
+    assert "train sampled balanced, test balanced" in labelled

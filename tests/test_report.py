@@ -633,6 +633,9 @@ def test_perplexity_runs(tmp_path):
     assert table_rows(md, "Main table")["seq_lora"] == ["21.50 ± 1.29"]
     by = {r["benchmark"]: r for r in csv.DictReader(io.StringIO(next(t for t in rep.tables if t.name == "claims").csv))}
     assert by["default" if "default" in by else "other"]["verdict"] == "shown"  # 3.7-4 points lower at every seed
+    # the heatmaps' section says what their matrices hold, as the run's own report does
+    shown = rep.markdown(images=True)
+    assert "## Perplexity matrices" in shown and "Accuracy matrices" not in shown
 
 
 def test_sweep_writes_plan_before_running(tmp_path, capsys, monkeypatch):

@@ -234,7 +234,9 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         f"surecl dry run: {cfg.preset or cfg.method} (nothing is trained)",
         model_line,
         f"stream: benchmark {cfg.data.benchmark}, order {cfg.data.order if not cfg.data.tasks else 'custom'}: {len(tasks)} tasks, "
-        f"{total} train / {sum(len(t.test) for t in tasks)} test examples (train sampled {cfg.data.train_sampling}, test {cfg.data.test_sampling}"
+        f"{total} train / {sum(len(t.test) for t in tasks)} test examples ("
+        + ("documents drawn at random: a text stream has no labels to balance" if cfg.data.kind == "text"
+           else f"train sampled {cfg.data.train_sampling}, test {cfg.data.test_sampling}")
         + ("; generation tasks: uniform, their targets are no classes" if any(t.kind == "generate" for t in tasks) else "") + ")",
         f"method {cfg.method}, replay {policy}" + (f" (score {cfg.replay.score_time}, insert {cfg.replay.insert_time}, {cfg.replay.reduction} over {cfg.replay.scope})" if issubclass(policy_cls, SurprisePolicy) else "")
         + (", each task's share spread evenly over its labels" if quota and cfg.replay.balance == "label" else ""),

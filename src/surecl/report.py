@@ -212,7 +212,7 @@ def write_run_report(out_dir: Path, results: dict) -> None:
         "timing (s): " + ", ".join(f"{k} {v}" for k, v in results["timing"].items()),
         "",
         *_host_lines(results),
-        "![accuracy matrix](heatmap.png)",
+        f"![{'perplexity' if ppl else 'accuracy' if metric == 'accuracy' else 'score'} matrix](heatmap.png)",
         "",
     ]
     write_text(out_dir / "report.md", "\n".join(lines))
@@ -1308,7 +1308,8 @@ class PaperReport:
                 body += f"\n\n![{t.title}]({t.name}.png)"
             parts.append(body)
         if images and self.heatmaps:
-            parts.append("## Accuracy matrices\n\n" + "\n\n".join(f"{cap}\n\n![{stem}]({stem}.png)" for stem, cap, _ in self.heatmaps))
+            which = {"accuracy": "Accuracy", "perplexity": "Perplexity"}.get(self.study.kind, "Score")
+            parts.append(f"## {which} matrices\n\n" + "\n\n".join(f"{cap}\n\n![{stem}]({stem}.png)" for stem, cap, _ in self.heatmaps))
         return "\n\n".join(parts) + "\n"
 
     def write(self, out_dir: Path) -> list[Path]:

@@ -153,7 +153,8 @@ class DataConfig:
     """How ``n_train`` rows are drawn: ``balanced`` (round-robin over labels; the default, so a
     sample of at least as many rows as classes holds every class, their counts within one of each
     other while every class has rows left, a class with fewer taken whole; with fewer rows than classes each seed holds its own draw of classes) or ``random`` (uniform, keeping the class priors: the
-    paper's protocol, "randomly select")."""
+    paper's protocol, "randomly select"). A ``data.kind=text`` stream's documents have no labels
+    (:meth:`Task.as_text` drops them before sampling), so both draw them at random there."""
     test_sampling: str = "balanced"
     """How ``n_test`` rows are drawn: ``balanced`` or ``random`` (the paper's; class priors
     differ on QQP, MNLI, BoolQ, so the two give different accuracies there)."""
