@@ -306,11 +306,22 @@ def _check_order(cfg, path: str, checked: set) -> None:
         raise SureclError(f"sweep: run {path}: {exc}") from None
 
 
+def _run_config(plan, r):
+    """The config of planned run ``r``: the plan's presets, then the run's method preset and overrides."""
+    from surecl.config import build_config
+
+    return build_config(f"{plan.config},{r.method}" if plan.config else r.method, r.overrides)
+
+
+def _reports_fast(cfg) -> bool:
+    """Whether a run of ``cfg`` reports its fast adapter beside the slow one (a ``<row> (fast)`` row)."""
+    return bool(cfg.dual.enabled and cfg.eval.fast)
+
+
 def cmd_sweep(args) -> int:
     """Run every planned run not finished yet; a run that fails is named and the next one runs
     (exit code 2 at the end when any failed)."""
     from surecl.checkpoint import lock_holder
-    from surecl.config import build_config
     from surecl.report import write_sweep_plan
     from surecl.sweep import expand
     from surecl.trainer import run
@@ -326,8 +337,9 @@ def cmd_sweep(args) -> int:
     streams: dict[str, set[str]] = {}
     lists: dict[tuple, str] = {}  # (row, seed, task list) -> the order that trains it
     runs_of: dict[str, str] = {}  # a run's whole config (its row's name aside) -> the first planned path that trains it
-    for r in expand(plan):
-        cfg = build_config(f"{plan.config},{r.method}" if plan.config else r.method, r.overrides)
+    runs = expand(plan)
+    for r in runs:
+        cfg = _run_config(plan, r)
         if cfg.data.benchmark in ("tiny", "none") and not cfg.data.tasks:
             streams.setdefault(cfg.data.benchmark, set()).add(r.order)
         trained = list(cfg.data.tasks) or _folder_order(cfg)
@@ -343,7 +355,7 @@ def cmd_sweep(args) -> int:
         runs_of.setdefault(same, r.path)
         todo.append((cfg, root / r.path))
         planned.append({"row": r.row, "method": r.method, "grid": dict(p.split("=", 1) for p in r.point), "order": r.order,
-                        "seed": r.seed, "dual": bool(cfg.dual.enabled and cfg.eval.fast), "path": r.path})
+                        "seed": r.seed, "dual": _reports_fast(cfg), "path": r.path})
     if plan.claims:  # a misspelt row stops the sweep now, not its report after the runs (the whole plan's rows: --methods may pick some)
         from surecl.sweep import check_claims, load_plan, plan_rows
 
@@ -357,11 +369,10 @@ def cmd_sweep(args) -> int:
         dual = []
         for r in others:  # the plan's runs this sweep leaves out: dual as their configs say (one that cannot be built: either row)
             try:
-                cfg = build_config(f"{written.config},{r.method}" if written.config else r.method, r.overrides)
-                dual.append(bool(cfg.dual.enabled and cfg.eval.fast))
+                dual.append(_reports_fast(_run_config(written, r)))
             except SureclError:
                 dual.append(True)
-        check_claims(plan, plan_rows(others + expand(plan), dual + [r["dual"] for r in planned]), args.plan or "sweep")
+        check_claims(plan, plan_rows(others + runs, dual + [r["dual"] for r in planned]), args.plan or "sweep")
     for benchmark, orders in streams.items():
         if len(orders) > 1:  # one stream under several names: a report would count its runs as independent units
             what = "the tiny benchmark" if benchmark == "tiny" else "a stream of data.jsonl / data.hf tasks"

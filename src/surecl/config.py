@@ -839,7 +839,7 @@ def _unread_sections(saved: dict[str, Any]) -> dict[str, Any]:
     policy = replay.get("policy") if isinstance(replay, dict) else None
     if saved.get("method") not in (None, *registry.method_names()) or policy not in (None, *registry.policy_names()):
         return saved
-    keep = {f.name for f in dataclasses.fields(RunConfig)} | set(registry.sections())
+    keep = set(CORE_SECTIONS) | set(registry.sections())
     return {k: v for k, v in saved.items() if k in keep or not isinstance(v, dict)}
 
 

@@ -72,10 +72,11 @@ def plain_greedy(model, *, max_new_tokens: int, eos_id: int | list[int], pad_id:
     block ends."""
     from transformers import GenerationConfig
 
+    from surecl.model import decoder_start
+
     base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model  # a PeftModel's transformers model
     own = getattr(base, "generation_config", None)
-    start = getattr(getattr(base, "config", None), "decoder_start_token_id", None)
-    start = getattr(own, "decoder_start_token_id", None) if start is None else start
+    start = decoder_start(base) if hasattr(base, "config") else None
     config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, decoder_start_token_id=start,
                               eos_token_id=eos_id, pad_token_id=pad_id)
     if own is None:  # no transformers model: nothing to fill the config from

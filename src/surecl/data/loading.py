@@ -108,7 +108,7 @@ def _benchmark_tasks(data, names: list[str], cache_dir: Path | None) -> list[Tas
     its order's. A name it lacks is refused, or with ``data.allow_missing`` in a folder left out
     and named (``order_missing``); the tiny benchmark's are chosen with the whole stream."""
     if data.benchmark == "tiny":
-        return tiny_generation_stream() if data.kind == "generate" else tiny_stream()
+        return _tiny(data)
     if data.benchmark == "none":
         return []
     if data.benchmark == "instruct":
@@ -127,10 +127,15 @@ def _benchmark_tasks(data, names: list[str], cache_dir: Path | None) -> list[Tas
     return tasks
 
 
+def _tiny(data) -> list[Task]:
+    """The tiny benchmark's stream of the config's kind (generation tasks, or classification)."""
+    return tiny_generation_stream() if data.kind == "generate" else tiny_stream()
+
+
 def _benchmark_names(data) -> set[str]:
     """The names of the benchmark's tasks, without building or reading one (a missing folder: none)."""
     if data.benchmark == "tiny":
-        return {t.name for t in (tiny_generation_stream() if data.kind == "generate" else tiny_stream())}
+        return {t.name for t in _tiny(data)}
     if data.benchmark == "none":
         return set()
     if data.benchmark == "instruct":
