@@ -579,3 +579,23 @@ def test_a_kill_between_an_exports_two_renames_is_put_back_by_the_rerun(finished
     outputs = final_outputs(out)
     outputs["adapters"].pop("adapters/fast/NOTES.txt")
     assert outputs == final_outputs(finished)
+
+
+def test_the_default_out_folder_is_named_by_the_overrides_too(tmp_path):
+    """Two runs of one preset with other overrides get two default folders (the second used to
+    land in the first's folder and stop), the same overrides give the same folder (a rerun
+    resumes), and the keys the name holds already add nothing; a long tail is cut and hashed."""
+    from surecl.cli import _out_dir
+    from surecl.config import build_config
+
+    cfg = build_config("tiny,seq_lora", [])
+    plain = _out_dir(None, cfg, [])
+    beta = _out_dir(None, cfg, ["dual.beta=0.995"])
+    assert beta != plain and beta.name == f"{plain.name}-dual.beta=0.995"
+    assert _out_dir(None, cfg, ["dual.beta=0.995"]) == beta
+    assert _out_dir(None, cfg, ["seed=0", "data.order=1", "data.benchmark=x/y"]) == plain
+    assert _out_dir(None, cfg, ["data.jsonl=[my/a.jsonl]"]).name == f"{plain.name}-data.jsonl=_my_a.jsonl_"
+    long_a = _out_dir(None, cfg, ["train.lr=0.001", "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,up_proj]", "x.y=1"])
+    long_b = _out_dir(None, cfg, ["train.lr=0.001", "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,up_proj]", "x.y=2"])
+    assert long_a != long_b and long_a.parent == Path("runs") and len(long_a.name) < len(plain.name) + 80
+    assert _out_dir(str(tmp_path / "mine"), cfg, ["dual.beta=0.995"]) == tmp_path / "mine"

@@ -20,8 +20,15 @@ from pathlib import Path
 
 from surecl.errors import RunBusy, SureclError
 
+NAMED_KEYS = ("seed", "data.order", "data.benchmark", "preset")
+"""Overrides the default run folder's name holds already (its order, seed and benchmark parts)."""
 
-def _out_dir(arg: str | None, cfg) -> Path:
+
+def _out_dir(arg: str | None, cfg, overrides: list[str] | tuple[str, ...] = ()) -> Path:
+    """``--out``, else ``runs/<preset>-<benchmark>-o<order>-s<seed>`` followed by the command
+    line's other overrides as given (``-dual.beta=0.995``): a run with other overrides gets its
+    own folder, and the same command again finds its own to resume. A long tail is cut and
+    ended by a hash of the whole, so two tails that share their start stay two folders."""
     if arg is not None:
         check_out_dir(arg)
         return Path(arg)
@@ -31,6 +38,14 @@ def _out_dir(arg: str | None, cfg) -> Path:
     if preset.endswith((".yaml", ".yml")):  # a preset given as a YAML file: its name
         preset = Path(preset).stem
     name = f"{preset}-{bench}-o{order}-s{cfg.seed}"
+    given = [o.strip() for o in overrides if o.split("=", 1)[0].strip() not in NAMED_KEYS]
+    tail = "-".join(o for o in given if o)
+    if len(tail) > 80:
+        import hashlib
+
+        tail = f"{tail[:64]}-{hashlib.sha256(chr(0).join(given).encode()).hexdigest()[:10]}"
+    if tail:
+        name += f"-{tail}"
     return Path("runs") / re.sub(r"[^A-Za-z0-9._+=-]", "_", name).lstrip(".")
 
 
@@ -141,7 +156,7 @@ def cmd_run(args) -> int:
 
         print(describe(cfg))
         return 0
-    out = _out_dir(args.out, cfg)
+    out = _out_dir(args.out, cfg, args.overrides)
     check_out_dir(out)
     if args.no_resume:
         print("surecl: --no-resume is deprecated; it now means --fresh", file=sys.stderr)
@@ -656,7 +671,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="one continual run", epilog=_registered())
     r.add_argument("--config", action=_Once, example="tiny,seq_lora", help="preset names or YAML files, comma-separated, applied in order (default: slow_surprise); "
                                     "an earlier run's config.yaml runs that config again")
-    r.add_argument("--out", help="output directory (default: runs/<preset>-<benchmark>-o<order>-s<seed>)")
+    r.add_argument("--out", help="output directory (default: runs/<preset>-<benchmark>-o<order>-s<seed>, then the other overrides given)")
     r.add_argument("--fresh", action="store_true",
                    help="start over in a used --out: remove exactly what the earlier run wrote there (the paths its manifest "
                         ".surecl-manifest.json lists: config.yaml, results.json, checkpoints/stage-*, adapters/fast, ...) once the new "
