@@ -77,6 +77,31 @@ def test_a_run_made_while_a_plugin_was_loaded_is_skipped_and_resumed_without_it(
     assert same_config(own, build_config("tiny,seq_lora", SMALL)) is False
 
 
+def test_a_saved_config_yaml_reruns_without_a_plugin_it_did_not_use(registered, tmp_path, tiny_cache, monkeypatch, caplog):
+    """``surecl run --config <run>/config.yaml`` of a SeqLoRA run made while a plugin was loaded
+    was refused (its section was unknown); now the section is left out with a warning. A run of
+    the plugin itself, and a user's own file with a misspelt section, are still refused."""
+    monkeypatch.setenv("SURECL_CACHE", str(tiny_cache))
+    registered("r24_pull", Pull)
+    saved = tmp_path / "config.yaml"
+    saved.write_text(build_config("tiny,seq_lora", SMALL).to_yaml())
+    own = tmp_path / "own.yaml"
+    own.write_text(build_config("tiny,r24_pull", SMALL).to_yaml())
+    registry.unregister_method("r24_pull")
+
+    with caplog.at_level(logging.WARNING, logger="surecl"):
+        cfg = build_config(str(saved), [])
+    assert cfg.preset == "seq_lora" and "r24_pull" not in cfg.to_dict()
+    assert "section r24_pull left out" in caplog.text
+    assert cfg.to_dict() == build_config("tiny,seq_lora", SMALL).to_dict()
+    with pytest.raises(SureclError, match="r24_pull"):
+        build_config(str(own), [])
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("method: seq_lora\nreplya: {ratio: '1:2'}\n")
+    with pytest.raises(SureclError, match="replya"):
+        build_config(str(typo), [])
+
+
 # ------------------------------------------------------------------ 2-4, 7, 11: refused at registration
 
 

@@ -779,7 +779,7 @@ def build_config(config: str | None = None, overrides: list[str] | None = None) 
     guarded: dict[str, tuple[str, Any]] = {}  # key -> (method preset, its value) that later presets may not change
     conflicts: dict[str, str] = {}
     for name, data, source in loaded:
-        body = {k: v for k, v in data.items() if k not in META_KEYS}
+        body = _saved_run_sections({k: v for k, v in data.items() if k not in META_KEYS}, source)
         _apply_mapping(cfg, body, "", source)
         for key, (owner, value) in guarded.items():
             if get_key(cfg, key) != value and key not in conflicts:
@@ -841,6 +841,31 @@ def _unread_sections(saved: dict[str, Any]) -> dict[str, Any]:
         return saved
     keep = set(CORE_SECTIONS) | set(registry.sections())
     return {k: v for k, v in saved.items() if k in keep or not isinstance(v, dict)}
+
+
+SAVED_TREE = ("method", "model", "data", "lora", "replay", "dual", "train", "eval")
+"""The sections every run's resolved ``config.yaml`` holds (:meth:`RunConfig.to_yaml`): a file
+holding all of them is taken for a saved run's config."""
+
+
+def _saved_run_sections(body: dict[str, Any], source: str) -> dict[str, Any]:
+    """A saved run's ``config.yaml`` (one holding every :data:`SAVED_TREE` section) without the
+    sections of a plugin that was loaded when it ran but is not now, where its own method and
+    policy are registered so neither reads them (:func:`_unread_sections`), with a warning
+    naming them: ``surecl run --config <run>/config.yaml`` runs it again. A file of the user's
+    own keeps every key, so a misspelt section is still refused."""
+    if not set(SAVED_TREE) <= set(body):
+        return body
+    kept = _unread_sections(body)
+    dropped = [k for k in body if k not in kept]
+    if dropped:
+        from surecl.logs import logger
+
+        logger.warning(f"{source}: section{'s' if len(dropped) > 1 else ''} {', '.join(dropped)} left out: no registered method or "
+                       f"policy declares {'them' if len(dropped) > 1 else 'it'} now, and this run's method "
+                       f"{body.get('method')} and policy {(body.get('replay') or {}).get('policy')} do not read "
+                       f"{'them' if len(dropped) > 1 else 'it'} (a plugin loaded when it ran)")
+    return kept
 
 
 def read_view(trees: list[dict[str, Any]]) -> dict[str, Any]:
