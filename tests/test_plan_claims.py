@@ -124,3 +124,14 @@ def test_a_sweeps_claims_reach_its_report_and_a_misspelt_row_stops_it_before_tra
     capsys.readouterr()
     assert main(["report", str(out), "--layout", "paper"]) == 0
     assert "| seq_lora > slow_surprise (fast) |" in capsys.readouterr().out
+
+
+def test_a_method_whose_own_weights_answer_plans_no_fast_row():
+    """``sweep.json``'s ``dual`` flag (which a ``<row> (fast)`` claim needs) follows what the run
+    writes: per_task answers with its own snapshots, so a dual run of it has no fast row."""
+    from surecl.cli import _reports_fast
+    from surecl.config import build_config
+
+    assert _reports_fast(build_config("tiny,slow_surprise", ["eval.fast=true"])) is True
+    assert _reports_fast(build_config("tiny,slow_surprise", ["eval.fast=false"])) is False
+    assert _reports_fast(build_config("tiny,per_task", ["dual.enabled=true", "eval.fast=true"])) is False

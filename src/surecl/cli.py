@@ -329,8 +329,14 @@ def _run_config(plan, r):
 
 
 def _reports_fast(cfg) -> bool:
-    """Whether a run of ``cfg`` reports its fast adapter beside the slow one (a ``<row> (fast)`` row)."""
-    return bool(cfg.dual.enabled and cfg.eval.fast)
+    """Whether a run of ``cfg`` reports its fast adapter beside the slow one (a ``<row> (fast)``
+    row): as the run decides it (``run_setup``), so a method whose own weights answer
+    (``fast_eval`` false: per_task) plans no fast row its runs never write."""
+    if not (cfg.dual.enabled and cfg.eval.fast):
+        return False
+    from surecl.registry import method_class, method_config
+
+    return bool(method_class(cfg.method)(method_config(cfg)).fast_eval)
 
 
 def cmd_sweep(args) -> int:
