@@ -83,7 +83,7 @@ def test_a_run_scores_each_prompt_by_its_best_reference_under_max(tmp_path, tiny
     results, preds, calls = _run(tmp_path, tiny_cache, monkeypatch, "max")
     assert results["accuracy_matrix"][0][0] == pytest.approx(MAX_SCORE, abs=1e-3)
     assert calls and set(calls) == {3}  # three prompts, one answer each
-    assert len(preds) == len(TEST_ROWS) and set(preds[0]) == {"task", "input", "prediction", "gold", "metric", "score"}
+    assert len(preds) == len(TEST_ROWS) and set(preds[0]) == {"task", "index", "input", "prediction", "gold", "metric", "score"}
     by_input: dict[str, set[str]] = {}
     for p in preds:
         by_input.setdefault(p["input"], set()).add(p["prediction"])

@@ -445,7 +445,7 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
         "base_model": base_model,
         "model_type": "seq2seq" if ctx.is_seq2seq else "causal",
         "predictions": {
-            "file": "predictions.jsonl in the run folder: per task the last stage evaluated, each test row's task, input, "
+            "file": "predictions.jsonl in the run folder: per task the last stage evaluated, each test row's task, index (its position in the task's test set), input, "
                     "prediction, gold and correct (under the normalisation below) for a labelled task, or metric and the row's "
                     "score for a generation task; gold_full when gold is a target cut to max_length",
             "answered_by": evaluated or adapter,

@@ -123,7 +123,10 @@ def buffer_labels(run) -> dict[str, dict[str, int]]:
 
 def final_predictions(run) -> list[dict] | None:
     """``predictions.jsonl``'s rows: per task the last stage evaluated, each test row's task,
-    input, prediction (the evaluation adapter's answer as decoded, or the ranked label),
+    ``index`` (its position in the task's test set as sampled and evaluated, ``run.tasks[j].test``:
+    what joins a row back to the data where inputs repeat or sampling reordered them; a file's line
+    or id is not carried on an Example), input, prediction (the evaluation adapter's answer as
+    decoded, or the ranked label),
     gold label and whether they match under the exact-match normalisation (a generation target
     cut to ``max_length`` is scored, as in the matrix, against its kept part: ``gold``, with the
     whole target as ``gold_full``); None for text streams. A run resumed from a checkpoint written before predictions were kept evaluates
@@ -139,8 +142,8 @@ def final_predictions(run) -> list[dict] | None:
     rows = []
     for j in wanted:
         task = run.tasks[j]
-        for ex, enc, pred in zip(task.test, run.test_sets.encoded[j], kept[task.name]):
-            row = {"task": task.name, "input": ex.sentence, "prediction": pred, "gold": enc.label}
+        for index, (ex, enc, pred) in enumerate(zip(task.test, run.test_sets.encoded[j], kept[task.name])):
+            row = {"task": task.name, "index": index, "input": ex.sentence, "prediction": pred, "gold": enc.label}
             if enc.label != ex.label:  # a target cut to max_length: scored against what was kept
                 row["gold_full"] = ex.label
             if task.kind == "generate":  # the row's score in the task's metric (ROUGE-L, exact match)

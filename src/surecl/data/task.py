@@ -242,7 +242,9 @@ class Task:
 
     def as_text(self) -> Task:
         """The task's inputs as raw documents (labels and empty inputs dropped): a continual
-        pre-training domain."""
+        pre-training domain. Its fields are checked first: a row assigned after construction
+        (``task.train.append(...)``) would else stop it with a traceback."""
+        self._check_types()
         if self.kind == "text":
             return self
         if self.kind == "generate":  # a conversation's turns, or prompt and target, as one document
