@@ -7,14 +7,18 @@ or any Hugging Face causal or seq2seq model by local path or name.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from surecl.data.embedded import default_cache_dir
+from surecl.data.encode import past_embeddings
 from surecl.errors import SureclError
 from surecl.files import follow_umask, temp_dir
 from surecl.sections import ModelConfig
@@ -235,10 +239,63 @@ def first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def cannot_load(name: str, exc: BaseException) -> str:
+def cannot_load(name: str, exc: BaseException, held: list[logging.LogRecord] = ()) -> str:
     """The line for a model ``model.name`` names that transformers cannot load (the run's
-    loader and the dry run say it alike)."""
-    return f"model.name: cannot load {name!r}: {first_line(exc)}"
+    loader and the dry run say it alike); ``held``: transformers' log records of that load
+    (:func:`held_transformers_log`), whose load report the line says in place of pointing at it."""
+    said = first_line(exc)
+    if "above report" in said:  # transformers' load report was held back, never shown: the line says what it would have
+        said = said[: said.index(" For details")].rstrip(".") if " For details" in said else said
+        rows = sorted(MISMATCH_ROW.findall(ANSI.sub("", "\n".join(r.getMessage() for r in held))))
+        if "ignore_mismatched_sizes" in said:
+            said += ": its weights do not have the shapes its config.json gives"
+            if rows:
+                key, saved, built = rows[0]
+                said += f" ({key.strip()}: {saved} in the weights, {built} by config.json" + (f"; {len(rows) - 1} more" if len(rows) > 1 else "") + ")"
+            said += "; give the folder the config.json its weights were saved with"
+    return f"model.name: cannot load {name!r}: {said}"
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+MISMATCH_ROW = re.compile(r"^(.+?)\s*\|\s*MISMATCH\s*\|.*?ckpt: torch\.Size\((\[[^\]]*\])\) vs model:\s*torch\.Size\((\[[^\]]*\])\)", re.M)
+"""A row of transformers' load report for a weight whose shape config.json does not give: (key, its shape in the weights, by the config)."""
+
+
+class _HeldLog(logging.Handler):
+    """Keeps the log records it is given."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextmanager
+def held_transformers_log():
+    """transformers' log records held while a model loads (yields the list): said after it, as
+    they would have been during it, unless the load stops with surecl's one line (a SureclError:
+    :func:`cannot_load`), which is then said alone, not below transformers' own report (for a
+    config.json its weights do not match, a table of every weight). transformers' logger is as
+    it was afterwards, however the load ends."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.get_verbosity()  # the library's logger set up (its own handler added) before its handlers are swapped
+    root = logging.getLogger("transformers")
+    held = _HeldLog()
+    handlers, propagate = root.handlers, root.propagate
+    root.handlers, root.propagate = [held], False
+    said = True
+    try:
+        yield held.records
+    except SureclError:
+        said = False  # the failed load is surecl's one line
+        raise
+    finally:
+        root.handlers, root.propagate = handlers, propagate
+        for record in held.records if said else ():
+            logging.getLogger(record.name).handle(record)
 
 
 def _load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None) -> LoadedModel:
@@ -265,21 +322,22 @@ def _load_model(cfg: ModelConfig, device: torch.device, cache_dir: Path | None) 
             f"model.dtype=bf16 on a {device.type} without native bf16 matmuls (no AVX512-BF16/AMX): torch runs them on a generic path "
             "far slower than fp32 (0.9 vs 82-141 GFLOP/s on an AVX2 CPU, bench/matmul_rate.py); model.dtype=auto picks the fast one"
         )
-    try:
-        config = AutoConfig.from_pretrained(str(path), trust_remote_code=cfg.trust_remote_code)
-        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=cfg.trust_remote_code)
-        is_seq2seq = bool(getattr(config, "is_encoder_decoder", False))
-        auto = AutoModelForSeq2SeqLM if is_seq2seq else AutoModelForCausalLM
-        attn = {} if cfg.attn_implementation == "auto" else {"attn_implementation": cfg.attn_implementation}
-        model = auto.from_pretrained(str(path), dtype=dtype, trust_remote_code=cfg.trust_remote_code, **attn)
-    except torch.OutOfMemoryError:
-        raise  # the CLI's own line: free the device, or a lower batch size
-    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
-        # RuntimeError: a config.json its weights do not match (shapes); SafetensorError: damaged weights (a cut file)
-        first = first_line(exc)
-        if cfg.attn_implementation != "auto" and isinstance(exc, (OSError, ValueError)) and "attn" in first.lower():
-            raise SureclError(f"model.attn_implementation={cfg.attn_implementation}: {cfg.name!r} does not support it: {first}") from None
-        raise SureclError(cannot_load(cfg.name, exc)) from None
+    with held_transformers_log() as held:
+        try:
+            config = AutoConfig.from_pretrained(str(path), trust_remote_code=cfg.trust_remote_code)
+            tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=cfg.trust_remote_code)
+            is_seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+            auto = AutoModelForSeq2SeqLM if is_seq2seq else AutoModelForCausalLM
+            attn = {} if cfg.attn_implementation == "auto" else {"attn_implementation": cfg.attn_implementation}
+            model = auto.from_pretrained(str(path), dtype=dtype, trust_remote_code=cfg.trust_remote_code, **attn)
+        except torch.OutOfMemoryError:
+            raise  # the CLI's own line: free the device, or a lower batch size
+        except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+            # RuntimeError: a config.json its weights do not match (shapes); SafetensorError: damaged weights (a cut file)
+            first = first_line(exc)
+            if cfg.attn_implementation != "auto" and isinstance(exc, (OSError, ValueError)) and "attn" in first.lower():
+                raise SureclError(f"model.attn_implementation={cfg.attn_implementation}: {cfg.name!r} does not support it: {first}") from None
+            raise SureclError(cannot_load(cfg.name, exc, held)) from None
     return prepare_model(model, tokenizer, device, path=str(path), note=note)
 
 
@@ -324,30 +382,37 @@ def decoder_start(model) -> int | None:
     return getattr(getattr(model, "generation_config", None), "decoder_start_token_id", None) if start is None else start
 
 
+def embedding_rows(model) -> int | None:
+    """How many token ids the model's input embeddings hold (None where it has no table to read)."""
+    try:
+        return model.get_input_embeddings().num_embeddings
+    except (AttributeError, NotImplementedError):
+        return None
+
+
 def _check_special_tokens(model, tokenizer, name: str, is_seq2seq: bool) -> None:
+    """:func:`check_special_ids` for a loaded model: its input embeddings' rows and its decoder start."""
+    check_special_ids(tokenizer, name, embedding_rows(model), decoder_start(model) if is_seq2seq else None, is_seq2seq)
+
+
+def check_special_ids(tokenizer, name: str, size: int | None, start: int | None = None, is_seq2seq: bool = False) -> None:
     """The tokens every run reads, refused in one line naming the model where they are missing
-    or past the model's embeddings (later a traceback mid-run, after the run folder was
-    started, or a device-side assert on a GPU): an EOS token (every answer ends with it, and
+    or past the model's ``size`` token embeddings (later a traceback mid-run, after the run folder
+    was started, or a device-side assert on a GPU): an EOS token (every answer ends with it, and
     pads where there is no pad token), each of the pad and EOS ids the tokenizer gives within
     the input embeddings (a pad token added to a tokenizer whose model was not resized), and an
-    encoder-decoder's decoder start (bert2bert's ``EncoderDecoderModel`` has none by default)."""
+    encoder-decoder's decoder start ``start`` (bert2bert's ``EncoderDecoderModel`` has none by
+    default). The run checks them on the loaded model (:func:`_check_special_tokens`), the dry run
+    on a model folder's tokenizer and config (``surecl.plan``), in the same words."""
     if tokenizer.eos_token_id is None:
         raise SureclError(f"tokenizer of {name}: has no EOS token (every answer is trained to end with it, and generation stops "
                           "at it); give it the token this model ends a text with: eos_token in its tokenizer_config.json, or "
                           "tokenizer.eos_token = ... (a BERT tokenizer's [SEP]) for a tokenizer passed from Python")
-    try:
-        size = model.get_input_embeddings().num_embeddings
-    except (AttributeError, NotImplementedError):  # no embedding table to read: nothing to check against
-        size = None
     for what, token, i in (("pad", tokenizer.pad_token, tokenizer.pad_token_id), ("EOS", tokenizer.eos_token, tokenizer.eos_token_id)):
         if size is not None and i is not None and not 0 <= i < size:  # no pad token: the EOS pads
-            raise SureclError(f"tokenizer of {name}: its {what} token {token!r} has id {i}, past the model's {size} token "
-                              "embeddings (a token added to the tokenizer without resizing the model); resize them "
-                              "(model.resize_token_embeddings(len(tokenizer))) and save the model with its tokenizer, or give "
-                              "the tokenizer a token the model has")
+            raise SureclError(past_embeddings(name, f"its {what} token {token!r} has id {i}", size))
     if not is_seq2seq:
         return
-    start = decoder_start(model)
     if start is None:
         raise SureclError(f"model {name}: an encoder-decoder without a decoder_start_token_id (in neither its config nor its "
                           "generation config): the decoder's first input, which training and generation need; set "

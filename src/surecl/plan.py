@@ -5,7 +5,8 @@ prints the protocol a run would follow: tasks with their sample sizes, optimizer
 replay steps per task, the buffer size S and its per-task quota floor(S/d) after each task,
 and the EMA window against the steps per task. For a model in a local folder the
 architecture is read from its config and the LoRA target modules are checked against a
-weightless (meta-device) copy of it, so a typo is found before GPU hours are spent.
+weightless (meta-device) copy of it, so a typo is found before GPU hours are spent, and its
+tokenizer is read for the special tokens the run refuses (:func:`_token_refusal`).
 """
 
 from __future__ import annotations
@@ -131,9 +132,10 @@ def replayed_in(batch_size: int, cfg: RunConfig) -> float:
     return batch_size * a / b
 
 
-def _model_line(cfg: RunConfig, config=None) -> str:
+def _model_line(cfg: RunConfig, config=None, tasks=()) -> str:
     """The dry run's model line; ``config``: the model folder's transformers config where it
-    was read already (:func:`_model_config`)."""
+    was read already (:func:`_model_config`); ``tasks``: the stream's and the general probe's,
+    whose kinds say which of the tokens a run reads :func:`_token_refusal` checks."""
     name = cfg.model.name
     if name in ("smollm2-135m", "tiny"):
         return f"model: {name} (built in; causal LM)"
@@ -170,7 +172,42 @@ def _model_line(cfg: RunConfig, config=None) -> str:
         # the run refuses a target_modules name that matches nothing (surecl.adapters.DualLoRA)
         line += (f"\n  error: the run stops: lora.target_modules names no layer named {', '.join(missing)} in this model (its "
                  f"linear layers: {layer_names(layers)})")
+    refusal = _token_refusal(cfg, folder, model, seq2seq, tasks)
+    if refusal:
+        line += f"\n  error: the run stops: {refusal}"
     return line
+
+
+def _token_refusal(cfg: RunConfig, folder: Path, model, seq2seq: bool, tasks) -> str | None:
+    """What the run refuses of the folder's tokenizer against its model (``model``: built on the
+    meta device from its config, no weights), in the run's words, or None: the special tokens
+    (:func:`surecl.model.check_special_ids`: no EOS; a pad, EOS or decoder start id past the input
+    embeddings; an encoder-decoder without a decoder start) and, by the kinds of ``tasks``, the
+    document start token and the chat template's end of turn (:func:`surecl.data.encode.check_read_ids`).
+    Reads the tokenizer files alone; the rows themselves are checked when the run encodes them."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from surecl.data.encode import TaskEncoder, check_read_ids
+    from surecl.model import cannot_load, check_special_ids, decoder_start, embedding_rows
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=cfg.model.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        return cannot_load(cfg.model.name, exc)
+    size = embedding_rows(model)
+    if seq2seq and getattr(model.config, "decoder_start_token_id", None) is None:
+        try:  # from_pretrained gives the model the folder's generation config, where it has one
+            model.generation_config = GenerationConfig.from_pretrained(folder)
+        except (OSError, ValueError):
+            pass
+    encoder = TaskEncoder(tokenizer, cfg.model.max_length, template=cfg.data.template, text_start=cfg.data.text_start)
+    try:
+        check_special_ids(tokenizer, str(folder), size, decoder_start(model) if seq2seq else None, seq2seq)
+        stops = encoder.stop_ids() if any(t.kind == "generate" for t in tasks) else None
+        check_read_ids(encoder, tasks, size, str(folder), stops)
+    except SureclError as exc:
+        return str(exc)
+    return None
 
 
 def _model_config(cfg: RunConfig, cache_dir: Path | None):
@@ -208,6 +245,7 @@ def _read_config(folder: Path, cfg: RunConfig):
 
 def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     """The dry-run report for ``cfg``: protocol, per-task plan and the resolved config."""
+    from surecl.data.general import load_general_probe
     from surecl.data.loading import load_stream
     from surecl.plugins.sure import SurprisePolicy
     from surecl.registry import method_class, method_config, policy_class
@@ -218,7 +256,8 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     n_train = [len(t.train) for t in tasks]
     method = method_class(cfg.method)(method_config(cfg))
     read = _model_config(cfg, cache_dir)
-    model_line = _model_line(cfg, read[0] if read is not None else None)
+    probe = load_general_probe(cfg.eval.general, cfg.eval.general_n, cache_dir)  # None for eval.general=none
+    model_line = _model_line(cfg, read[0] if read is not None else None, tasks + (probe.tasks if probe is not None else []))
     if read is not None:
         try:  # what the method's setup refuses before anything trains
             method.check_model(*read)
@@ -284,10 +323,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         names = "+".join(tasks[t].name for t in stage.tasks)
         lines.append(f"| {k + 1} | {names} | {n} | {sum(len(tasks[t].test) for t in stage.tasks)} | {steps} | {replay_steps} | {q} |")
     lines.append(f"\ntotal optimizer steps: {sum(steps_all)}")
-    if cfg.eval.general != "none":
-        from surecl.data.general import load_general_probe
-
-        probe = load_general_probe(cfg.eval.general, cfg.eval.general_n, cache_dir)
+    if probe is not None:
         parts = ", ".join(f"{t.name} ({'perplexity' if t.kind == 'text' else t.score_metric}) {len(t.test)} rows" for t in probe.tasks)
         lines.append(f"general-ability probe ({cfg.eval.general}): {parts}; before the first task and after each of the {len(stages)} stages")
     from surecl.data.loading import missing_tasks_warning, short_tasks_warning, unnamed_tasks_warning

@@ -23,7 +23,7 @@ from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
 from surecl.adapters import DualLoRA, beta_per_step, resolve_beta, task_seed
 from surecl.config import RunConfig, check_again, stream_warnings
-from surecl.data.encode import TaskEncoder
+from surecl.data.encode import TaskEncoder, check_read_ids, check_row_ids
 from surecl.data.general import load_general_probe
 from surecl.data.loading import (
     caller_stream,
@@ -37,7 +37,15 @@ from surecl.data.loading import (
 from surecl.data.task import Task
 from surecl.errors import SureclError
 from surecl.methods.base import check_declarations
-from surecl.model import GivenModel, check_given_model, default_cache_dir, load_model, prepare_model, weights_dtype
+from surecl.model import (
+    GivenModel,
+    check_given_model,
+    default_cache_dir,
+    embedding_rows,
+    load_model,
+    prepare_model,
+    weights_dtype,
+)
 from surecl.nll import model_positions, shared_prefix_obstacle, sliding_window_in_use  # noqa: F401  (re-exported)
 from surecl.plan import check_task_names, ema_units
 from surecl.plugins.base import Plugin, Plugins
@@ -220,6 +228,14 @@ def _build(run, cfg: RunConfig, cache_dir, *, plugins: dict[str, Plugin], model,
     generation = [t.name for t in run.tasks if t.kind == "generate"]
     probing = any(t.kind == "generate" for t in run.general.tasks) if run.general else False
     run.stop_ids = encoder.stop_ids() if generation or probing else None
+    # every token the rows and the stops hold within the model's embeddings (a token added to the
+    # tokenizer alone): one line now, before the run folder is written, not an IndexError mid-run
+    size = embedding_rows(loaded.model)
+    check_read_ids(encoder, run.tasks + (run.general.tasks if run.general else []), size, loaded.path, run.stop_ids)
+    check_row_ids([(f"the {split} rows of task {t.name}", rows) for split, sets in (("train", run.train_sets), ("test", run.test_sets))
+                   for t, rows in zip(run.tasks, sets.encoded)]
+                  + [(f"the rows of the general-ability probe's {t.name} part", rows)
+                     for t, rows in zip(run.general.tasks if run.general else [], run.general_sets)], run.tokenizer, size, loaded.path)
     # Seeded right before the adapters are drawn, so a cold cache (which builds or converts
     # the base model first) gives the same LoRA init as a warm one.
     torch.manual_seed(run.streams_seed)

@@ -561,6 +561,58 @@ class TaskEncoder:
         return ids + [t for t in self._end_ids(end) if t not in ids]
 
 
+def past_embeddings(name: str, said: str, size: int, instead: str = "give the tokenizer a token the model has") -> str:
+    """The line for a token id past a model's ``size`` input embeddings (``said``: which token,
+    and its id), the same for each token a run reads: a token added to the tokenizer without
+    resizing the model, an IndexError at its first forward (a device-side assert on a GPU), or a
+    stop token generation can never emit."""
+    return (f"tokenizer of {name}: {said}, past the model's {size} token embeddings (a token added to the tokenizer without "
+            "resizing the model); resize them (model.resize_token_embeddings(len(tokenizer))) and save the model with its "
+            f"tokenizer, or {instead}")
+
+
+def _token(tok, i: int) -> str:
+    token = tok.convert_ids_to_tokens(i)
+    return token if isinstance(token, str) else str(i)
+
+
+def check_read_ids(encoder: TaskEncoder, tasks, size: int | None, name: str, stops: list[int] | None = None) -> None:
+    """The tokens a run reads besides the pad, EOS and decoder start ids
+    (:func:`surecl.model.check_special_ids`), refused in one line where the model's ``size``
+    input embeddings do not hold them: ``data.text_start``'s token where one of ``tasks`` is a
+    text task (a text stream, the general probe's text part), and each of the stop tokens
+    ``stops`` (:meth:`TaskEncoder.stop_ids`: a chat template's end of turn, which generation
+    could never emit, so every answer ran to its token budget). The run asks it once its rows
+    are encoded, the dry run from the tokenizer alone, in the same words."""
+    if size is None:
+        return
+    tok = encoder.tok
+    if any(t.kind == "text" for t in tasks):
+        i = text_start_id(tok, encoder.text_start)
+        if not 0 <= i < size:
+            raise SureclError(past_embeddings(
+                name, f"its token {_token(tok, i)!r} before every document (data.text_start={encoder.text_start}) has id {i}", size,
+                "give data.text_start a token the model has"))
+    for i in stops or ():
+        if i is not None and not 0 <= i < size:
+            raise SureclError(past_embeddings(
+                name, f"its chat template's end-of-turn token {_token(tok, i)!r} has id {i} (generation stops at it)", size,
+                "give it a chat template whose turns end with a token the model has (prompt / response rows: data.template=plain)"))
+
+
+def check_row_ids(sets, tok, size: int | None, name: str) -> None:
+    """Every token of the encoded rows within the model's ``size`` input embeddings, refused in
+    one line naming the rows where one is past them (a token added to the tokenizer without
+    resizing the model, written by its chat template or found in the data: an IndexError at the
+    first forward). ``sets``: (which rows, in words; their encoded rows)."""
+    if size is None:
+        return
+    for where, rows in sets:
+        top = max((max(max(e.prompt, default=-1), max(e.answer, default=-1)) for e in rows), default=-1)
+        if top >= size:
+            raise SureclError(past_embeddings(name, f"{where} hold its token {_token(tok, top)!r}, id {top}", size))
+
+
 def bucketed_batches(lengths: list[int], batch_size: int, rng: random.Random, bucket: int = 32) -> list[list[int]]:
     """Shuffle, sort by length inside windows of ``bucket`` batches, then shuffle the batches.
 
