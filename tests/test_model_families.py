@@ -355,3 +355,35 @@ def test_all_linear_trains_from_the_cli_and_dry_run(tmp_path, tiny_cache, tiny_l
     assert main(["run", "--config", "tiny,seq_lora", f"model.name={folder}", "lora.target_modules=all-linear", "--dry-run"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("model: "))
     assert line.endswith("LoRA on all-linear x8"), line  # c_attn, c_proj, c_fc, mlp c_proj in each of 2 layers
+
+
+def test_ranking_a_label_longer_than_every_row_s_answer_is_checked_against_the_positions(tiny_loaded, tmp_path, tiny_cache):
+    """Under eval.mode=rank each test prompt is read with every label's answer: a label no test
+    row carries, longer than their answers, ran past GPT-2's learned positions with an
+    IndexError at the first evaluation (after the run folder was written). The check now counts
+    the longest label; a model with exactly those positions runs."""
+    import dataclasses
+
+    tok = copy.deepcopy(tiny_loaded.tokenizer)
+    colors = tiny_stream(n_train=8, n_test=4)[0]
+    long_label = "warm cool warm cool warm cool warm"
+    task = dataclasses.replace(colors, labels=[*colors.labels, long_label])
+    cfg = build_config("tiny,seq_lora", ["train.epochs=1", "eval.before=false", "eval.mode=rank", "lora.target_modules=[c_attn]"])
+    enc = TaskEncoder(tok, cfg.model.max_length)
+    option = max(len(enc.answer_ids(lab)) for lab in task.labels)
+    rows = enc.encode(task, task.test)
+    own = max(len(e.prompt) + len(e.answer) + 1 for e in [*rows, *enc.encode(task, task.train)])
+    ranked = max(len(e.prompt) + option for e in rows)
+    assert ranked > own  # the case: only ranking reads that far
+
+    def build_run(positions, out):
+        return ContinualRun(cfg, tmp_path / out, progress=False, model=build("gpt2", tok, n_positions=positions),
+                            tokenizer=tok, tasks=[task], cache_dir=tiny_cache)
+
+    with pytest.raises(SureclError, match=rf"^task colors: rows of up to {ranked} tokens \(prompt, then the answer and one generated "
+                                          rf"token, or the longest label's {option} answer tokens ranking reads\) do not fit the "
+                                          rf"model's {ranked - 1} positions; lower model.max_length"):
+        build_run(ranked - 1, "short")
+    assert not (tmp_path / "short").exists()
+    res = build_run(ranked, "fits").run()
+    assert res["accuracy_matrix"][0][0] is not None

@@ -371,7 +371,8 @@ def check_context(run, config) -> None:
     older T5 config's ``n_positions`` bounds nothing; none known: nothing to check). A causal model: prompt + answer
     and one generated token past the answer, and prompt + the tokens evaluation generates
     (:func:`~surecl.run_eval.new_token_budget`), for the stream's train and test rows and the
-    general probe's. GPT-2's learned positions stop with an index error past 1,024, a rotary
+    general probe's; under ``eval.mode=rank`` a classification task's test prompt and its
+    longest label's answer, which ranking reads after every prompt. GPT-2's learned positions stop with an index error past 1,024, a rotary
     model's answers past its trained length mean little. An encoder-decoder (BART: learned
     positions on each side): the prompt on the encoder side, and on the decoder side the answer,
     or the tokens evaluation generates, or what the surprise a replay policy scores has the
@@ -400,13 +401,19 @@ def check_context(run, config) -> None:
     if run.is_seq2seq:
         _check_seq2seq_context(run, context, checked, method)
         return
-    for where, rows, budget, before, _ in checked:
-        longest = max((before + len(e.prompt) + max(len(e.answer) + 1, budget) for e in rows), default=0)
+    # ranking reads every label's answer after each test prompt (evaluate.option_logprobs): the
+    # longest of them, which may be longer than the row's own answer, must fit too
+    ranked = {f"task {t.name}": max((len(a) for a in answers.values()), default=0)
+              for t, answers in zip(run.tasks, run.label_answers) if run.cfg.eval.mode == "rank" and t.kind == "classify" and answers}
+    for where, rows, budget, before, train in checked:
+        option = 0 if train else ranked.get(where, 0)
+        longest = max((before + len(e.prompt) + max(len(e.answer) + 1, budget, option) for e in rows), default=0)
         if longest > context:
             raise SureclError(f"{where}: rows of up to {longest} tokens ("
                               + (f"method {method.name}'s {before} prefix tokens, " if before else "")
-                              + f"prompt, then the answer and one generated token, or the "
-                              f"{budget} tokens evaluation generates) do not fit the model's {context} positions; lower "
+                              + "prompt, then the answer and one generated token, or the "
+                              + (f"longest label's {option} answer tokens ranking reads" if option else f"{budget} tokens evaluation generates")
+                              + f") do not fit the model's {context} positions; lower "
                               f"model.max_length (now {run.cfg.model.max_length}) by at least {longest - context}"
                               + (" or eval.max_new_tokens" if budget else "")
                               + (" or the method's prefix" + (" (prompts.length)" if method.name == "progressive_prompts" else "") if before else ""))
