@@ -41,7 +41,7 @@ def test_a_retried_task_replaces_the_failed_call(tiny_loaded, tmp_path):
     trainer = make_trainer(tiny_loaded, tmp_path, SureArguments(policy="none"), num_train_epochs=1)
     collate, seen = trainer.data_collator, []
 
-    def recording(features):  # policy none scores nothing: every batch collated is a training batch
+    def recording(features):  # policy none scores nothing: each row is collated once by the row check, then per training batch
         seen.extend(tuple(f["input_ids"]) for f in features)
         return collate(features)
 
@@ -55,7 +55,7 @@ def test_a_retried_task_replaces_the_failed_call(tiny_loaded, tmp_path):
     trainer.next_task(ds1)
     assert trainer.task == len(trainer.sets) == len(trainer.labels) == 2
     assert rows_of(trainer.sets[1]) == rows_of(ds1)
-    assert sorted(seen) == sorted(rows_of(ds1))  # one epoch of task 1: each of ds1's rows once
+    assert sorted(seen) == sorted(rows_of(ds1) * 2)  # the row check, then one epoch of task 1: each of ds1's rows once
     assert trainer.replay_counts == {0: [16, 0], 1: [12, 0]}
 
 

@@ -39,7 +39,11 @@ complete checkpoint (one a kill left half-written is passed over) with the same 
 replay draws and RNG states, so it ends where an uninterrupted run ends. A task whose
 ``train()`` stopped before its last step (``enable_jit_checkpoint``'s SIGTERM checkpoint, armed
 for every task's ``train()``, or a callback's ``should_training_stop``) is not finished:
-``next_task`` stops in one line without writing its end, and the rerun continues it. When a
+``next_task`` stops in one line without writing its end, and the rerun continues it. A SIGTERM
+checkpoint saved inside an optimizer step (the Trainer looks at the request at a step's start and
+before its update) holds the random states of the step it is named after, so its resume goes on
+as the uninterrupted run does; under several processes every process takes it at the same point
+(their requests are summed at each look: a SIGTERM to one process is enough). When a
 task trains from its start or from a chosen mid-task checkpoint, the states of later points in
 ``output_dir`` (another run's, left by ``resume_from_checkpoint=<an earlier state>``) are moved
 to ``output_dir/superseded-<i>/``, so ``resume_from_checkpoint=True`` cannot take them.
@@ -69,7 +73,11 @@ Every process must be given the same rows for a task (a digest compared across t
 unseeded shuffle stops in one line). DeepSpeed, FSDP, tensor / context / sequence parallelism, ``DataParallel`` and a loss that is
 not normalised over all processes are refused in one line, and so is
 ``accelerator_config={"split_batches": True}``. Causal or encoder-decoder models, map-style
-datasets whose rows are mappings (``datasets.Dataset``; another dataset is one line).
+datasets whose rows are mappings (``datasets.Dataset``; another dataset is one line). A row
+without tokens (empty ``input_ids``), or whose collated ``labels`` mark no token (all -100, or a
+causal row of one token), has no surprise and trains nothing: ``next_task`` refuses the task in
+one line naming the row before it scores or trains anything (one pass of your collator over the
+rows), as ``surecl run`` refuses such rows; filter them out first.
 """
 
 from __future__ import annotations
@@ -411,6 +419,52 @@ class _EmaCallback(TrainerCallback):
         return control
 
 
+class _JitSteps(TrainerCallback):
+    """With ``enable_jit_checkpoint``: where an optimizer step starts and ends, for a SIGTERM
+    checkpoint saved inside it. The Trainer saves one at a step's start or after its forward and
+    backward passes (before the update), named after the last step taken, with that step's
+    weights, optimizer and SuRe state, but the random states as they are then: after the step's
+    dropout masks, or at an epoch's first step after the data loader's seed draw, which the
+    resumed run draws again. A run resumed from it took other masks than the uninterrupted run.
+    So the trainer keeps the states a checkpoint of the last step holds (taken after each step's
+    log, save and evaluation, and where a resume restored them) and such a checkpoint saves
+    those (:meth:`SureTrainer._save_rng_state`). First among the callbacks: the step starts
+    before any other callback's ``on_step_begin``."""
+
+    def __init__(self, trainer: SureTrainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer._step_rng, self.trainer._in_step = _rng_states(), False
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.trainer._in_step = True
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer._in_step = False
+
+
+def _rng_states() -> dict:
+    """The random states the Trainer's checkpoints save: Python's, NumPy's, torch's CPU one and
+    the current accelerator's (one device per process)."""
+    import numpy as np
+
+    states = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
+
+
+def _set_rng_states(states: dict) -> None:
+    import numpy as np
+
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.random.set_rng_state(states["cpu"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state(states["cuda"])
+
+
 def _check_fresh_base(model) -> None:
     """One line for a model that already holds LoRA layers: PEFT would fail adding ``fast`` and
     ``slow`` again (a model another SureTrainer wrapped), or SuRe would train beside a user's own."""
@@ -429,6 +483,9 @@ class SureTrainer(Trainer):
     ``trainer.model`` is a PEFT model. Every other argument is ``Trainer``'s; ``save_total_limit``
     counts the running task's ``checkpoint-N`` folders, and a finished task's are removed once its
     ``sure-end`` is written (see the module docstring)."""
+
+    _rows_of = ""
+    """What a row index in a message counts (a subclass that prepares the rows says so)."""
 
     def __init__(self, model=None, args=None, *trainer_args, sure: SureArguments | None = None, **kwargs):
         if model is None or args is None:
@@ -530,10 +587,19 @@ class SureTrainer(Trainer):
         """The checkpoint folder a ``resume_from_checkpoint`` call continued from (None: none)."""
         callbacks = self.callback_handler.callbacks
         jit = _jit_callback(callbacks)
+        self._jit = getattr(jit, "jit_manager", None) is not None
+        self._step_rng: dict | None = None
+        """With ``enable_jit_checkpoint``: the random states a checkpoint of the last optimizer step
+        holds (:class:`_JitSteps`), which a SIGTERM checkpoint saved inside a step saves."""
+        self._in_step = False
         if jit is None:
             self.add_callback(_EmaCallback(self))
         else:  # a step's EMA and counts before the JIT checkpoint its on_step_end saves (which resumes after that step)
             callbacks.insert(callbacks.index(jit), _EmaCallback(self))
+        if self._jit:
+            callbacks.insert(0, _JitSteps(self))
+            if self.world > 1:
+                self._agree_jit(jit)
 
     # ------------------------------------------------------------------ processes
 
@@ -641,6 +707,7 @@ class SureTrainer(Trainer):
                 self.resumed_from = resume["path"]
             self.task += 1
             return None
+        self._check_tokens(t, data)
         checkpoint = None
         if resume is not None and t == resume["task"]:
             if self.args.ignore_data_skip:  # the Trainer would replay the epoch from its first batch, not continue the plan
@@ -800,6 +867,30 @@ class SureTrainer(Trainer):
 
         agreed(self, move)
 
+    def _agree_jit(self, jit) -> None:
+        """Under several processes: the SIGTERM checkpoint is taken by every process at the same
+        point. Each process's JIT manager sets its flag from a timer of its own, 3 s after its
+        SIGTERM, and the Trainer looks at it at each step's start, before its update and at its
+        end: processes whose timers end on either side of such a point saved at different steps
+        (or one saved alone), and one that stopped left the others waiting in the next collective,
+        with no complete checkpoint. Now at each of these points the flags are summed over the
+        processes, and every process saves when any asked (a SIGTERM to one process is enough);
+        a flag its timer sets after the sum waits for the next point."""
+        manager = jit.jit_manager
+
+        def agreed(hook):
+            def check(args, state, control, **kwargs):
+                asked = torch.tensor(1.0 if manager.is_checkpoint_requested else 0.0, device=self.args.device)
+                if not self.accelerator.reduce(asked, "sum").item():
+                    return None  # the hook is not run: a flag set since the sum is not read by this process alone
+                manager.is_checkpoint_requested = True
+                return hook(args, state, control, **kwargs)
+
+            return check
+
+        for name in ("on_step_begin", "on_pre_optimizer_step", "on_step_end", "on_epoch_end"):
+            setattr(jit, name, agreed(getattr(jit, name)))
+
     def _arm_jit_checkpoint(self) -> None:
         """With ``enable_jit_checkpoint``: the Trainer's SIGTERM handler in place for this task's
         ``train()``. The Trainer installs it once, when it is built, and puts the handler before
@@ -939,28 +1030,74 @@ class SureTrainer(Trainer):
         (the pair loss) the rows read as the model's own loss reads them on the other steps, so a
         row trains one way in every step of a run."""
         batch = dict(batch)
-        if not torch.is_tensor(batch.get("labels")):
-            raise SureclError(
-                "SureTrainer: the data collator gave no labels (SuRe scores and weighs the tokens your labels mark); use one that "
-                "sets them, e.g. DataCollatorForLanguageModeling(tokenizer, mlm=False) or DataCollatorForSeq2Seq"
-            )
-        labels = batch.pop("labels")
-        batch.pop("shift_labels", None)
+        labels = _pop_labels(batch)
+        mask = batch.get("attention_mask")
         if self.is_seq2seq:
             logits = model(**batch, labels=labels).logits
         else:
-            mask = batch.get("attention_mask")
-            left_padded = alone and torch.is_tensor(mask) and mask.dim() == 2 and bool((mask[:, 0] == 0).any())
-            if left_padded and "position_ids" not in batch and _takes_position_ids(model):
+            if alone and _left_padded(mask) and "position_ids" not in batch and _takes_position_ids(model):
                 batch["position_ids"] = (mask.long().cumsum(1) - 1).clamp(min=0)
             logits = model(**batch).logits[:, :-1]
-            labels = labels[:, 1:]
-            if left_padded:
-                labels = labels.masked_fill(mask[:, :-1] == 0, -100)
+        labels = self._scored_labels(labels, mask, alone)
         valid = labels != -100
         lse = torch.logsumexp(logits.float(), dim=-1)
         target = logits.gather(2, labels.clamp(min=0).unsqueeze(2)).squeeze(2).float()
         return ((lse - target) * valid).sum(1), valid.sum(1)
+
+    def _scored_labels(self, labels: torch.Tensor, mask, alone: bool) -> torch.Tensor:
+        """The target of each scored logit (-100: not scored), as :meth:`_row_nll` reads them: a
+        causal row's labels shifted (position k predicts token k + 1), and with ``alone`` no token
+        predicted from left padding."""
+        if self.is_seq2seq:
+            return labels
+        labels = labels[:, 1:]
+        if alone and _left_padded(mask):
+            labels = labels.masked_fill(mask[:, :-1] == 0, -100)
+        return labels
+
+    def _check_tokens(self, t: int, data) -> None:
+        """One line, before task ``t`` scores or trains anything, for rows SuRe cannot use: a row
+        without tokens (empty ``input_ids``: the model cannot run it alone), or one whose
+        collated ``labels`` mark no token a row's surprise could be taken over (all -100, or a
+        causal row of one token, which predicts nothing). Such a row has no surprise (a token mean
+        over no tokens), and trains nothing where it is a new or a replayed row (alone in a
+        micro-batch its loss is 0/0); ``surecl run`` refuses such rows when it encodes a task
+        too. The rows are checked on every W-th index per process, the findings gathered."""
+
+        def kinds(indices: list[int]) -> list[int]:
+            collate, out = self._collator(), []
+            for start in range(0, len(indices), _CHECK_ROWS):
+                rows = _rows_at(data, indices[start : start + _CHECK_ROWS])
+                empty = [not _has_tokens(r) for r in rows]
+                counts = iter(self._scored_counts(collate, [r for r, e in zip(rows, empty) if not e]))
+                out += [_EMPTY if e else (_UNSCORED if next(counts) == 0 else 0) for e in empty]
+            return out
+
+        found = self._sharded(kinds, len(data))
+        name = type(self).__name__
+        for kind, what, mend in [
+            (_EMPTY, "has no tokens (empty input_ids)", "drop empty rows first, e.g. dataset.filter(lambda r: len(r['input_ids']) > 0)"),
+            (_UNSCORED, "has no token its labels mark (labels all -100, or a single token, from which a causal model predicts nothing)",
+             "it has no surprise to rank it by and trains nothing; drop such rows first (dataset.filter; one-token rows: "
+             "lambda r: len(r['input_ids']) > 1), as SFTTrainer drops the rows its truncation leaves without a loss token"),
+        ]:
+            rows = [i for i, k in enumerate(found) if k == kind]
+            if rows:
+                more = f" (and {len(rows) - 1} more row{'s' if len(rows) > 2 else ''} like it)" if len(rows) > 1 else ""
+                raise SureclError(f"{name}.next_task: task {t} row {rows[0]}{self._rows_of}{more} {what}: {mend}")
+
+    def _scored_counts(self, collate, rows: list[dict]) -> list[int]:
+        """Each row's count of scored tokens (:meth:`_scored_labels`, as its surprise takes
+        them), from the rows collated together; a padding-free collator, which joins them into
+        one row (and is refused only where a row is scored or weighted alone), collates each
+        row alone."""
+        if not rows:
+            return []
+        batch = collate([dict(r) for r in rows])
+        labels = self._scored_labels(_pop_labels(batch), batch.get("attention_mask"), alone=True)
+        if len(labels) != len(rows):
+            return [count for r in rows for count in self._scored_counts(collate, [r])] if len(rows) > 1 else [int((labels != -100).sum())]
+        return (labels != -100).sum(1).tolist()
 
     def _age(self, step: int) -> None:
         """``aging``: the entries optimizer step ``step`` of the stage replayed take their
@@ -1182,6 +1319,29 @@ class SureTrainer(Trainer):
             self._write_state(folder, done=False)
         super()._save_checkpoint(model, trial)
 
+    def _save_rng_state(self, output_dir: str) -> None:
+        """Inside an optimizer step (a SIGTERM checkpoint: :class:`_JitSteps`), the random states
+        of the last step's end, which the checkpoint is named after; else the Trainer's."""
+        if not (self._in_step and self._step_rng is not None):
+            return super()._save_rng_state(output_dir)
+        now = _rng_states()
+        _set_rng_states(self._step_rng)
+        try:
+            super()._save_rng_state(output_dir)
+        finally:
+            _set_rng_states(now)
+
+    def _load_rng_state(self, checkpoint) -> None:
+        super()._load_rng_state(checkpoint)
+        if self._jit and checkpoint is not None:  # the resumed step starts from these
+            self._step_rng = _rng_states()
+
+    def _maybe_log_save_evaluate(self, *args, **kwargs):
+        out = super()._maybe_log_save_evaluate(*args, **kwargs)
+        if self._jit:  # the states a checkpoint saved here holds: the next step starts from them
+            self._step_rng = _rng_states()
+        return out
+
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         if (Path(resume_from_checkpoint) / STATE_JSON).is_file():
             self._read_state(resume_from_checkpoint)
@@ -1302,6 +1462,45 @@ def _data_digest(data) -> str | None:
         except (TypeError, ValueError, pa.ArrowException):  # another shape (nested lists, strings): its values as text
             h.update(json.dumps(col.to_pylist(), default=str).encode())
     return h.hexdigest()
+
+
+_CHECK_ROWS = 256
+"""Rows collated at a time by :meth:`SureTrainer._check_tokens` (no forward: padding only)."""
+_EMPTY, _UNSCORED = 1, 2
+
+
+def _rows_at(data, indices: list[int]) -> list[dict]:
+    """The rows of ``data`` at ``indices``, as dicts (a ``datasets.Dataset``'s read as one batch)."""
+    if _is_hf_dataset(data):
+        columns = data[indices]
+        return [dict(zip(columns, values)) for values in zip(*columns.values())] if columns else [{} for _ in indices]
+    return [dict(data[i]) for i in indices]
+
+
+def _has_tokens(row: dict) -> bool:
+    """Whether a row's ``input_ids`` hold a token (a row without the column: it is not judged here)."""
+    ids = row.get("input_ids", [0])
+    try:
+        return ids is not None and len(ids) > 0
+    except TypeError:  # not a sequence (a 0-d tensor): the collator judges it
+        return True
+
+
+def _left_padded(mask) -> bool:
+    """Whether a batch's ``attention_mask`` (rows x positions) starts a row with padding."""
+    return torch.is_tensor(mask) and mask.dim() == 2 and bool((mask[:, 0] == 0).any())
+
+
+def _pop_labels(batch: dict) -> torch.Tensor:
+    """A collated batch's ``labels``, taken out of it (with ``shift_labels``); one line where the
+    collator gave none."""
+    if not torch.is_tensor(batch.get("labels")):
+        raise SureclError(
+            "SureTrainer: the data collator gave no labels (SuRe scores and weighs the tokens your labels mark); use one that "
+            "sets them, e.g. DataCollatorForLanguageModeling(tokenizer, mlm=False) or DataCollatorForSeq2Seq"
+        )
+    batch.pop("shift_labels", None)
+    return batch.pop("labels")
 
 
 def _check_rows(rows: int, examples: int, what: str) -> None:

@@ -72,6 +72,10 @@ def _build():
         :class:`SureArguments`; every other keyword is ``SFTTrainer``'s (``processing_class``,
         ``data_collator``, ``eval_dataset``, ``formatting_func``, ``callbacks``, ...)."""
 
+        _rows_of = " of the dataset SFTTrainer prepared"
+        """Row indices count the prepared rows: SFTTrainer drops the rows its truncation leaves
+        without a loss token, and ``shuffle_dataset`` reorders them."""
+
         def __init__(self, model=None, args=None, *, sure: SureArguments | None = None, train_dataset=None, peft_config=None, **kwargs):
             if isinstance(model, str):
                 raise SureclError("SureSFTTrainer: pass a loaded model (AutoModelForCausalLM.from_pretrained(...)), not its name")
