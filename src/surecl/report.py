@@ -613,10 +613,33 @@ class Record:
     config: dict | None = None  # results.json config: what a claim's two runs must share besides their rows' own keys
     cpu_seconds: float | None = None  # results.json timing.cpu: the run's process CPU seconds (None before it was recorded)
     joint: bool = False  # a one-stage run (MTL): its matrix has the last row alone, and STREAM_ONLY metrics do not apply
+    fingerprints: dict[str, str] | None = None  # results.json provenance.data.fingerprints: each task's rows (Task.fingerprint)
 
 
 STREAM_ONLY = ("ap", "forgetting", "bwt", "avg_incremental", "fwt")
 """Metrics a one-stage (joint) run does not have: results.json holds null for them by design."""
+
+DIAGONAL_ONLY = ("avg_incremental",)
+"""Metrics a run under ``eval.matrix=fp_ap`` leaves null by design: it evaluates each task right
+after learning it and every task after the last, not the earlier tasks after each stage."""
+
+NOT_APPLICABLE_WHY = {
+    "joint": "they trained every task in one stage (MTL): there is no stream to measure along",
+    "fp_ap": "eval.matrix=fp_ap evaluates each task right after learning it and every task after the last, not the "
+             "earlier tasks after every stage that average incremental accuracy needs",
+}
+"""Why a run's metric is null by design (:meth:`Study.not_applicable`), as the captions say it."""
+
+
+def _fingerprints(results: dict) -> dict[str, str] | None:
+    """Each task's data fingerprint as results.json ``provenance`` records it (SHA-256 of the
+    task's kind, instruction, labels and every sampled train and test row); None before it was."""
+    prov = results.get("provenance")
+    data = prov.get("data") if isinstance(prov, dict) else None
+    fps = data.get("fingerprints") if isinstance(data, dict) else None
+    if not isinstance(fps, dict):
+        return None
+    return {str(t): fp for t, fp in fps.items() if isinstance(fp, str) and fp} or None
 
 
 # The kernel flags whose presence changes which matmul kernels (and so which rounding) a CPU run uses.
@@ -894,10 +917,17 @@ class TaskRate:
     best: float | None  # the best row's accuracy right after learning the task, mean over its seeds
     row: str | None
     margin: float | None  # that row's mean of (accuracy - its own run's rate)
+    unjudged: tuple[tuple[str, int | str], ...] = ()  # (row, seed) of the order's runs that train the task and have no rate for it
 
     @property
     def learned(self) -> bool:
         return self.margin is not None and self.margin > LEARNED_MARGIN
+
+    @property
+    def judged(self) -> bool:
+        """Whether every run of the order that trains the task has its rate: a run without one
+        (a results.json from before ``majority``) may have learned it, so none is called unlearned."""
+        return not self.unjudged
 
 
 class Study:
@@ -907,6 +937,8 @@ class Study:
     def __init__(self, records: dict[Key, Record], expected: dict[Key, str], kind: str, bench_of: dict[str, str]):
         self.records, self.expected, self.kind, self.bench_of = records, expected, kind, bench_of
         self._unlearned: dict[str, list[str]] = {}  # per order, computed once (records do not change)
+        self.filled: dict[Key, Path] = self._fill_majority()
+        """Runs without recorded majority-class rates that took them from a run with the same test rows: the donor's folder."""
         self.plan_claims: list[str] = []
         """The ``claims`` of the ``sweep.json`` plans read, each once, in the plans' order."""
         self.pooled_differences: list[str] = []
@@ -947,7 +979,8 @@ class Study:
                                       list(r.get("tasks") or []), src.get("accuracy_matrix"), host_key(r),
                                       _run_seconds(r), _run_threads(r), data_draw(r), host_moved(r),
                                       r.get("majority") if isinstance(r.get("majority"), dict) else None,
-                                      _probe_of(r, fast=name != row), cfg, _run_seconds(r, "cpu"), one_stage(src))
+                                      _probe_of(r, fast=name != row), cfg, _run_seconds(r, "cpu"), one_stage(src),
+                                      _fingerprints(r))
         # expected runs: the plans, then every combination seen among runs no plan covers
         expected: dict[Key, str] = {}
         plan_dirs = []
@@ -1003,21 +1036,50 @@ class Study:
         return lines
 
     # ---------------------------------------------------------------- tasks learned
+    def _fill_majority(self) -> dict[Key, Path]:
+        """A run whose results.json predates ``majority`` takes each task's rate from a run of the
+        same order and seed that tested the same rows, as both results.json files prove: equal
+        ``provenance`` fingerprints of the task (SHA-256 over its train and test rows, so equal
+        test rows and so an equal rate). Without fingerprints on both sides the run keeps no rate."""
+        donors = sorted(((k, r) for k, r in self.records.items() if r.majority is not None and r.fingerprints),
+                        key=lambda kv: str(kv[0]))
+        filled: dict[Key, Path] = {}
+        for key, rec in sorted(self.records.items(), key=lambda kv: str(kv[0])):
+            if rec.majority is not None or not rec.fingerprints or not rec.tasks:
+                continue
+            rates: dict[str, float | None] = {}
+            for task in rec.tasks:
+                mine = rec.fingerprints.get(task)
+                for _, d in donors:
+                    if d.order == rec.order and d.seed == rec.seed and mine and d.fingerprints.get(task) == mine and task in d.majority:
+                        rates[task] = d.majority[task]
+                        filled[key] = d.path
+                        break
+            if rates:
+                rec.majority = rates
+        return filled
+
     def task_rates(self, order: str) -> list[TaskRate]:
         """Per task of ``order`` (runs that recorded majority-class rates): the rate of its test
         set (mean and range over the runs: with independent draws every run has its own) and the
         best row: the one whose accuracy right after learning the task stands highest above its
-        own run's rate, mean over its seeds."""
-        recs = [r for r in self.records.values() if r.order == order and r.majority and r.matrix and r.tasks]
-        if not recs:
+        own run's rate, mean over its seeds; and the runs that train it with no rate for it
+        (``unjudged``: whether they learned it is unknown)."""
+        recs = [r for r in self.records.values() if r.order == order and r.matrix and r.tasks]
+        if not any(r.majority for r in recs):
             return []
-        tasks = list(dict.fromkeys(t for r in recs for t in r.tasks))  # every run's tasks, by name (runs may train other lists)
+        tasks = list(dict.fromkeys(t for r in recs if r.majority for t in r.tasks))  # every run's tasks, by name (runs may train other lists)
         out = []
         for task in tasks:
             rates: list[float] = []
             by_row: dict[str, list[tuple[float, float]]] = defaultdict(list)
+            unjudged: list[tuple[str, int | str]] = []
             for r in recs:
                 if task not in r.tasks:
+                    continue
+                if r.majority is None or task not in r.majority:  # no rate recorded (nor proven from another run)
+                    if not r.row.endswith(FAST):  # a dual run's fast row is the same run
+                        unjudged.append((r.row, r.seed))
                     continue
                 j = r.tasks.index(task)
                 rate = r.majority.get(task)
@@ -1034,7 +1096,8 @@ class Study:
                 continue
             best = max(((fmean(v - m for v, m in pairs), fmean(v for v, _ in pairs), row) for row, pairs in by_row.items()),
                        default=(None, None, None))
-            out.append(TaskRate(task, fmean(rates), min(rates), max(rates), best[1], best[2], best[0]))
+            out.append(TaskRate(task, fmean(rates), min(rates), max(rates), best[1], best[2], best[0],
+                                tuple(sorted(unjudged, key=lambda x: (row_sort_key(x[0]), str(x[1]))))))
         return out
 
     def _planned_pairs(self, a: str, b: str, group: str, skip: set[str] = frozenset()) -> set[tuple[str, object]]:
@@ -1061,9 +1124,10 @@ class Study:
 
     def unlearned(self, order: str) -> list[str]:
         """Tasks of ``order`` that no row learns above their majority-class rate (the best row's
-        accuracy right after learning them less its own run's rate, mean over seeds, at most 1 point)."""
+        accuracy right after learning them less its own run's rate, mean over seeds, at most 1 point),
+        judged on every run that trains them (a run with no rate for a task keeps the task in)."""
         if order not in self._unlearned:
-            self._unlearned[order] = [t.task for t in self.task_rates(order) if not t.learned]
+            self._unlearned[order] = [t.task for t in self.task_rates(order) if not t.learned and t.judged]
         return self._unlearned[order]
 
     # ---------------------------------------------------------------- cells
@@ -1071,11 +1135,31 @@ class Study:
         rec = self.records.get(key)
         return None if rec is None else rec.values.get(metric)
 
+    def not_applicable(self, key: Key, metric: str) -> str | None:
+        """Why the run at ``key`` has no ``metric`` by design (a key of :data:`NOT_APPLICABLE_WHY`),
+        or None: a stream metric of a one-stage run ("joint"), average incremental accuracy left
+        null by a run that evaluated only what ``eval.matrix=fp_ap`` evaluates ("fp_ap")."""
+        rec = self.records.get(key)
+        if rec is None:
+            return None
+        if rec.joint and metric in STREAM_ONLY:
+            return "joint"
+        ev = (rec.config or {}).get("eval")
+        matrix = ev.get("matrix") if isinstance(ev, dict) else None
+        if metric in DIAGONAL_ONLY and matrix == "fp_ap" and rec.values.get(metric) is None:
+            return "fp_ap"  # (a stream of one or two tasks under fp_ap has every cell, and its value)
+        return None
+
     def applies(self, key: Key, metric: str) -> bool:
         """Whether ``metric`` is one the run at ``key`` has (or would have, when absent): not a
-        stream metric of a one-stage run (its null is by design, not a missing value)."""
-        rec = self.records.get(key)
-        return not (rec is not None and rec.joint and metric in STREAM_ONLY)
+        metric its null is by design for (:meth:`not_applicable`), which is no missing value."""
+        return self.not_applicable(key, metric) is None
+
+    def blank_by_design(self, row: str, orders: list[str], metric: str) -> bool:
+        """Whether ``row`` has runs on ``orders`` and none of them has ``metric`` by design
+        (:meth:`not_applicable`): its cell is "-" for that reason, not for want of runs."""
+        keys = [k for k in self.records if k[0] == row and k[1] in orders]
+        return bool(keys) and all(self.not_applicable(k, metric) for k in keys)
 
     def lacks(self, key: Key, metric: str) -> bool:
         """Whether an expected run's ``metric`` is missing (absent, or null where it applies)."""
@@ -1395,18 +1479,42 @@ def _report_files(out_dir: Path) -> set[str]:
     return ours
 
 
+def _not_applicable_note(st: Study, metrics: list[str], rows: list[str]) -> str:
+    """A sentence per metric and reason naming the rows whose runs leave the metric null by
+    design (:meth:`Study.not_applicable`): their cells are "-", or the mean of their other runs,
+    and the runs are not missing. "" when there are none."""
+    found: dict[tuple[str, str], set[str]] = defaultdict(set)  # (metric, why) -> rows
+    for key in st.records:
+        for m in metrics:
+            why = st.not_applicable(key, m) if key[0] in rows else None
+            if why:
+                found[(m, why)].add(key[0])
+    said: dict[tuple[str, tuple[str, ...]], list[str]] = defaultdict(list)  # (why, rows) -> metrics, in the table's order
+    for m in metrics:
+        for (m2, why), which in sorted(found.items(), key=lambda kv: kv[0][1]):
+            if m2 == m:
+                said[(why, tuple(sorted(which, key=row_sort_key)))].append(_LABEL[m])
+    return "".join(f" {' and '.join(ms)} {'does' if len(ms) == 1 else 'do'} not apply to the runs of {', '.join(which)} "
+                   f"({NOT_APPLICABLE_WHY[why]}): results.json leaves {'it' if len(ms) == 1 else 'them'} null by design, "
+                   "so they are not missing runs." for (why, which), ms in said.items())
+
+
 def main_table(st: Study, metric: str, rows: list[str]) -> Table:
     d = _digits(st.kind)
     cols: list[tuple[str, str]] = [(f"Order-{o}" if o.isdigit() else o, f"order_{o}") for o in st.orders]
+    col_orders = [[o] for o in st.orders]  # the orders behind each column
     bench_orders = dict(st.group_orders()[: len(st.benchmarks)])
     for b in st.benchmarks:
         all_of_b = sorted((o for o, x in st.bench_of.items() if x == b), key=order_key)
         label = f"{b} avg" + ("" if bench_orders[b] == all_of_b else f" ({', '.join(bench_orders[b])})")
         cols.append((label, f"{_slug(b)}_avg"))
+        col_orders.append(bench_orders[b])
     if len(st.benchmarks) > 1:
         cols.append(("All avg", "all_avg"))
+        col_orders.append(st.orders)
     elif not st.benchmarks and len(st.orders) > 1:
         cols.append(("avg", "avg"))
+        col_orders.append(st.orders)
     grid: dict[str, list[Cell]] = {}
     for row in rows:
         by_order = {o: st.order_cell(row, o, metric) for o in st.orders}
@@ -1431,7 +1539,9 @@ def main_table(st: Study, metric: str, rows: list[str]) -> Table:
                         "the ± only the k in every order." if wider else "."))
     if len(st.benchmarks) > 1:
         caption += " All avg = mean of the benchmark averages."
-    empty = [f"{row} {name}" for row, cells in grid.items() for (name, _), c in zip(cols, cells) if c.mean is None and not c.incomplete]
+    caption += _not_applicable_note(st, [metric], rows)
+    empty = [f"{row} {name}" for row, cells in grid.items() for (name, _), c, os_ in zip(cols, cells, col_orders)
+             if c.mean is None and not c.incomplete and not st.blank_by_design(row, os_, metric)]
     foot = _footer(st.missing(metric, rows), empty)
     md = caption + "\n\n" + _md(["method"] + [c[0] for c in cols], body) + ("\n\n" + foot if foot else "")
     csv_rows = [["row"] + [f"{slug}_{s}" for _, slug in cols for s in ("mean", "std", "n", "complete")]]
@@ -1455,7 +1565,7 @@ def forgetting_table(st: Study, rows: list[str]) -> Table:
     unit = _metric_unit(st.kind)
     caption = (f"AP, FP and forgetting = {how} ({unit}; forgetting: lower is better) per benchmark: mean over its orders "
                "(each order's mean over seeds). The CSV's std is the sample std (n − 1) over seeds of each seed's average "
-               "over the orders, as in the main table.")
+               "over the orders, as in the main table.") + _not_applicable_note(st, list(metrics), rows)
     missing = sorted({(m.row, m.order, str(m.seed)): m for met in metrics for m in st.missing(met, rows)}.values(),
                      key=lambda m: (row_sort_key(m.row), order_key(m.order), str(m.seed)))
     foot = _footer(missing, empty)
@@ -1484,16 +1594,17 @@ def ablation_tables(st: Study, metric: str, rows: list[str]) -> list[Table]:
         for v in values:
             line, cline = [v], [v]
             for c in cols:
-                cell = cells.get((c, v), (None, Cell(None)))[1]
+                row, cell = cells.get((c, v), (None, Cell(None)))
                 line.append(fmt_cell(cell, d, len(ns) > 1))
                 cline += _cell_csv(cell)
-                if cell.mean is None and not cell.incomplete:
+                if cell.mean is None and not cell.incomplete and not (row and st.blank_by_design(row, st.orders, metric)):
                     empty.append(f"{c} at {key}={v}")
             body.append(line)
             csv_rows.append(cline)
         abl_rows = [r for r, _ in cells.values()]
         caption = (f"{_LABEL[metric]} ({_unit(metric, st.kind)}) against {key}: mean ± sample std over all orders and seeds "
-                   f"of each point (orders {', '.join(sorted({k[1] for k in st.records if k[0] in abl_rows}, key=order_key))}).")
+                   f"of each point (orders {', '.join(sorted({k[1] for k in st.records if k[0] in abl_rows}, key=order_key))})."
+                   + _not_applicable_note(st, [metric], abl_rows))
         foot = _footer(st.missing(metric, abl_rows), empty)
         md = caption + "\n\n" + _md([key] + cols, body) + ("\n\n" + foot if foot else "")
         png = _ablation_png(key, values, cols, cells, metric, st.kind)
@@ -1710,19 +1821,25 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
 
     # one entry per (claim, benchmark group); Holm needs every p-value of a group first
     entries: list[dict] = []
+    why_na: set[str] = set()  # NOT_APPLICABLE_WHY keys of the pairs left out
     for a, b in claims:
         pairs: dict[tuple[str, int | str], _Pair] = {}
         keys_a, keys_b = _row_keys(a.removesuffix(FAST)), _row_keys(b.removesuffix(FAST))
         allowed = None if keys_a is None or keys_b is None else keys_a | keys_b
         confounds: dict[str, set[str]] = defaultdict(set)  # benchmark group -> keys a pair's runs differ in
         unscored: dict[str, set] = defaultdict(set)  # benchmark group -> orders whose runs are present but learned no task
+        inapplicable: dict[str, set] = defaultdict(set)  # benchmark group -> orders whose runs have no such metric by design
         for (row, order, seed), ra in st.records.items():
             rb = st.records.get((b, order, seed))
             if row != a or rb is None:
                 continue
             va, vb = st.claim_value((row, order, seed), metric), st.claim_value((b, order, seed), metric)
             if va is None or vb is None:
-                if st.unlearned(order) and None not in (ra.values.get(metric), rb.values.get(metric)):
+                na = st.not_applicable((row, order, seed), metric) or st.not_applicable((b, order, seed), metric)
+                if na:  # null by design (MTL's stream metrics, fp_ap's average incremental accuracy): not a missing unit
+                    inapplicable[st.bench_of.get(order, "other")].add(order)
+                    why_na.add(na)
+                elif st.unlearned(order) and None not in (ra.values.get(metric), rb.values.get(metric)):
                     unscored[st.bench_of.get(order, "other")].add(order)
                 continue
             if ra.path == rb.path:  # one run: its two adapters, one trajectory
@@ -1749,6 +1866,8 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
         for g in names:
             chosen = [p for ps in groups.values() for p in ps] if g == "all" else groups[g]
             dropped = set().union(*unscored.values()) if g == "all" else unscored.get(g, set())
+            na_orders = set().union(*inapplicable.values()) if g == "all" else inapplicable.get(g, set())
+            dropped = dropped | na_orders
             required = st.planned_orders(a, b, g, skip=dropped) or None  # the orders both rows are planned on
             kind, units, left_out = claim_units_complete(chosen, required)
             # an order whose runs learned no task gives no unit: not missing, and left out of the planned count
@@ -1762,7 +1881,8 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
             mixed = sorted(set().union(*confounds.values()) if g == "all" else confounds.get(g, set()))
             entries.append({"a": a, "b": b, "group": g, "kind": kind, "n_all": len(units), "same": same, "cross": cross,
                             "unrec": unrec, "same_only": same_only, "res": res, "sign": sign_test(better),
-                            "confounds": mixed, "planned": max(planned, len(units)), "left_out": left_out, "unscored": sorted(dropped, key=order_key)})
+                            "confounds": mixed, "planned": max(planned, len(units)), "left_out": left_out,
+                            "unscored": sorted(dropped - na_orders, key=order_key), "na": sorted(na_orders, key=order_key)})
     # one family: every tested row of this table (each benchmark group's and the "all" rows)
     family_size = sum(1 for x in entries if x["res"].p is not None)
     for e, adj in zip(entries, holm([e["res"].p for e in entries])):
@@ -1836,6 +1956,8 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
             n_cell += f" ({e['left_out']} seed{'s' if e['left_out'] > 1 else ''} lacking an order left out)"
         if e["unscored"]:
             n_cell += f" (order{'s' if len(e['unscored']) > 1 else ''} {', '.join(e['unscored'])} left out: no learned task)"
+        if e["na"]:
+            n_cell += f" (order{'s' if len(e['na']) > 1 else ''} {', '.join(e['na'])} left out: {_LABEL[metric]} does not apply)"
         label = f"other (orders {other_orders})" if g == "other" else g
         body.append([f"{e['a']} > {e['b']}", label, n_cell, f(res.mean), ci, _fmt_p(res.p), _fmt_p(e["holm"]), sign_cell, shown, hosts])
         num = lambda v: "" if v is None else round(v, 6)  # noqa: E731
@@ -1848,6 +1970,15 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
     if left:
         caption += (f" {_LABEL[metric]} in the claims is over the tasks some row learns above their majority-class rate; left out "
                     "(no row above it, the \"Tasks\" table): " + "; ".join(f"order {o}: {', '.join(ts)}" for o, ts in left.items()) + ".")
+    kept = {o: [t.task for t in st.task_rates(o) if not t.learned and not t.judged] for o in st.orders}
+    kept = {o: ts for o, ts in kept.items() if ts}
+    if kept:
+        caption += (" Kept in although no run with a majority-class rate learns them above it, since some runs that train them "
+                    "have no rate (\"not judged\" in the \"Tasks\" table): " + "; ".join(f"order {o}: {', '.join(ts)}" for o, ts in kept.items()) + ".")
+    if why_na:
+        caption += (f" {_LABEL[metric]} does not apply to some runs, whose results.json leaves it null by design (not missing): "
+                    + "; ".join(NOT_APPLICABLE_WHY[w] for w in sorted(why_na)) + "; a pair with such a run gives no unit, "
+                    "and its order is not counted as planned.")
     if incomplete:
         caption += (" † fewer units than the sweep planned (a study still running, or runs that failed): the claim is over "
                     "the units present, which may favour the orders and seeds that finished first.")
@@ -1872,16 +2003,20 @@ def tasks_table(st: Study) -> Table | None:
     it), the best row's accuracy right after learning the task (mean over its seeds), and
     whether any row learned it above that rate."""
     header = ["order", "task", "majority class", "best accuracy after learning it", "above the rate", "row", "learned"]
-    body, csv_rows = [], [["order", "task", "majority", "majority_min", "majority_max", "best", "margin", "row", "learned"]]
+    body, csv_rows = [], [["order", "task", "majority", "majority_min", "majority_max", "best", "margin", "row", "learned",
+                           "runs_without_rate"]]
+    unjudged: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))  # order -> row -> seeds of runs with no rate
     for order in st.orders:
         for t in st.task_rates(order):
             rate = f"{t.majority:.1f}" + ("" if t.majority_hi - t.majority_lo < 0.05 else f" ({t.majority_lo:.1f}-{t.majority_hi:.1f})")
             f = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
             body.append([order, t.task, rate, f(t.best), "-" if t.margin is None else f"{t.margin:+.1f}", t.row or "-",
-                         "yes" if t.learned else "**no**"])
+                         "yes" if t.learned else "**no**" if t.judged else "not judged"])
             num = lambda v: "" if v is None else round(v, 6)  # noqa: E731
             csv_rows.append([order, t.task, num(t.majority), num(t.majority_lo), num(t.majority_hi), num(t.best), num(t.margin),
-                             t.row or "", int(t.learned)])
+                             t.row or "", int(t.learned), len(t.unjudged)])
+            for row, seed in t.unjudged:
+                unjudged[order][row].add(seed)
     if not body:
         return None
     caption = (f"Each task's majority-class rate (the accuracy of always giving its most frequent test label; the mean over the "
@@ -1889,7 +2024,35 @@ def tasks_table(st: Study) -> Table | None:
                f"accuracy right after learning it (mean over seeds) and how far it stands above its own runs' rates (mean over "
                f"seeds of accuracy - rate). A task no row learns more than {LEARNED_MARGIN:g} point above its rate is left out of "
                "the claims, whatever their metric.")
+    filled: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))
+    for row, order, seed in st.filled:
+        if not row.endswith(FAST):
+            filled[order][row].add(seed)
+    if filled:
+        caption += (f" {_count_runs(filled)} run(s) whose results.json predates the rates took them from a run of the same order "
+                    "and seed that tested the same rows (equal `provenance` data fingerprints, which cover each task's train "
+                    f"and test rows): {_runs_words(filled)}.")
+    if unjudged:
+        caption += (f" **Not judged**: {_count_runs(unjudged)} run(s) have no rate for tasks they train (a results.json from "
+                    "before the rates were recorded, and no run of the same order and seed whose `provenance` fingerprints "
+                    f"prove the same test rows): {_runs_words(unjudged)}. Whether they learned a task is unknown, so no task "
+                    "they train is left out: one that no run with a rate learns above it is \"not judged\" and stays in the "
+                    "claims. `python bench/majority_rates.py <run folder>` recomputes a run's rates from its config.")
     return Table("tasks", "Tasks learned above their majority class", caption + "\n\n" + _md(header, body), _csv(csv_rows))
+
+
+def _count_runs(runs: dict[str, dict[str, set]]) -> int:
+    return sum(len(seeds) for by_row in runs.values() for seeds in by_row.values())
+
+
+def _runs_words(runs: dict[str, dict[str, set]]) -> str:
+    """``order 4: seq_lora (seeds 0, 1, 2), slow_surprise (seed 0)`` for {order: {row: seeds}}."""
+    def seeds(ss: set) -> str:
+        order = sorted(ss, key=lambda s: (isinstance(s, str), s if isinstance(s, int) else 0, str(s)))
+        return f"seed{'s' if len(ss) > 1 else ''} " + ", ".join(str(s) for s in order)
+
+    return "; ".join(f"order {o}: " + ", ".join(f"{row} ({seeds(runs[o][row])})" for row in sorted(runs[o], key=row_sort_key))
+                     for o in sorted(runs, key=order_key))
 
 
 def general_table(st: Study, rows: list[str]) -> Table | None:
