@@ -187,7 +187,7 @@ def test_same_config_ignores_dual_options_a_run_does_not_read():
 
 
 def test_buffer_fraction_and_counts_are_never_confused():
-    """``replay.buffer_fraction=1.0`` keeps every example; a count is written without a point;
+    """``replay.buffer_fraction=1.0`` is a capacity of every example; a count is written without a point;
     a config saved with the count as ``300.0`` (before the check) still reads as the count."""
     from surecl.config import config_from_dict
 

@@ -377,6 +377,9 @@ def cmd_sweep(args) -> int:
         todo.append((cfg, root / r.path))
         planned.append({"row": r.row, "method": r.method, "grid": dict(p.split("=", 1) for p in r.point), "order": r.order,
                         "seed": r.seed, "dual": _reports_fast(cfg), "path": r.path})
+    from surecl.sweep import check_grid_read
+
+    check_grid_read(runs, [cfg for cfg, _ in todo])  # a grid axis its runs do not read: one run under several row names
     if plan.claims:  # a misspelt row stops the sweep now, not its report after the runs (the whole plan's rows: --methods may pick some)
         from surecl.sweep import check_claims, load_plan, plan_rows
 

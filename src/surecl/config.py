@@ -310,7 +310,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise SureclError(f"replay.buffer_size: {cfg.replay.buffer_size!r} must be a fraction below 1 or a whole count")
     if isinstance(cfg.replay.buffer_size, float) and cfg.replay.buffer_size >= 1:  # set from Python: 1.0 meant one example
         raise SureclError(f"replay.buffer_size: {cfg.replay.buffer_size!r} is ambiguous (a count or a fraction?); give a count "
-                          f"as an int ({int(cfg.replay.buffer_size)}) or a fraction as replay.buffer_fraction (1.0 = every example)")
+                          f"as an int ({int(cfg.replay.buffer_size)}) or a fraction as replay.buffer_fraction (1.0 = a capacity of every example, of which surprise or random keep floor(S/d) per task)")
     for i, entry in enumerate(cfg.data.hf):
         key = f"data.hf[{i}]"
         if not entry.path.strip():
@@ -358,8 +358,14 @@ def config_warnings(cfg: RunConfig) -> list[str]:
     """What a valid config runs, but not as it may be meant: ``eval.ahead`` without
     ``eval.before`` evaluates the cells above the diagonal (results.json's matrix, report.md,
     the heatmap) while forward transfer, which needs the before-training row as well, stays
-    null. The run logs each as a warning before it starts."""
+    null; a replay key set off its default that another replaces (``ReplayConfig.unread``: a
+    preset's value too, which is as unread). The run logs each as a warning before it starts."""
     warnings = []
+    defaults = type(cfg.replay)()
+    for key, instead in cfg.replay.unread().items():
+        value = getattr(cfg.replay, key.split(".", 1)[1])
+        if value != getattr(defaults, key.split(".", 1)[1]):
+            warnings.append(f"{key}={value} is not read: {instead} (set only one of the two)")
     if cfg.eval.mode == "rank" and (cfg.data.kind == "generate" or cfg.data.benchmark == "instruct"):
         warnings.append(RANK_ON_GENERATION)
     if cfg.eval.ahead and not cfg.eval.before:
@@ -582,7 +588,7 @@ def _buffer_size(value: Any, source: str) -> float | int:
     if number >= 1 and written_float and source != "saved config":
         raise SureclError(
             f"replay.buffer_size: {str(value)[:20]} is ambiguous (a count or a fraction?); write a count without a decimal "
-            f"point (e.g. {int(number) if number.is_integer() else 300}) or a fraction as replay.buffer_fraction (e.g. 1.0 = every example)"
+            f"point (e.g. {int(number) if number.is_integer() else 300}) or a fraction as replay.buffer_fraction (e.g. 1.0 = a capacity of every example, of which surprise or random keep floor(S/d) per task)"
         )
     return int(number) if number >= 1 and number.is_integer() else number
 

@@ -99,6 +99,47 @@ def planned_batch_sizes(sizes: int | list[int], cfg: RunConfig, names: list[str]
     return batches[:cap] if cap else batches
 
 
+def replay_steps_range(sizes: int | list[int], cfg: RunConfig, names: list[str] | None = None, first: int = 0) -> tuple[int, int]:
+    """The fewest and most steps of a stage over tasks ``names`` of ``sizes`` examples that
+    replay (:func:`replay_count` > 0), its first ``first`` steps left out (an online buffer is
+    empty at the stage's first step). One number, twice, but under ``train.batching=bucketed``
+    with ``replay.ratio``: :func:`surecl.data.encode.bucketed_batches` shuffles an epoch's
+    batches, so its short batch comes at any step, not last (:func:`planned_batch_sizes`), and
+    the ratio's count per step moves with it. An epoch's new examples are the same whatever its
+    order, so each epoch's place of its short batch counts on its own."""
+    if not (cfg.train.batching == "bucketed" and cfg.replay.ratio):
+        planned = planned_batch_sizes(sizes, cfg, names)
+        n = sum(1 for step in range(first, len(planned)) if replay_count(step, planned, cfg) > 0)
+        return n, n
+    a, b = replay_ratio(cfg.replay.ratio)
+    size, cap = cfg.train.batch_size, stage_cap(cfg, names)
+
+    def replays(before: int, new: int) -> int:
+        return int((before + new) * a // b > before * a // b)
+
+    low = high = done = step = 0
+    for epoch, n in enumerate(_epoch_sizes(sizes, cfg, names)):
+        full, short = divmod(n, size)
+        k = full + (1 if short else 0)
+        kept = k if not cap else max(0, min(k, cap - step))  # the epoch's batches within the stage's cap
+        skip = first if epoch == 0 else 0
+        if not short:
+            counts = [sum(replays(done + i * size, size) for i in range(skip, kept))]
+        else:
+            # the short batch at place p: full batches before it, then after it shifted by its size
+            before = [0]
+            for i in range(k):
+                before.append(before[-1] + (replays(done + i * size, size) if skip <= i < kept else 0))
+            after = [0] * (k + 1)
+            for j in range(k - 1, 0, -1):
+                after[j] = after[j + 1] + (replays(done + short + (j - 1) * size, size) if skip <= j < kept else 0)
+            counts = [before[min(p, kept)] + (replays(done + p * size, short) if skip <= p < kept else 0) + (after[p + 1] if p < kept else 0)
+                      for p in range(k)]
+        low, high = low + min(counts), high + max(counts)
+        done, step = done + n, step + k
+    return low, high
+
+
 def planned_examples(sizes: int | list[int], cfg: RunConfig, names: list[str] | None = None) -> int:
     """New examples a stage over tasks ``names`` of ``sizes`` examples trains on (every epoch's
     batches, capped by :func:`stage_cap`)."""
@@ -297,7 +338,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
                      }.get(cfg.replay.loss, "token mean over the joint batch")
         lines.append(f"buffer: S = {capacity} ({size}); {how}; loss: {weighting}")
     lines += ["", "| stage | tasks | train | test | steps | replay steps | buffer quota per task after it |", "|---|---|---|---|---|---|---|"]
-    steps_all = []
+    steps_all, ranged = [], False
     for k, stage in enumerate(stages):
         n = sum(n_train[t] for t in stage.tasks)
         steps = planned_steps([n_train[t] for t in stage.tasks], cfg, [tasks[t].name for t in stage.tasks])
@@ -313,8 +354,9 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         elif not has_buffer:
             replay_steps = 0
         else:
-            sizes = planned_batch_sizes([n_train[t] for t in stage.tasks], cfg, [tasks[t].name for t in stage.tasks])
-            replay_steps = sum(1 for step in range(first, steps) if replay_count(step, sizes, cfg) > 0)
+            low, high = replay_steps_range([n_train[t] for t in stage.tasks], cfg, [tasks[t].name for t in stage.tasks], first)
+            replay_steps = low if low == high else f"{low}-{high}"
+            ranged = ranged or low != high
         d = k + 1
         if own:
             q = f"its own ({policy}: neither a per-task quota nor online; not planned)"
@@ -323,6 +365,9 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
         names = "+".join(tasks[t].name for t in stage.tasks)
         lines.append(f"| {k + 1} | {names} | {n} | {sum(len(tasks[t].test) for t in stage.tasks)} | {steps} | {replay_steps} | {q} |")
     lines.append(f"\ntotal optimizer steps: {sum(steps_all)}")
+    if ranged:
+        lines.append("replay steps a-b: the fewest and the most: under train.batching=bucketed each epoch's batches are shuffled, so "
+                     "its short batch comes at a drawn step, not last, and replay.ratio's count per step moves with it")
     if probe is not None:
         parts = ", ".join(f"{t.name} ({'perplexity' if t.kind == 'text' else t.score_metric}) {len(t.test)} rows" for t in probe.tasks)
         lines.append(f"general-ability probe ({cfg.eval.general}): {parts}; before the first task and after each of the {len(stages)} stages")

@@ -223,8 +223,12 @@ class ReplayConfig:
     stops with an error: it could mean either; write a count without the point, or the
     fraction as ``replay.buffer_fraction``."""
     buffer_fraction: float = 0.0
-    """S as a fraction of all training examples of the stream, in (0, 1] (1 = every example
-    kept); replaces ``buffer_size`` when above 0."""
+    """S as a fraction of all training examples of the stream, in (0, 1]; replaces
+    ``buffer_size`` when above 0 (a ``buffer_size`` set beside it is not read: the run warns).
+    1 gives a capacity of every example: ``reservoir`` can keep them all, but a per-task quota
+    policy (``surprise``, ``random``) keeps floor(S/d) per task after d tasks, the paper's rule,
+    so the remainder S - d floor(S/d) stays unused and a task with fewer rows than its quota
+    leaves the rest of its share empty (the run and the dry run warn how many of S it keeps)."""
     score_time: str = "before"
     """When surprise is computed for a task: ``before`` or ``after`` training on it."""
     insert_time: str = "before"
@@ -252,13 +256,18 @@ class ReplayConfig:
     prompt given the prompt. ``paper-t5`` keeps ``sequence`` (Eq. 1's surprise of the example;
     docs/faithfulness.md says why); ``replay.scope=input`` reproduces the reference's."""
     aging: bool = False
-    """Re-score replayed items with the loss of the step that replays them. With one process,
-    ``scope=label`` and ``reduction=mean`` (or any reduction for ``online_surprise``, whose fresh
-    entries are step losses too) that is the step's own forward (before its update, in
-    train mode: with ``lora.dropout`` > 0 under its masks, while the buffer's first scores are
-    taken without dropout); otherwise (another scope or reduction, or several processes) the
-    replayed items are scored again right after the update, as a task's surprise is (eval mode),
-    so aged and fresh entries share one scale."""
+    """Re-score replayed items with their surprise at the step that replays them. Only
+    replayed items are re-scored: one never replayed keeps the score it was selected with
+    (under the model of its task's selection), while a replayed one carries its surprise under
+    a model that has since trained on it, usually lower; a later task's smaller quota ranks
+    both together, so replayed items are dropped first (the paper's "replaying decreases
+    surprise, making it more likely to be replaced"), not the buffer re-ranked by what is
+    surprising now. With one process, ``scope=label`` and ``reduction=mean`` (or any reduction
+    for ``online_surprise``, whose fresh entries are step losses too) the new score is the
+    step's own forward (before its update, in train mode: with ``lora.dropout`` > 0 under its
+    masks, while the buffer's first scores are taken without dropout); otherwise (another scope
+    or reduction, or several processes) the replayed items are scored again right after the
+    update, in eval mode, as a task's surprise is (the same scoring, under a later model)."""
     every: int = 2
     """Replay every k-th optimizer step (not read when ``ratio`` is set)."""
     batch_size: int = 4
@@ -291,6 +300,20 @@ class ReplayConfig:
     ``Trainer``'s accumulation do; ``pair``: the same on steps that replay, the joint token mean
     on steps that do not (an empty buffer, ``replay.every`` > 1, a method without replay):
     what ``pair`` always meant, kept so that runs made with it stay the same runs."""
+
+    def unread(self) -> dict[str, str]:
+        """The keys of this section a run does not read, whatever their values, each with what
+        sets its part instead: ``buffer_size`` under ``buffer_fraction`` > 0; ``every`` and
+        ``batch_size`` under ``ratio``. The run warns where one is set off its default
+        (:func:`surecl.config.config_warnings`); a sweep refuses a grid axis over one
+        (:func:`surecl.sweep.check_grid_read`)."""
+        unread = {}
+        if self.buffer_fraction > 0:
+            unread["replay.buffer_size"] = f"replay.buffer_fraction={self.buffer_fraction:g} sets S"
+        if self.ratio:
+            for key in ("every", "batch_size"):
+                unread[f"replay.{key}"] = f"replay.ratio={self.ratio} sets every step's replayed count"
+        return unread
 
 
 @dataclass

@@ -313,6 +313,20 @@ def grid_points(grid: dict[str, list[str]]) -> list[list[str]]:
     return points
 
 
+def check_grid_read(runs: list[PlannedRun], configs: list) -> None:
+    """One line, before anything trains, for a grid axis over a key a planned run does not read
+    (``ReplayConfig.unread``: ``replay.buffer_size`` under ``replay.buffer_fraction``,
+    ``replay.every`` / ``replay.batch_size`` under ``replay.ratio``): its rows would be one run
+    under several names, a row named for a value it never used. ``configs``: each run's config."""
+    for r, cfg in zip(runs, configs):
+        unread = cfg.replay.unread()
+        for point in r.point:
+            key = point.split("=", 1)[0].strip()
+            if key in unread:
+                raise SureclError(f"sweep: grid key {key} is not read by run {r.path} ({unread[key]}), so its rows would be one run "
+                                  f"under several names; drop the axis, or unset {unread[key].split('=', 1)[0]}")
+
+
 def expand(plan: Plan) -> list[PlannedRun]:
     """Every run of the plan: groups (or the plan's methods) x grid points x orders x seeds."""
     groups = plan.groups or [{"methods": plan.methods}]

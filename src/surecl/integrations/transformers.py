@@ -176,8 +176,9 @@ class SureArguments:
     aging: bool = False
     """``replay.aging``: after every optimizer step that replays, the replayed entries' scores
     become their surprise under the fast adapter just updated (the same scorer as a task's
-    surprise), so when a later task shrinks the quota a share keeps what is still surprising.
-    ``policy="surprise"`` only (``random`` keeps no scores)."""
+    surprise); entries never replayed keep the score they were selected with, and a later task's
+    smaller quota ranks both together, so replayed entries, whose surprise has usually fallen,
+    are dropped first. ``policy="surprise"`` only (``random`` keeps no scores)."""
     dual: bool = True
     """The slow adapter (``dual.enabled``); ``False``: the fast adapter alone answers."""
     beta: float | str = "auto"
@@ -572,7 +573,8 @@ class SureTrainer(Trainer):
         self._root_checked = False
         self.sets: list = []
         self.scores: dict[int, list[float]] = {}
-        """Each task's surprise (the buffer's priorities), the same on every process."""
+        """Each task's surprise (the buffer's priorities), the same on every process; none where
+        nothing scored it (``buffer_size=0``: a buffer that keeps nothing is not scored)."""
         self.replay_counts: dict[int, list[int]] = {}
         """Per task: [new, replayed] examples trained on."""
         self._local = [0, 0]

@@ -34,6 +34,14 @@ def quota(capacity: int, n_tasks: int) -> int:
     return capacity // n_tasks if n_tasks > 0 else 0
 
 
+def quota_held(capacity: int, sizes: list[int]) -> int:
+    """Entries a :class:`QuotaBuffer` of ``capacity`` holds once tasks of ``sizes`` examples have
+    entered: min(m, n) of each, m = floor(S / d). Below S where S is not a multiple of d (the
+    remainder is never used) or a task has fewer examples than m (its share stays part empty)."""
+    m = quota(capacity, len(sizes))
+    return sum(min(m, n) for n in sizes)
+
+
 class QuotaBuffer:
     """Equal per-task quota; a task's entries are ranked by score, highest kept.
 

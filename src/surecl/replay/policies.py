@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from surecl.errors import SureclError
 from surecl.plugins.base import Plugin, Stage, StepRecord
-from surecl.replay.buffer import Entry, OnlineQuotaBuffer, QuotaBuffer, ReservoirBuffer, sample
+from surecl.replay.buffer import Entry, OnlineQuotaBuffer, QuotaBuffer, ReservoirBuffer, quota, quota_held, sample
 from surecl.sections import ReplayConfig
 
 Scorer = Callable[[int], list[float]]
@@ -227,7 +227,8 @@ class QuotaPolicy(ReplayPolicy):
 
     def priorities(self, task: int, n_items: int, scorer: Scorer) -> list[float]:
         """The priority of each of the task's ``n_items`` training examples, in order: finite
-        numbers (the buffer keeps each task's highest)."""
+        numbers (the buffer keeps each task's highest). Not asked for when the buffer's capacity
+        is 0: it keeps nothing, and scoring a task is a forward pass over its training set."""
         raise NotImplementedError
 
     def checked_priorities(self, task: int, n_items: int, scorer: Scorer) -> list[float]:
@@ -254,7 +255,8 @@ class QuotaPolicy(ReplayPolicy):
 
     def _at(self, when: str, task: int, n_items: int, scorer: Scorer, labels: list[str] | None) -> None:
         if self.config.score_time == when:
-            self._pending = self.checked_priorities(task, n_items, scorer)
+            # a buffer of 0 keeps no entry: its task still enters (as one that keeps none), unscored
+            self._pending = self.checked_priorities(task, n_items, scorer) if self.buffer.capacity > 0 else [0.0] * n_items
         if self.config.insert_time == when:
             assert self._pending is not None, "scores must exist before insertion"
             self.buffer.add_task(task, self._pending, labels)
@@ -288,7 +290,9 @@ def buffer_capacity(cfg: ReplayConfig, total_train: int) -> int:
     if cfg.policy == "none":
         return 0
     fraction = getattr(cfg, "buffer_fraction", 0.0)
-    if fraction > 0:  # replay.buffer_fraction: a fraction in (0, 1], 1 = every training example
+    # replay.buffer_fraction: a fraction in (0, 1]; 1 = a capacity of every training example, of
+    # which a per-task quota policy keeps floor(S/d) per task (stream_quota_warning says how many)
+    if fraction > 0:
         return int(round(fraction * total_train, 9))
     if cfg.buffer_size < 1:
         # round first: 0.29 * 100 is 28.999999999999996 in binary floating point
@@ -325,6 +329,32 @@ def quota_warning(policy: type, capacity: int, n_tasks: int, n_labels: int = 0) 
 
 def stream_quota_warning(policy: type, capacity: int, tasks) -> str | None:
     """:func:`quota_warning` for a stream of tasks (the run's and the dry run's): its answer
-    labels are counted only for a policy with a per-label quota."""
+    labels are counted only for a policy with a per-label quota. Else, for a per-task quota,
+    where the buffer ends holding fewer than S by the stream's task sizes (:func:`quota_shortfall`)."""
     labels = {ex.label for t in tasks for ex in t.train} if policy.per_label_quota else ()
-    return quota_warning(policy, capacity, len(tasks), len(labels))
+    warning = quota_warning(policy, capacity, len(tasks), len(labels))
+    if warning is None and policy.per_task_quota:
+        warning = quota_shortfall(policy, capacity, [(t.name, len(t.train)) for t in tasks])
+    return warning
+
+
+def quota_shortfall(policy: type, capacity: int, sizes: list[tuple[str, int]]) -> str | None:
+    """Why a per-task quota buffer of S entries ends holding fewer, after the tasks ``sizes``
+    ((name, training examples) in stream order), or None: it keeps floor(S/d) of each of the d
+    tasks (the paper's rule), so the remainder S - d floor(S/d) is never used, and a task with
+    fewer examples than its quota leaves the rest of its share empty (``replay.buffer_fraction=1``
+    with tasks of unequal sizes keeps well below every example)."""
+    held = quota_held(capacity, [n for _, n in sizes])
+    if not sizes or held >= capacity:
+        return None
+    d, m = len(sizes), quota(capacity, len(sizes))
+    why = []
+    if capacity - d * m:
+        why.append(f"the remainder {capacity} - {d} x {m} = {capacity - d * m} is never used")
+    short = [(name, n) for name, n in sizes if n < m]
+    if short:
+        named = ", ".join(f"{name} {n}" for name, n in short[:4]) + (" ..." if len(short) > 4 else "")
+        why.append(f"{len(short)} task(s) have fewer training examples than {m} ({named}) and leave {sum(m - n for _, n in short)} "
+                   "of their shares empty")
+    return (f"the buffer ends holding {held} of its S={capacity} entries: {policy.name} keeps floor(S/d) = floor({capacity}/{d}) = "
+            f"{m} per task (the paper's rule, whatever the tasks' sizes), so " + " and ".join(why))
