@@ -100,6 +100,17 @@ def test_a_saved_config_yaml_reruns_without_a_plugin_it_did_not_use(registered, 
     typo.write_text("method: seq_lora\nreplya: {ratio: '1:2'}\n")
     with pytest.raises(SureclError, match="replya"):
         build_config(str(typo), [])
+    # an edited copy of a run's config.yaml: a section misspelt (nlora as nlroa) is refused, not
+    # dropped as an absent plugin's (its values would be lost without a word)
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(build_config("tiny,nlora", SMALL).to_yaml().replace("\nnlora:", "\nnlroa:"))
+    with pytest.raises(SureclError, match="nlroa"):
+        build_config(str(edited), [])
+    # a file of the user's own holding every section but not written by a run keeps every key
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(saved.read_text().split("\n", 1)[1])
+    with pytest.raises(SureclError, match="r24_pull"):
+        build_config(str(mine), [])
 
 
 # ------------------------------------------------------------------ 2-4, 7, 11: refused at registration

@@ -599,3 +599,30 @@ def test_the_default_out_folder_is_named_by_the_overrides_too(tmp_path):
     long_b = _out_dir(None, cfg, ["train.lr=0.001", "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,up_proj]", "x.y=2"])
     assert long_a != long_b and long_a.parent == Path("runs") and len(long_a.name) < len(plain.name) + 80
     assert _out_dir(str(tmp_path / "mine"), cfg, ["dual.beta=0.995"]) == tmp_path / "mine"
+    # the overrides by key: their order, a key given twice, and the result-neutral options name nothing
+    both = _out_dir(None, cfg, ["train.lr=0.001", "dual.beta=0.995"])
+    assert _out_dir(None, cfg, ["dual.beta=0.995", "train.lr=0.001"]) == both
+    assert _out_dir(None, cfg, ["dual.beta=0.9", "train.lr=0.001", "dual.beta=0.995"]) == both
+    assert _out_dir(None, cfg, ["dual.beta=0.995", "train.checkpoint_every=5", "log_every=3", "train.keep_checkpoints=1"]) == beta
+
+
+def test_a_run_started_in_the_plain_default_folder_goes_on_there(tmp_path, monkeypatch, capsys):
+    """Before overrides named the default folder, ``surecl run dual.beta=0.995`` wrote
+    runs/<preset>-...-s0; the same command now finds that run there (its config.yaml) and says
+    so, where a plain folder holding another run is left alone."""
+    from surecl.cli import _out_dir
+    from surecl.config import build_config
+
+    monkeypatch.chdir(tmp_path)
+    cfg = build_config("tiny,seq_lora", ["dual.beta=0.995"])
+    plain = _out_dir(None, cfg, [])
+    named = _out_dir(None, cfg, ["dual.beta=0.995"])
+    plain.mkdir(parents=True)
+    (plain / "config.yaml").write_text(build_config("tiny,seq_lora", ["train.lr=0.5"]).to_yaml())
+    assert _out_dir(None, cfg, ["dual.beta=0.995"]) == named  # another run's folder: not taken
+    (plain / "config.yaml").write_text(cfg.to_yaml())
+    capsys.readouterr()
+    assert _out_dir(None, cfg, ["dual.beta=0.995"]) == plain
+    assert "holds this run" in capsys.readouterr().err
+    named.mkdir(parents=True)  # once the named folder exists, it is the run's
+    assert _out_dir(None, cfg, ["dual.beta=0.995"]) == named

@@ -26,27 +26,64 @@ NAMED_KEYS = ("seed", "data.order", "data.benchmark", "preset")
 
 def _out_dir(arg: str | None, cfg, overrides: list[str] | tuple[str, ...] = ()) -> Path:
     """``--out``, else ``runs/<preset>-<benchmark>-o<order>-s<seed>`` followed by the command
-    line's other overrides as given (``-dual.beta=0.995``): a run with other overrides gets its
-    own folder, and the same command again finds its own to resume. A long tail is cut and
-    ended by a hash of the whole, so two tails that share their start stay two folders."""
+    line's other overrides, by key (``-dual.beta=0.995``; a key given twice by its last value):
+    a run with other overrides gets its own folder, and the same command again, its overrides in
+    any order, finds its own to resume. Options that change no result (``RESULT_NEUTRAL``:
+    ``train.checkpoint_every``, ...) name nothing, so a resume may change them as it may with
+    ``--out``. A long tail is cut and ended by a hash of the whole, so two tails that share their
+    start stay two folders. A folder named without overrides (before they named it) that holds
+    this very run (its ``config.yaml``) is taken, said once."""
     if arg is not None:
         check_out_dir(arg)
         return Path(arg)
+    from surecl.config import RESULT_NEUTRAL
+
     order = cfg.data.order if not cfg.data.tasks else "custom"
     bench = Path(cfg.data.benchmark).name or "bench"
     preset = str(cfg.preset or cfg.method)
     if preset.endswith((".yaml", ".yml")):  # a preset given as a YAML file: its name
         preset = Path(preset).stem
     name = f"{preset}-{bench}-o{order}-s{cfg.seed}"
-    given = [o.strip() for o in overrides if o.split("=", 1)[0].strip() not in NAMED_KEYS]
-    tail = "-".join(o for o in given if o)
+    unnamed = set(NAMED_KEYS) | {".".join(path) for path in RESULT_NEUTRAL}
+    given: dict[str, str] = {}
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if item.strip() and key not in unnamed:
+            given.pop(key, None)
+            given[key] = item.strip()
+    parts = [given[k] for k in sorted(given)]
+    tail = "-".join(parts)
     if len(tail) > 80:
         import hashlib
 
-        tail = f"{tail[:64]}-{hashlib.sha256(chr(0).join(given).encode()).hexdigest()[:10]}"
-    if tail:
-        name += f"-{tail}"
-    return Path("runs") / re.sub(r"[^A-Za-z0-9._+=-]", "_", name).lstrip(".")
+        tail = f"{tail[:64]}-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:10]}"
+    plain = Path("runs") / _safe_name(name)
+    if not tail:
+        return plain
+    out = Path("runs") / _safe_name(f"{name}-{tail}")
+    if not out.exists() and _holds_run(plain, cfg):
+        print(f"surecl: {plain} holds this run (its config.yaml), started before overrides named the default folder: "
+              "it goes on there", file=sys.stderr)
+        return plain
+    return out
+
+
+def _safe_name(name: str) -> str:
+    """A folder name of ``name``: characters other than letters, digits and ``._+=-`` as ``_``, no leading dot."""
+    return re.sub(r"[^A-Za-z0-9._+=-]", "_", name).lstrip(".")
+
+
+def _holds_run(folder: Path, cfg) -> bool:
+    """Whether ``folder``'s ``config.yaml`` is ``cfg`` (:func:`surecl.config.same_config`)."""
+    import yaml
+
+    from surecl.config import same_config
+
+    try:
+        saved = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(saved, dict) and same_config(saved, cfg)
 
 
 def check_out_dir(out: Path | str, flag: str = "--out") -> None:

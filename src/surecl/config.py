@@ -96,12 +96,17 @@ class RunConfig:
 
     def to_yaml(self) -> str:
         """The whole tree as YAML that ``--config`` / :func:`build_config` reads back to an equal config."""
-        head = "# surecl run config, resolved (presets and overrides applied); `surecl run --config <this file>` runs it again\n"
+        head = SAVED_HEAD + " (presets and overrides applied); `surecl run --config <this file>` runs it again\n"
         tree = self.to_dict()
         text = yaml.safe_dump(tree, sort_keys=False, allow_unicode=True)
         if yaml.safe_load(text) != tree:  # a character YAML reads as a line break (U+0085, U+2028) written raw: escaped instead
             text = yaml.safe_dump(tree, sort_keys=False, allow_unicode=False)
         return head + text
+
+
+SAVED_HEAD = "# surecl run config, resolved"
+"""How a run's ``config.yaml`` starts (:meth:`RunConfig.to_yaml`): a file that does is read as a
+saved run's (:func:`_saved_run_sections`)."""
 
 
 CORE_SECTIONS = registry.CORE_KEYS
@@ -785,7 +790,9 @@ def build_config(config: str | None = None, overrides: list[str] | None = None) 
     guarded: dict[str, tuple[str, Any]] = {}  # key -> (method preset, its value) that later presets may not change
     conflicts: dict[str, str] = {}
     for name, data, source in loaded:
-        body = _saved_run_sections({k: v for k, v in data.items() if k not in META_KEYS}, source)
+        body = {k: v for k, v in data.items() if k not in META_KEYS}
+        if _written_by_a_run(name):
+            body = _saved_run_sections(body, source)
         _apply_mapping(cfg, body, "", source)
         for key, (owner, value) in guarded.items():
             if get_key(cfg, key) != value and key not in conflicts:
@@ -854,16 +861,33 @@ SAVED_TREE = ("method", "model", "data", "lora", "replay", "dual", "train", "eva
 holding all of them is taken for a saved run's config."""
 
 
+def _written_by_a_run(name: str) -> bool:
+    """Whether ``--config`` entry ``name`` is a file a run wrote (it starts with :data:`SAVED_HEAD`)."""
+    path = Path(name)
+    if path.suffix not in (".yaml", ".yml") or not path.is_file():
+        return False
+    try:
+        with path.open(encoding="utf-8") as f:
+            return f.readline().startswith(SAVED_HEAD)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _saved_run_sections(body: dict[str, Any], source: str) -> dict[str, Any]:
-    """A saved run's ``config.yaml`` (one holding every :data:`SAVED_TREE` section) without the
-    sections of a plugin that was loaded when it ran but is not now, where its own method and
-    policy are registered so neither reads them (:func:`_unread_sections`), with a warning
-    naming them: ``surecl run --config <run>/config.yaml`` runs it again. A file of the user's
-    own keeps every key, so a misspelt section is still refused."""
+    """A run's own ``config.yaml`` (it starts with :data:`SAVED_HEAD` and holds every
+    :data:`SAVED_TREE` section) without the sections of a plugin that was loaded when it ran but
+    is not now, where its own method and policy are registered so neither reads them
+    (:func:`_unread_sections`), with a warning naming them: ``surecl run --config
+    <run>/config.yaml`` runs it again. A section named like a registered one (a misspelling in an
+    edited copy) is kept, so it is refused; so is every key of a file of the user's own."""
     if not set(SAVED_TREE) <= set(body):
         return body
+    import difflib
+
     kept = _unread_sections(body)
-    dropped = [k for k in body if k not in kept]
+    known = [*registry.sections(), *CORE_SECTIONS]
+    dropped = [k for k in body if k not in kept and not difflib.get_close_matches(k, known, n=1, cutoff=0.8)]
+    kept = {k: v for k, v in body.items() if k in kept or k not in dropped}
     if dropped:
         from surecl.logs import logger
 
