@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,14 +17,12 @@ import torch
 datasets = pytest.importorskip("datasets")
 
 from test_integration_trainer import lm_sets, make_trainer  # noqa: E402
-from test_two_process import launch_two  # noqa: E402
+from test_two_process import run_script_as_two  # noqa: E402
 from trainer_stops import Interrupt, StopAt  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from surecl.errors import SureclError  # noqa: E402
 from surecl.integrations.transformers import SureArguments, SureTrainer  # noqa: E402
-
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def final(trainer) -> tuple:
@@ -288,10 +283,7 @@ def test_two_processes_given_other_rows_stop_in_one_line(tiny_loaded, tiny_cache
     """Task 1's rows shuffled differently on the two processes were accepted: each process's
     buffer entries (task, index) then named other rows. Now both processes stop at task 1 with
     the same line (none is left waiting in a collective); task 0, the same on both, trains."""
-    script = tmp_path / "two.py"
-    script.write_text(TWO_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), "CUDA_VISIBLE_DEVICES": ""}
-    codes, log = launch_two([sys.executable, str(script), str(tmp_path), str(tiny_cache)], env, timeout=300)
+    codes, log = run_script_as_two(TWO_SCRIPT, tmp_path, tiny_cache, timeout=300)
     assert codes == [0, 0], log
     said = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert said[0] == said[1]

@@ -15,6 +15,7 @@ import logging
 import pytest
 import torch
 from test_model_families import build
+from test_models_review24 import tiny_bert2bert
 
 from surecl.config import ModelConfig, build_config
 from surecl.errors import SureclError
@@ -72,20 +73,14 @@ def test_the_dry_run_says_the_special_tokens_the_run_refuses(tiny_loaded, tiny_c
     decoder start is past its embeddings all planned without a word, and the run then stopped.
     Now the dry run says the run's own line under the model line; a folder the run takes, a BART
     whose decoder start is in its generation config alone among them, gets no error line."""
-    from transformers import BertConfig, EncoderDecoderConfig, EncoderDecoderModel, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     base = tiny_loaded.tokenizer
     size = tiny_loaded.model.get_input_embeddings().num_embeddings
     pad = PreTrainedTokenizerFast(tokenizer_object=copy.deepcopy(base.backend_tokenizer), eos_token="<eos>", unk_token="<unk>")
     pad.add_special_tokens({"pad_token": "[PAD]"})
     no_eos = PreTrainedTokenizerFast(tokenizer_object=copy.deepcopy(base.backend_tokenizer), pad_token="<pad>", unk_token="<unk>")
-    bert = dict(vocab_size=len(base), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                pad_token_id=base.pad_token_id)
-    config = EncoderDecoderConfig.from_encoder_decoder_configs(BertConfig(**bert), BertConfig(**bert))
-    config.pad_token_id = base.pad_token_id
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        bert2bert = EncoderDecoderModel(config=config)
+    bert2bert = tiny_bert2bert(base)
     late_start = build("bart", base, decoder_start_token_id=size + 5)
     late_start.generation_config.decoder_start_token_id = size + 5
     refused = {

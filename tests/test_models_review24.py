@@ -172,18 +172,11 @@ def test_an_encoder_decoder_without_a_decoder_start_is_one_line(tiny_loaded, tin
     TypeError, the run folder started. Now one line naming the model and the fix; a model whose
     generation config alone has one takes it into its config, which the shift reads (given back
     as it came when the build fails)."""
-    from transformers import BertConfig, EncoderDecoderConfig, EncoderDecoderModel
 
     from surecl.nll import token_nll
 
     tok = copy.deepcopy(tiny_loaded.tokenizer)
-    bert = dict(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                pad_token_id=tok.pad_token_id)
-    config = EncoderDecoderConfig.from_encoder_decoder_configs(BertConfig(**bert), BertConfig(**bert))
-    config.pad_token_id = tok.pad_token_id
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        bert2bert = EncoderDecoderModel(config=config)
+    bert2bert = tiny_bert2bert(tok)
     assert bert2bert.config.decoder_start_token_id is None and bert2bert.generation_config.decoder_start_token_id is None
     folder = tmp_path / "bert2bert"
     bert2bert.save_pretrained(folder)
@@ -236,3 +229,17 @@ def test_damaged_weights_and_mismatched_shapes_are_the_loaders_line(tiny_loaded,
     assert "\n" not in str(err.value)
     line = cli_refusal(trunc, tmp_path / "out", "[q_proj,v_proj]", tiny_cache, monkeypatch, capsys)
     assert line.startswith(f"surecl: error: model.name: cannot load '{trunc}': ")
+
+
+def tiny_bert2bert(tok):
+    """A tiny bert2bert (``EncoderDecoderModel`` of two BERTs) over ``tok``'s vocabulary: no
+    decoder start by default."""
+    from transformers import BertConfig, EncoderDecoderConfig, EncoderDecoderModel
+
+    bert = dict(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                pad_token_id=tok.pad_token_id)
+    config = EncoderDecoderConfig.from_encoder_decoder_configs(BertConfig(**bert), BertConfig(**bert))
+    config.pad_token_id = tok.pad_token_id
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return EncoderDecoderModel(config=config)

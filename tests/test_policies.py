@@ -475,13 +475,20 @@ def test_the_dry_runs_replay_steps_are_the_runs(tmp_path, tiny_cache, overrides)
     """The dry run counted an online policy's first step and, with a ratio, every batch as a
     full one: its column now equals the steps that replayed in the run it describes."""
     from surecl.plan import describe
-    from surecl.plugins import Plugin
-    from surecl.trainer import ContinualRun
 
     preset, *rest = overrides
     cfg = build_config(preset, [*rest, "data.tasks=[colors,animals]", "train.epochs=1", "eval.matrix=fp_ap"])
     table = [line.split("|") for line in describe(cfg).splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
     planned = [(int(row[5]), int(row[6])) for row in table]
+
+    ran = [(len(v), sum(1 for n in v if n)) for v in replayed_per_step(cfg, tmp_path / "run", tiny_cache)]
+    assert planned == ran and any(r < s for s, r in ran)
+
+
+def replayed_per_step(cfg, out, cache) -> list[list[int]]:
+    """Per stage of a run of ``cfg`` in ``out``, how many examples each optimizer step replayed."""
+    from surecl.plugins import Plugin
+    from surecl.trainer import ContinualRun
 
     class Count(Plugin):
         def __init__(self):
@@ -491,6 +498,5 @@ def test_the_dry_runs_replay_steps_are_the_runs(tmp_path, tiny_cache, overrides)
             self.steps.setdefault(record.stage.row, []).append(len(record.replayed))
 
     count = Count()
-    ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache, plugins=[count]).run()
-    ran = [(len(v), sum(1 for n in v if n)) for _, v in sorted(count.steps.items())]
-    assert planned == ran and any(r < s for s, r in ran)
+    ContinualRun(cfg, out, progress=False, cache_dir=cache, plugins=[count]).run()
+    return [v for _, v in sorted(count.steps.items())]

@@ -192,24 +192,15 @@ def test_the_dry_runs_replay_steps_hold_the_bucketed_runs(tiny_cache, tmp_path):
     """Tasks of 9 in batches of 4 at 1:3: the short batch replays where it falls last, not first;
     the dry run said 3 replay steps per task where the run took 2 on most."""
     from surecl.plan import describe
-    from surecl.plugins import Plugin
-    from surecl.trainer import ContinualRun
 
     cfg = build_config("tiny,surprise", ["replay.ratio=1:3", "data.n_train=9", "data.n_test=2", "train.epochs=1", "train.batch_size=4",
                                          "eval.fast=false", "eval.matrix=fp_ap"])
     text = describe(cfg, tiny_cache)
     planned = [tuple(int(v) for v in row[5].split("-")) * (1 if "-" in row[5] else 2) for row in table(text)]
 
-    class Count(Plugin):
-        def __init__(self):
-            self.steps: dict[int, list[int]] = {}
+    from test_policies import replayed_per_step
 
-        def after_step(self, ctx, record):
-            self.steps.setdefault(record.stage.row, []).append(len(record.replayed))
-
-    count = Count()
-    ContinualRun(cfg, tmp_path / "run", progress=False, cache_dir=tiny_cache, plugins=[count]).run()
-    ran = [sum(1 for n in v if n) for _, v in sorted(count.steps.items())]
+    ran = [sum(1 for n in v if n) for v in replayed_per_step(cfg, tmp_path / "run", tiny_cache)]
     assert all(low <= r <= high for (low, high), r in zip(planned, ran, strict=True)), (planned, ran)
     assert any(low < high for low, high in planned) and "replay steps a-b: the fewest and the most" in text
 

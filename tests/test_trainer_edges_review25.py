@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,14 +13,11 @@ datasets = pytest.importorskip("datasets")
 
 from test_integration_review23 import assert_same_end, jit_manager  # noqa: E402
 from test_integration_trainer import lm_sets, make_trainer  # noqa: E402
-from test_two_process import launch_two  # noqa: E402
+from test_two_process import run_script_as_two  # noqa: E402
 from transformers import DataCollatorForSeq2Seq, TrainerCallback  # noqa: E402
 
 from surecl.errors import SureclError  # noqa: E402
 from surecl.integrations.transformers import SureArguments  # noqa: E402
-
-SRC = Path(__file__).resolve().parents[1] / "src"
-
 
 # ---------------------------------------------------------------------- rows without tokens
 
@@ -253,10 +247,7 @@ def test_two_processes_take_the_sigterm_checkpoint_at_one_step(tiny_cache, tmp_p
     next collective: the job hung, and the checkpoint lacked the other process's random state,
     so no resume could take it. Now both processes save the same checkpoint at the first point
     either asked, stop with the same line, and the resume ends where the uninterrupted run ends."""
-    script = tmp_path / "two.py"
-    script.write_text(TWO_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), "CUDA_VISIBLE_DEVICES": ""}
-    codes, log = launch_two([sys.executable, str(script), str(tmp_path), str(tiny_cache)], env, timeout=240)
+    codes, log = run_script_as_two(TWO_SCRIPT, tmp_path, tiny_cache, timeout=240)
     assert codes == [0, 0], log
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     complete = {"optimizer.pt", "rng_state_0.pth", "rng_state_1.pth", "sure_state.json", "sure_state.safetensors", "trainer_state.json"}

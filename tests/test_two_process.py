@@ -104,6 +104,16 @@ def launch_two(cmd: list[str], env: dict, timeout: float) -> tuple[list[int] | N
     return codes, out
 
 
+def run_script_as_two(text: str, tmp_path, tiny_cache, timeout: float) -> tuple[list[int] | None, str]:
+    """``text`` written to ``tmp_path/two.py`` and run as two processes (:func:`launch_two`) with
+    this checkout's ``src`` first on the path and no GPU, given ``tmp_path`` and ``tiny_cache``."""
+    script = tmp_path / "two.py"
+    script.write_text(text)
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]), "CUDA_VISIBLE_DEVICES": ""}
+    return launch_two([sys.executable, str(script), str(tmp_path), str(tiny_cache)], env, timeout=timeout)
+
+
 def _launch_two(cmd: list[str], env: dict, timeout: float) -> tuple[list[int] | None, str]:
     port = free_port()
     procs, logs = [], []
