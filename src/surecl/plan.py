@@ -115,7 +115,7 @@ def replay_steps_range(sizes: int | list[int], cfg: RunConfig, names: list[str] 
     size, cap = cfg.train.batch_size, stage_cap(cfg, names)
 
     def replays(before: int, new: int) -> int:
-        return int((before + new) * a // b > before * a // b)
+        return int(ratio_count(before, new, a, b) > 0)
 
     low = high = done = step = 0
     for epoch, n in enumerate(_epoch_sizes(sizes, cfg, names)):
@@ -159,10 +159,14 @@ def replay_count(step: int, batch_sizes: list[int], cfg: RunConfig) -> int:
     evenly); else ``replay.batch_size`` every ``replay.every``-th step."""
     if not cfg.replay.ratio:
         return cfg.replay.batch_size if step % cfg.replay.every == 0 else 0
-    a, b = replay_ratio(cfg.replay.ratio)
     before = sum(batch_sizes[:step])
-    after = before + batch_sizes[step]
-    return after * a // b - before * a // b
+    return ratio_count(before, batch_sizes[step], *replay_ratio(cfg.replay.ratio))
+
+
+def ratio_count(before: int, new: int, a: int, b: int) -> int:
+    """Examples replayed under ratio a:b by a step of ``new`` new examples after ``before`` of
+    them: floor((before + new) a / b) - floor(before a / b)."""
+    return (before + new) * a // b - before * a // b
 
 
 def replayed_in(batch_size: int, cfg: RunConfig) -> float:
