@@ -79,12 +79,30 @@ def test_none_cells_are_skipped():
     s = summarise(a)
     assert s["fp"] == pytest.approx(70.0)
     assert s["ap"] == pytest.approx(60.0)
-    assert s["forgetting"] == pytest.approx(-10.0)
+    # forgetting pairs each task's two cells: task 0 has no final one, so only task 1 counts
+    # (AP - FP over unpaired cells would read -10, "later tasks helped", from a missing cell)
+    assert s["forgetting"] == pytest.approx(0.0)
     assert s["bwt"] is None  # no pair with both cells
     # average incremental accuracy needs every cell on and below the diagonal (a mean over the
     # cells present would be another quantity, e.g. with eval.matrix=fp_ap)
     assert s["avg_incremental"] is None
     assert summarise([[50.0, None], [40.0, 70.0]])["avg_incremental"] == pytest.approx(52.5)  # mean(50, mean(40, 70))
+
+
+def test_forgetting_over_tasks_with_both_cells():
+    # a method's own evaluation left task 1's diagonal cell out and task 2's final cell out
+    a = [
+        [80.0, None, None],
+        [70.0, None, None],
+        [60.0, 75.0, None],
+    ]
+    a[2][2] = None
+    a[1][1] = None
+    assert forgetting(a) == pytest.approx(80.0 - 60.0)  # only task 0 has both cells
+    assert forgetting(a, higher_is_better=False) == pytest.approx(60.0 - 80.0)
+    assert forgetting(a, keep=[1, 2]) is None  # no kept task has both
+    full = [[80.0, None], [70.0, 90.0]]
+    assert forgetting(full) == pytest.approx(average_performance(full) - final_performance(full))
 
 
 def test_all_none_matrix():

@@ -6,7 +6,8 @@ match (x100) for generation, perplexity for text streams. With N tasks:
 
 * FP (final performance)  = mean_j a[N-1][j]                       (paper, Sec. 4.1)
 * AP (average performance) = mean_j a[j][j], each task right after it was learned
-* forgetting = AP - FP (paper, Table "Measuring Forgetting"; negative = later tasks helped)
+* forgetting = AP - FP (paper, Table "Measuring Forgetting"; negative = later tasks helped), over
+  the tasks with both cells
 * BWT = mean_{j<N-1} (a[N-1][j] - a[j][j])  (Lopez-Paz & Ranzato), i.e. -forgetting over
   the first N-1 tasks
 * average incremental accuracy = mean_i mean_{j<=i} a[i][j]
@@ -50,7 +51,11 @@ def average_performance(a: Matrix, keep: list[int] | None = None) -> float | Non
 
 
 def forgetting(a: Matrix, higher_is_better: bool = True, keep: list[int] | None = None) -> float | None:
-    ap, fp = average_performance(a, keep), final_performance(a, keep)
+    """AP - FP over the tasks with both cells (right after learning and at the end): where a
+    method leaves some unevaluated, AP and FP alone would average different tasks. With every
+    cell this is the AP and FP of the summary."""
+    cols = [j for j in _columns(a, keep) if j < len(a) and a[j][j] is not None and a[-1][j] is not None]
+    ap, fp = average_performance(a, cols), final_performance(a, cols)
     if ap is None or fp is None:
         return None
     return ap - fp if higher_is_better else fp - ap
