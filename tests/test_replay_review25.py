@@ -98,8 +98,11 @@ def test_the_texts_say_fraction_one_is_a_capacity():
 def test_a_replaced_replay_key_set_off_its_default_warns():
     fraction = config_warnings(build_config("surprise", ["replay.buffer_size=300", "replay.buffer_fraction=0.25"]))
     assert fraction == ["replay.buffer_size=300 is not read: replay.buffer_fraction=0.25 sets S (set only one of the two)"]
-    # a preset's value is as unread: tiny sets buffer_size 0.25, every 1 and batch_size 8
-    assert any(w.startswith("replay.buffer_size=0.25 is not read") for w in config_warnings(build_config("tiny,surprise", ["replay.buffer_fraction=1"])))
+    # the user's own value warns; surecl's presets' values (tiny sets buffer_size 0.25, every 1
+    # and batch_size 8) are replaced by design and say nothing
+    assert any(w.startswith("replay.buffer_size=0.3 is not read") for w in config_warnings(
+        build_config("tiny,surprise", ["replay.buffer_size=0.3", "replay.buffer_fraction=1"])))
+    assert config_warnings(build_config("tiny,surprise", ["replay.buffer_fraction=1"])) == []
     ratio = config_warnings(build_config("surprise", ["replay.ratio=1:2", "replay.every=3", "replay.batch_size=6"]))
     assert ratio == ["replay.every=3 is not read: replay.ratio=1:2 sets every step's replayed count (set only one of the two)",
                      "replay.batch_size=6 is not read: replay.ratio=1:2 sets every step's replayed count (set only one of the two)"]
@@ -112,8 +115,24 @@ def test_a_replaced_replay_key_set_off_its_default_warns():
 def test_the_dry_run_prints_the_unread_key_once(tiny_cache):
     from surecl.plan import describe
 
-    text = describe(build_config("tiny,surprise", ["replay.buffer_fraction=0.5"]), tiny_cache)
-    assert text.count("warning: replay.buffer_size=0.25 is not read: replay.buffer_fraction=0.5 sets S") == 1
+    text = describe(build_config("tiny,surprise", ["replay.buffer_size=0.3", "replay.buffer_fraction=0.5"]), tiny_cache)
+    assert text.count("warning: replay.buffer_size=0.3 is not read: replay.buffer_fraction=0.5 sets S") == 1
+
+
+def test_only_the_users_unread_replay_keys_warn(tmp_path):
+    # tiny sets replay.every and batch_size, paper-t5 a ratio: the combination is surecl's own
+    assert config_warnings(build_config("tiny,paper-t5")) == []
+    # the same keys set by the user, on the command line or in their own file, do warn
+    assert [w.split(" is not")[0] for w in config_warnings(build_config("tiny,paper-t5", ["replay.every=3"]))] == ["replay.every=3"]
+    own = tmp_path / "mine.yaml"
+    own.write_text("kind: setting\nreplay: {batch_size: 6}\n")
+    assert [w.split(" is not")[0] for w in config_warnings(build_config(f"tiny,{own},paper-t5"))] == ["replay.batch_size=6"]
+    # a preset after the user's file that sets the key again takes it over: quiet again
+    assert config_warnings(build_config(f"{own},tiny,paper-t5")) == []
+    # a run's own saved config.yaml restates every key: resuming from it stays quiet
+    saved = tmp_path / "config.yaml"
+    saved.write_text(build_config("tiny,paper-t5").to_yaml())
+    assert config_warnings(build_config(str(saved))) == []
 
 
 def _planned(plan):

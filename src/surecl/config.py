@@ -359,15 +359,25 @@ RANK_ON_GENERATION = ("eval.mode=rank on generation tasks: free-text answers hav
 config, :func:`config_warnings`, or from the tasks loaded: ``data.jsonl`` headers, tasks from Python)."""
 
 
+_SHADOWABLE = tuple(ReplayConfig(buffer_fraction=0.5, ratio="1:2").unread())
+"""The replay keys another key may leave unread (:meth:`ReplayConfig.unread`)."""
+
+
 def config_warnings(cfg: RunConfig) -> list[str]:
     """What a valid config runs, but not as it may be meant: ``eval.ahead`` without
     ``eval.before`` evaluates the cells above the diagonal (results.json's matrix, report.md,
     the heatmap) while forward transfer, which needs the before-training row as well, stays
-    null; a replay key set off its default that another replaces (``ReplayConfig.unread``: a
-    preset's value too, which is as unread). The run logs each as a warning before it starts."""
+    null; a replay key set off its default that another replaces (``ReplayConfig.unread``),
+    where the user set it: on the command line or in their own YAML file, not where only
+    surecl's presets did (``tiny`` sets ``replay.every``, which ``tiny,paper-t5``'s ratio
+    replaces by design) or a run's saved config.yaml restates them. The run logs each as a
+    warning before it starts."""
     warnings = []
     defaults = type(cfg.replay)()
+    quiet = cfg.__dict__.get("_preset_keys", frozenset())
     for key, instead in cfg.replay.unread().items():
+        if key in quiet:
+            continue
         value = getattr(cfg.replay, key.split(".", 1)[1])
         if value != getattr(defaults, key.split(".", 1)[1]):
             warnings.append(f"{key}={value} is not read: {instead} (set only one of the two)")
@@ -788,6 +798,7 @@ def build_config(config: str | None = None, overrides: list[str] | None = None) 
     if not any(data.get("kind", "method") == "method" for _, data, _ in loaded):
         loaded.insert(0, (DEFAULT_PRESET, *load_yaml(DEFAULT_PRESET)))
     guarded: dict[str, tuple[str, Any]] = {}  # key -> (method preset, its value) that later presets may not change
+    set_by_preset: dict[str, bool] = {}
     conflicts: dict[str, str] = {}
     for name, data, source in loaded:
         body = {k: v for k, v in data.items() if k not in META_KEYS}
@@ -805,7 +816,13 @@ def build_config(config: str | None = None, overrides: list[str] | None = None) 
         for key in data.get("essential", []) or []:
             guarded[key] = (Path(name).stem, get_key(cfg, key))
             conflicts.pop(key, None)
+        for key in _SHADOWABLE:  # who last set each key another may leave unread
+            section, leaf = key.split(".", 1)
+            tree = _renamed(body).get(section)
+            if isinstance(tree, dict) and leaf in tree:
+                set_by_preset[key] = source.startswith("preset ") or _written_by_a_run(name)
     overridden = {item.split("=", 1)[0].strip() for item in overrides or []}
+    cfg.__dict__["_preset_keys"] = frozenset(k for k, preset in set_by_preset.items() if preset and k not in overridden)
     for key, message in conflicts.items():
         if key not in overridden:  # an explicit override decides
             raise SureclError(message)

@@ -304,8 +304,8 @@ class ReplayConfig:
     def unread(self) -> dict[str, str]:
         """The keys of this section a run does not read, whatever their values, each with what
         sets its part instead: ``buffer_size`` under ``buffer_fraction`` > 0; ``every`` and
-        ``batch_size`` under ``ratio``. The run warns where one is set off its default
-        (:func:`surecl.config.config_warnings`); a sweep refuses a grid axis over one
+        ``batch_size`` under ``ratio``. The run warns where the user sets one off its default
+        (:func:`surecl.config.config_warnings`; surecl's presets' values say nothing); a sweep refuses a grid axis over one
         (:func:`surecl.sweep.check_grid_read`)."""
         unread = {}
         if self.buffer_fraction > 0:
