@@ -427,16 +427,20 @@ class _JitSteps(TrainerCallback):
     weights, optimizer and SuRe state, but the random states as they are then: after the step's
     dropout masks, or at an epoch's first step after the data loader's seed draw, which the
     resumed run draws again. A run resumed from it took other masks than the uninterrupted run.
-    So the trainer keeps the states a checkpoint of the last step holds (taken after each step's
-    log, save and evaluation, and where a resume restored them) and such a checkpoint saves
-    those (:meth:`SureTrainer._save_rng_state`). First among the callbacks: the step starts
-    before any other callback's ``on_step_begin``."""
+    Before the update, its ``trainer_state.json`` also counted the step's micro-batches in
+    ``total_flos`` and ``num_input_tokens_seen``, which the resumed run counts again. So the
+    trainer keeps the random states and counters a checkpoint of the last step holds (taken
+    after each step's log, save and evaluation, and where a resume restored them) and such a
+    checkpoint saves those (:meth:`SureTrainer._save_rng_state`,
+    :meth:`SureTrainer._save_checkpoint`). First among the callbacks: the step starts before
+    any other callback's ``on_step_begin``."""
 
     def __init__(self, trainer: SureTrainer):
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.trainer._step_rng, self.trainer._in_step = _rng_states(), False
+        self.trainer._step_logged = self.trainer._logged()
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.trainer._in_step = True
@@ -593,6 +597,9 @@ class SureTrainer(Trainer):
         self._step_rng: dict | None = None
         """With ``enable_jit_checkpoint``: the random states a checkpoint of the last optimizer step
         holds (:class:`_JitSteps`), which a SIGTERM checkpoint saved inside a step saves."""
+        self._step_logged: tuple | None = None
+        """With ``enable_jit_checkpoint``: the Trainer's counters then (:meth:`_logged`), which
+        that checkpoint's ``trainer_state.json`` holds."""
         self._in_step = False
         if jit is None:
             self.add_callback(_EmaCallback(self))
@@ -1319,7 +1326,20 @@ class SureTrainer(Trainer):
         folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         if self.args.should_save:  # before the Trainer's files: a folder it lists as a checkpoint has ours
             self._write_state(folder, done=False)
-        super()._save_checkpoint(model, trial)
+        if not (self._in_step and self._step_logged is not None):
+            return super()._save_checkpoint(model, trial)
+        live = self._logged()  # inside a step (:class:`_JitSteps`): the last step's counters, then the live ones back
+        self.state.total_flos, self.current_flos, self.state.num_input_tokens_seen = self._step_logged
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.state.total_flos, self.current_flos, self.state.num_input_tokens_seen = live
+
+    def _logged(self) -> tuple:
+        """The counters a checkpoint's ``trainer_state.json`` takes from the Trainer: ``total_flos``
+        with this process's flops not yet stored (summed over processes as the save stores them)
+        and ``num_input_tokens_seen``."""
+        return self.state.total_flos, self.current_flos, self.state.num_input_tokens_seen
 
     def _save_rng_state(self, output_dir: str) -> None:
         """Inside an optimizer step (a SIGTERM checkpoint: :class:`_JitSteps`), the random states
@@ -1336,12 +1356,12 @@ class SureTrainer(Trainer):
     def _load_rng_state(self, checkpoint) -> None:
         super()._load_rng_state(checkpoint)
         if self._jit and checkpoint is not None:  # the resumed step starts from these
-            self._step_rng = _rng_states()
+            self._step_rng, self._step_logged = _rng_states(), self._logged()
 
     def _maybe_log_save_evaluate(self, *args, **kwargs):
         out = super()._maybe_log_save_evaluate(*args, **kwargs)
         if self._jit:  # the states a checkpoint saved here holds: the next step starts from them
-            self._step_rng = _rng_states()
+            self._step_rng, self._step_logged = _rng_states(), self._logged()
         return out
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
