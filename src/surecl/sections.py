@@ -145,7 +145,7 @@ class DataConfig:
     chat-turn opener ``<|im_start|>``)."""
     n_train: int = 240
     """Training examples kept per task (0 = all). The default sizes keep the embedded run
-    within 10 minutes on a 2-core CPU while every task is learned well above its zero-shot
+    within 10 minutes on a 2-core CPU with AVX512-BF16 (18 on one with AVX2 only: RESULTS.md §1) while every task is learned well above its zero-shot
     accuracy (30 steps per task); the paper uses 1000 (LNT) or 5000 (Standard CL) / 500 test."""
     n_test: int = 100
     """Test examples kept per task (0 = all)."""
@@ -277,8 +277,8 @@ class ReplayConfig:
     stream of new examples (after N new examples of a task, floor(N a / b) have been replayed),
     so every step of B new examples replays about B a / b of them: ``1:2`` is the paper's
     ratio (its reference code's trainer pairs one buffer example with every second
-    micro-batch of one example by its default ``replay_frequency`` 2, though its scripts pass 1,
-    i.e. 1:1; docs/faithfulness.md), ``1:4`` ... ``1:16`` its ablation's.
+    micro-batch of one example by its trainer's default ``replay_frequency`` 2, though its argparse default 1,
+    which its scripts keep, gives 1:1; docs/faithfulness.md), ``1:4`` ... ``1:16`` its ablation's.
     Empty (default): ``batch_size`` examples every ``every``-th step."""
     replacement: bool = False
     """How a step's replayed examples are drawn from the buffer: ``false`` (default) one draw
@@ -330,7 +330,7 @@ class DualConfig:
     per step of 64, a window of about 3.6 steps). Whether the slow adapter helps or lags depends on the window against the
     steps per task: half a task was the one rule measured at or above the fast adapter on
     every stream measured from 15 to 150 steps per task, where bias-corrected 0.995 fell below
-    it at 15 to 50 steps per task, by up to 15 points (RESULTS.md §3, §4;
+    it at 15 to 50 steps per task, by up to 13 points (RESULTS.md §3, §4;
     ``bench/ema_window.py`` measures slow - fast per rule)."""
     bias_correction: bool = True
     """Divide out the weight still on the initial adapter (Adam-style). Once a run has many
@@ -381,8 +381,8 @@ class TrainConfig:
     """``uniform``: batches drawn uniformly from a shuffled epoch, as in the paper (default).
     ``bucketed``: shuffle, sort by length inside windows of 32 batches, shuffle the batches:
     less padding, but each batch holds examples of similar length, which in a stream of
-    several tasks means mostly one task per batch: MTL lost 4 FP points to it against uniform
-    batches (README, bench/mtl_check.py)."""
+    several tasks means mostly one task per batch: MTL lost 4 to 10 FP points to it against
+    uniform batches (RESULTS.md §2, ``python bench/mtl_check.py``)."""
     epochs_per_task: list[str] = field(default_factory=list)
     """Per-task epochs, ``"<task>:<epochs>"`` each (e.g. ``MNLI:2``, as O-LoRA's ``long.sh``
     trains MNLI); a task not named trains ``epochs``. In MTL's one stage too: its later epochs
