@@ -14,11 +14,11 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
 from surecl.errors import RunBusy, SureclError
+from surecl.files import check_out_dir
 
 NAMED_KEYS = ("seed", "data.order", "data.benchmark", "preset")
 """Overrides the default run folder's name holds already (its order, seed and benchmark parts)."""
@@ -84,29 +84,6 @@ def _holds_run(folder: Path, cfg) -> bool:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     return isinstance(saved, dict) and same_config(saved, cfg)
-
-
-def check_out_dir(out: Path | str, flag: str = "--out") -> None:
-    """Refuse output paths we cannot or must not write, before any compute is spent: an empty
-    one too (an unset shell variable), which is the current folder or the default."""
-    if not str(out).strip():
-        raise SureclError(f"{flag}: empty; give a folder (an unset shell variable gives an empty value)")
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise SureclError(f"{flag}: {out} is a file, not a directory")
-    probe = out
-    while not probe.exists():
-        if probe.is_symlink():  # a link whose target is missing: mkdir would fail on it after the model loads
-            raise SureclError(f"{flag}: {probe} is a symbolic link to {os.readlink(probe)}, which does not exist; create its target or choose another {flag}")
-        probe = probe.parent
-    if not probe.is_dir():
-        raise SureclError(f"{flag}: {probe} is a file, not a directory")
-    try:  # os.access says yes to root even on read-only file systems: try for real
-        fd, tmp = tempfile.mkstemp(prefix=".surecl-probe-", dir=probe)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError:
-        raise SureclError(f"{flag}: {probe} is not writable") from None
 
 
 def _finished(out: Path, cfg, say: bool = True) -> bool:
@@ -187,6 +164,8 @@ def cmd_run(args) -> int:
         check_out_dir(args.out)
     from surecl.plugins.tracking import check_trackers
 
+    for value in args.log_with or []:  # an empty one (an unset variable) ran with no tracker without a word
+        check_given(value, "--log-with")
     log_with = check_trackers([n.strip() for v in args.log_with or [] for n in v.split(",") if n.strip()])
     if args.dry_run:
         from surecl.plan import describe
@@ -452,6 +431,9 @@ def cmd_sweep(args) -> int:
         if taken:
             raise SureclError(f"sweep: {root / taken[0]} exists and no surecl sweep wrote {root}; the sweep's table would "
                               "replace it: move it away or choose another --out")
+    kept = _surecl_file(root.resolve() / "table.csv") if plan.layout != "paper" else None
+    if kept:  # the closing table's refusal, said before the runs train rather than after
+        raise SureclError(f"sweep: --out {root}: the sweep's table {root / 'table.csv'} {kept}: choose another --out")
     from surecl.errors import starting_over
 
     # its runs' errors name what starts one over: a sweep has no --fresh
@@ -545,6 +527,7 @@ def cmd_report(args) -> int:
     one_metric(found)
     runs = [r for _, r in found]
     orders, rows = aggregate(runs, args.metric)
+    _check_null_metric(runs, args.metric, bool(rows))
     for line in pooled_differences(runs):
         print(f"surecl: warning: runs pooled into one cell or one row's average differ in configuration: {line}", file=sys.stderr)
     md = table_markdown(orders, rows, args.metric, runs[0].get("metric", "accuracy"))
@@ -553,6 +536,42 @@ def cmd_report(args) -> int:
     _write_report(args.csv, table_csv(orders, rows))
     _write_report(args.md, md)
     return 0
+
+
+def _null_why(res: dict, metric: str) -> str:
+    """Why a run's results.json has no ``metric`` (null, or absent), in a few words."""
+    from surecl.report import DIAGONAL_ONLY, STREAM_ONLY, joint_run
+
+    ev = res["config"].get("eval")
+    matrix = res.get("accuracy_matrix")
+    if metric not in res:
+        return "absent from results.json (an earlier version's file)"
+    if metric in DIAGONAL_ONLY and isinstance(ev, dict) and ev.get("matrix") == "fp_ap":
+        return "eval.matrix=fp_ap evaluates each task just learned and every task at the end, not the earlier tasks after each stage"
+    if metric == "bwt" and len(res["tasks"]) == 1:
+        return "a one-task stream has no earlier task to transfer back to"
+    if metric in STREAM_ONLY and isinstance(matrix, list) and joint_run(matrix):
+        return "a one-stage run (MTL) has no stream to measure along"
+    return "null in results.json"
+
+
+def _check_null_metric(runs: list[dict], metric: str, any_left: bool) -> None:
+    """The orders table leaves out a run whose ``metric`` is null: one line (exit 2, nothing
+    written) when that leaves no row, a warning naming how many when it leaves some out; an
+    empty table with a header alone was printed and written with exit code 0."""
+    null = [r for r in runs if r.get(metric) is None]
+    if not null:
+        return
+    why: dict[str, int] = {}
+    for r in null:
+        reason = _null_why(r, metric)
+        why[reason] = why.get(reason, 0) + 1
+    words = "; ".join(reason if len(null) == 1 else f"{n}: {reason}" for reason, n in why.items())
+    if not any_left:
+        raise SureclError(f"report: no run has {metric}: {'the run leaves' if len(null) == 1 else f'each of the {len(null)} runs leaves'} "
+                          f"it null in results.json ({words}); choose another --metric")
+    print(f"surecl: warning: the table leaves out {len(null)} of {len(runs)} runs, whose {metric} is null in results.json ({words})",
+          file=sys.stderr)
 
 
 def _write_report(value: str | None, text: str) -> None:
@@ -570,7 +589,8 @@ def _check_report_files(args) -> None:
     file in its place), and ``--out-dir`` a folder it writes report.md into: one line, nothing
     written, for a symbolic link, something other than a regular file (a device, a FIFO), one
     of the results.json files being read, a path inside a run folder being reported (its own
-    report.md, ...), or one file named twice."""
+    report.md, ...) or inside any other (:func:`_surecl_file`: ``--csv`` over another run's
+    results.json left that run unreadable), or one file named twice."""
     results = set()
     for d in args.dirs:
         root = Path(d)
@@ -593,6 +613,9 @@ def _check_report_files(args) -> None:
                                   "would replace it with a file: choose another path")
             if where in results:
                 raise SureclError(f"{flag}: {value} is one of the results.json files being reported; choose another path")
+            kept = _surecl_file(where)
+            if kept:
+                raise SureclError(f"{flag}: {value} {kept}: write it elsewhere")
             if where in named:
                 raise SureclError(f"{flag}: {value} is the file {named[where]} names too; give each its own")
             named[where] = flag
@@ -600,6 +623,33 @@ def _check_report_files(args) -> None:
         if inside is not None:
             raise SureclError(f"{flag}: {value} is inside the run folder {inside}, which is being reported (the report would "
                               "replace its files); write it elsewhere")
+
+
+def _surecl_file(where: Path) -> str | None:
+    """Why ``where``, a ``--md`` / ``--csv`` target, is a file surecl keeps (``is ...; ...``), or None:
+    a path inside any run folder (one holding the run's manifest or lock: its results.json,
+    config.yaml, report.md, ...; a name the run has not written yet would stop its rerun), a
+    sweep's plan, a run's results.json in a folder without a manifest, surecl's own records.
+    A report's tables (``--out-dir``'s) and any other file stay the user's to replace."""
+    from surecl.checkpoint import LOCK, MANIFEST
+    from surecl.report import PLAN_FILE, PLAN_KIND, PLAN_LOCK, REPORT_MARK
+
+    for folder in where.parents:
+        marks = [n for n in (MANIFEST, LOCK) if os.path.lexists(folder / n)]
+        if marks:
+            return f"is inside the run folder {folder} (it holds {marks[0]}); a report never writes among a run's files"
+    if where.name in (REPORT_MARK, PLAN_LOCK) and os.path.lexists(where):
+        return f"is surecl's own record ({where.name}); the report would replace it"
+    if where.name in (PLAN_FILE, "results.json") and where.is_file():
+        try:
+            data = json.loads(where.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return None
+        if where.name == PLAN_FILE and isinstance(data, dict) and data.get("kind") == PLAN_KIND:
+            return "is a sweep's plan (surecl sweep wrote it; its report reads it); the report would replace it"
+        if where.name == "results.json" and isinstance(data, dict) and {"config", "tasks", "accuracy_matrix"} <= set(data):
+            return "is a surecl run's results.json; the report would replace it"
+    return None
 
 
 def _check_results(paths: list[Path]) -> None:
@@ -639,6 +689,12 @@ def _wrong_types(res: dict) -> str | None:
         return "general is not a mapping"
     if isinstance(general, dict) and "metrics" in general and not isinstance(general["metrics"], dict):
         return "general.metrics is not a mapping"
+    prov = res.get("provenance")
+    if prov is not None and not isinstance(prov, dict):
+        return "provenance is not a mapping"
+    for part in ("model", "data"):
+        if isinstance(prov, dict) and prov.get(part) is not None and not isinstance(prov[part], dict):
+            return f"provenance.{part} is not a mapping"
     return None
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 import unicodedata
@@ -687,11 +688,52 @@ def written(value: Any) -> str:
     return value.text if isinstance(value, (_WrittenInt, _WrittenFloat)) else str(value)
 
 
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _check_repeated_keys(loader: _Loader, root: yaml.Node, source: str) -> None:
+    """One line for a key given twice in one mapping, naming it, its path and both lines: YAML
+    keeps the last silently (a second ``train:`` block drops the first's keys, a second
+    ``seeds:`` the plan's first seeds). Keys are compared as YAML reads them (``1`` and ``01``
+    are one key). A merge key (``<<: *anchor``) and a merged key the mapping sets again are
+    YAML's own overriding, and stay. Walks each node once (an alias is its anchor's node)."""
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        children: list[tuple[yaml.Node, str]] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = [(v, f"{path}[{i}]") for i, v in enumerate(node.value)]
+        first: dict[Any, yaml.Node] = {}
+        for k, v in node.value if isinstance(node, yaml.MappingNode) else []:
+            if k.tag == _MERGE:  # folded in by the loader: its keys may be set again here
+                children.append((v, path))
+                continue
+            name = k.value if isinstance(k, yaml.ScalarNode) else "?"
+            children.append((v, f"{path}.{name}" if path else name))
+            if not isinstance(k, yaml.ScalarNode):
+                continue  # a list or mapping as a key: the loader refuses it
+            try:
+                earlier = first.setdefault(loader.construct_object(k), k)
+            except TypeError:  # unhashable: the loader says so
+                continue
+            if earlier is not k:
+                a, b = earlier.start_mark.line + 1, k.start_mark.line + 1
+                where = f"in {path}" if path else "at the top level"
+                raise SureclError(f"{source}: key {name!r} is given twice {where} ({f'lines {a} and {b}' if a != b else f'line {a}, twice'}); "
+                                  "YAML would keep the second alone: write it once")
+        stack.extend(reversed(children))  # in the document's order: an anchor is named where it is written
+
+
 def safe_yaml(text: str, source: str) -> Any:
     """``yaml.safe_load(text)``, refusing (one line naming ``source``) a document whose aliases
     expand beyond :data:`YAML_NODES` nodes, before anything is built from it. A number written
     in a form its value does not print back (``010``, ``0x1F``, ``1.50``) keeps its text, which a
-    key declared as a string reads (the number is the same for every other use)."""
+    key declared as a string reads (the number is the same for every other use). A key given
+    twice in one mapping is refused (:func:`_check_repeated_keys`)."""
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -717,6 +759,7 @@ def safe_yaml(text: str, source: str) -> Any:
 
         if size(node) > YAML_NODES:
             raise SureclError(f"{source}: YAML aliases expand to more than {YAML_NODES} values; write the values out")
+        _check_repeated_keys(loader, node, source)
         return loader.construct_document(node)
     finally:
         loader.dispose()
@@ -784,14 +827,38 @@ def _check_meta(data: dict, source: str, cfg: RunConfig) -> None:
         raise SureclError(f"{source}: description: expected text")
 
 
-def build_config(config: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+def _config_arguments(config: Any, overrides: Any) -> tuple[list[str], list[str]]:
+    """``build_config``'s arguments as its names and overrides, or one line for a wrong type
+    from Python (a bare text of overrides would be read one character at a time)."""
+    if isinstance(config, os.PathLike):
+        config = os.fspath(config)
+        if not isinstance(config, str):
+            raise SureclError("config: a path given as bytes; give it as text or a pathlib.Path")
+        names = [config]  # one file, whatever its name holds
+    elif config is None or isinstance(config, str):
+        names = [c.strip() for c in (config or "").split(",") if c.strip()]
+    else:
+        raise SureclError(f"config: expected text like 'tiny,seq_lora' or a path to a YAML file, not {type(config).__name__}")
+    if overrides is None:
+        return names, []
+    if not isinstance(overrides, (list, tuple)):
+        what = "one text" if isinstance(overrides, str) else type(overrides).__name__
+        raise SureclError(f"overrides: pass a list of key.sub=value texts, e.g. [\"train.lr=0.1\"], not {what}")
+    for i, item in enumerate(overrides):
+        if not isinstance(item, str):
+            raise SureclError(f"overrides[{i}]: expected a key.sub=value text like \"train.lr=0.1\", not {type(item).__name__}")
+    return names, list(overrides)
+
+
+def build_config(config: str | os.PathLike | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Default tree <- presets/YAML files (comma-separated, applied in order) <- overrides.
 
     A preset is of ``kind: method`` (what to run: replay, dual, method) or ``kind: setting``
     (where: model, data, sizes). Without any method preset, ``slow_surprise`` comes first.
+    ``config`` may be a path object (one file); ``overrides`` is a list of texts.
     """
+    names, overrides = _config_arguments(config, overrides)
     cfg = RunConfig()
-    names = [c.strip() for c in (config or "").split(",") if c.strip()]
     loaded = [(name, *load_yaml(name)) for name in names]
     for _, data, source in loaded:
         _check_meta(data, source, cfg)

@@ -4,13 +4,16 @@ Atomic writes go through a temporary name (``tempfile.mkstemp`` / ``mkdtemp``), 
 private entries (0600 / 0700) whatever the umask; renamed into place they would stay private,
 unlike any file ``open()`` creates. :func:`temp_file` and :func:`temp_dir` make such
 temporaries with the modes an ordinary ``open()`` / ``mkdir()`` gives: 0666 / 0777 less the
-umask. Imports nothing heavy (the data modules use it too)."""
+umask. :func:`check_out_dir`: the output folders the CLI and the library refuse before they
+compute. Imports nothing heavy (the data modules and the CLI use it too)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+from surecl.errors import SureclError
 
 
 def umask() -> int:
@@ -71,3 +74,26 @@ def follow_umask(folder: Path) -> None:
             path.chmod(dmode if path.is_dir() else fmode)
         except OSError:
             pass
+
+
+def check_out_dir(out: Path | str, flag: str = "--out") -> None:
+    """Refuse output paths we cannot or must not write, before any compute is spent: an empty
+    one too (an unset shell variable), which is the current folder or the default."""
+    if not str(out).strip():
+        raise SureclError(f"{flag}: empty; give a folder (an unset shell variable gives an empty value)")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise SureclError(f"{flag}: {out} is a file, not a directory")
+    probe = out
+    while not probe.exists():
+        if probe.is_symlink():  # a link whose target is missing: mkdir would fail on it after the model loads
+            raise SureclError(f"{flag}: {probe} is a symbolic link to {os.readlink(probe)}, which does not exist; create its target or choose another {flag}")
+        probe = probe.parent
+    if not probe.is_dir():
+        raise SureclError(f"{flag}: {probe} is a file, not a directory")
+    try:  # os.access says yes to root even on read-only file systems: try for real
+        fd, tmp = tempfile.mkstemp(prefix=".surecl-probe-", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError:
+        raise SureclError(f"{flag}: {probe} is not writable") from None

@@ -148,6 +148,9 @@ def _orders(value: Any, where: str) -> dict[str, list[str] | None]:
     if isinstance(value, dict):
         out = {}
         for name, tasks in value.items():
+            if not isinstance(name, (str, int, float)) or isinstance(name, bool):  # as a list of order names takes them
+                raise SureclError(f"{where}: order name {name!r} must be text or a number (it names the runs' folders); "
+                                  "quote it ('null', 'yes') to mean the text")
             name = written(name)
             _order_name(name, where)
             if tasks is None:
@@ -239,7 +242,10 @@ def load_plan(name_or_path: str) -> Plan:
     unknown = sorted(set(data) - PLAN_KEYS)
     if unknown:
         raise SureclError(f"{source}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(PLAN_KEYS))})")
-    plan = Plan(description=str(data.get("description", "")), config=str(data.get("config", "") or ""))
+    config = "" if data.get("config") is None else data["config"]
+    if not isinstance(config, str):  # str() of a list would name a preset "['tiny'"
+        raise SureclError(f"{source}: config: expected text like tiny,seq_lora (presets joined by commas), not {type(config).__name__}")
+    plan = Plan(description=str(data.get("description", "")), config=config)
     if "overrides" in data:
         plan.overrides = _strings(data["overrides"], f"{source}: overrides")
     if "orders" in data:

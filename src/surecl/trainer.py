@@ -32,6 +32,7 @@ or several processes.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import warnings
 from pathlib import Path
@@ -45,8 +46,9 @@ import surecl.run_folder as run_folder
 import surecl.run_results as run_results
 from surecl.config import RunConfig
 from surecl.data.encode import Encoded, bucketed_batches, collate, uniform_batches
-from surecl.data.task import Task
+from surecl.data.task import Task, _found
 from surecl.errors import SureclError
+from surecl.files import check_out_dir
 from surecl.logs import logger
 from surecl.plan import epoch_members, planned_steps, replay_count
 from surecl.plugins.base import Plugin, Stage
@@ -75,6 +77,7 @@ class ContinualRun:
         self, cfg: RunConfig, out_dir: Path, *, progress: bool = True, cache_dir: Path | None = None, plugins: list[Plugin] = (),
         log_with: list[str] = (), model=None, tokenizer=None, tasks: list[Task] | None = None,
     ):
+        check_arguments(cfg, out_dir, plugins, cache_dir)
         with peers_stop_in_one_line():
             build_run(self, cfg, out_dir, progress=progress, cache_dir=cache_dir, plugins=plugins, log_with=log_with, model=model,
                       tokenizer=tokenizer, tasks=tasks)
@@ -309,6 +312,34 @@ class ContinualRun:
 
     def restore(self) -> Path | None:
         return run_folder.restore(self)  # the newest valid checkpoint, into the run and its components
+
+
+def check_arguments(cfg, out_dir, plugins, cache_dir) -> None:
+    """Refuse, in one line before anything is built or written, what a caller in Python may pass
+    that the CLI never does: a config that is no :class:`RunConfig`, an output folder the CLI
+    would refuse (:func:`surecl.files.check_out_dir`: an empty one, an unset variable's, is the
+    current folder), plugins that are no list of :class:`~surecl.plugins.base.Plugin`, a cache
+    folder that is a file."""
+    if not isinstance(cfg, RunConfig):
+        hint = f"surecl.build_config({cfg!r})" if isinstance(cfg, str) else "surecl.build_config(preset, overrides)"
+        raise SureclError(f"cfg: expected a RunConfig, not {_found(cfg)}; build one with {hint}")
+    for arg, value in (("out_dir", out_dir), ("cache_dir", cache_dir)):
+        if not isinstance(value, (str, os.PathLike)) and (arg == "out_dir" or value is not None):
+            raise SureclError(f"{arg}: expected a folder path (str or Path), not {_found(value)}")
+    check_out_dir(out_dir, "out_dir")
+    if cache_dir is not None:
+        if not str(cache_dir).strip():
+            raise SureclError("cache_dir: empty; give a folder, or None for the default cache")
+        probe = Path(cache_dir).expanduser()
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if probe.exists() and not probe.is_dir():
+            raise SureclError(f"cache_dir: {probe} is a file, not a directory; give a folder, or None for the default cache")
+    if not isinstance(plugins, (list, tuple)):
+        raise SureclError(f"plugins: expected a list of Plugin instances, not {_found(plugins)}")
+    for k, plugin in enumerate(plugins):
+        if not isinstance(plugin, Plugin):
+            raise SureclError(f"plugins: item {k} is {_found(plugin)}, not a Plugin (an instance of a surecl.Plugin subclass)")
 
 
 def run(

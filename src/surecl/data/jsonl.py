@@ -110,6 +110,24 @@ def chat_example(messages, where: str) -> Example:
     return Example(sentence=asked, label=turns[-1][1], messages=tuple(turns))
 
 
+def _wide_encoding(data: bytes) -> str:
+    """``"UTF-16"`` or ``"UTF-32"`` where the file starts with that encoding's byte-order mark,
+    or its first bytes hold NULs as that encoding writes ASCII (JSON's ``{"`` ...: one in every
+    two bytes, or three in four; Windows tools save "Unicode" text as UTF-16), else ``""``:
+    said as such, not as a bad byte or malformed JSON."""
+    if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        return "UTF-32"
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "UTF-16"
+    head = data[:64]
+    if len(head) < 4 or b"\x00" not in head:
+        return ""
+    if head[1:4] == b"\x00" * 3 or head[:3] == b"\x00" * 3:
+        return "UTF-32"
+    odd, even = head[1::2].count(0), head[0::2].count(0)
+    return "UTF-16" if min(odd, even) == 0 and max(odd, even) * 2 >= len(head) // 2 else ""
+
+
 def read_jsonl(path: str | Path, what: str = "data.jsonl") -> tuple[dict, list[tuple[int, dict]]]:
     """The header (``{}`` without one) and every other line, as (line number, object), of a
     task file; a missing, unreadable or malformed file is one line naming it (``what``: the
@@ -122,14 +140,19 @@ def read_jsonl(path: str | Path, what: str = "data.jsonl") -> tuple[dict, list[t
     if not path.is_file():  # reading a FIFO would block: say what it is instead
         raise SureclError(f"{what}: {path} is not a regular file (a FIFO, socket or device); give a JSONL file")
     try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SureclError(f"{path}: cannot read ({exc.strerror})") from None
+    wide = _wide_encoding(data)
+    if wide:
+        raise SureclError(f"{path}: looks like {wide}, not UTF-8: save it as UTF-8")
+    try:
         # utf-8-sig: a byte-order mark (as some Windows editors write) is dropped. Lines end at
         # "\n" only (a CRLF's "\r" is whitespace JSON skips): str.splitlines() would also split at
         # U+2028, U+0085, \x0c ..., which json.dumps(ensure_ascii=False) writes raw inside strings.
-        text = path.read_bytes().decode("utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise SureclError(f"{path}: not UTF-8 (byte {exc.start})") from None
-    except OSError as exc:
-        raise SureclError(f"{path}: cannot read ({exc.strerror})") from None
     header: dict = {}
     rows: list[tuple[int, dict]] = []
     for lineno, line in enumerate(text.split("\n"), start=1):
@@ -216,6 +239,10 @@ def load_jsonl_task(path: str | Path, kind: str = "classify", invalid_labels: st
         )
         task.check(str(path))
         return task
+    for lineno, obj in lines:  # a generation file read as a classification one: say how it is read as what it is
+        if "sentence" not in obj and any(k in obj for k in GENERATION_KEYS):
+            raise SureclError(f"{path} line {lineno}: missing 'sentence' (a generation row: read the file with data.kind=generate, "
+                              "or give it a header line {\"kind\": \"generate\"})")
     splits = {}
     for split, items in rows.items():
         examples = parse_rows([o for _, o in items], str(path), [n for n, _ in items])

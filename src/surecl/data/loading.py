@@ -24,10 +24,11 @@ def check_order(data, another: str = "give another with data.tasks", folder: boo
     """The one rule for ``data.order``, before anything is loaded: the streams of
     :data:`ONE_ORDER` have ``default`` only, a CL_Benchmark folder 1-6 and ``default``, and a
     task list (``data.tasks``) makes any name an order. ``another`` says how to give an order
-    its task list (a run: ``data.tasks``; a sweep: its plan's ``orders``). With ``folder``, an
-    existing benchmark folder must hold the tasks the order names, as the run's loading checks
-    (a missing folder is the run's to say; a ``data.jsonl`` / ``data.hf`` task is not the
-    folder's)."""
+    its task list (a run: ``data.tasks``; a sweep: its plan's ``orders``). With ``folder`` (a
+    sweep, before it writes its plan), an existing benchmark folder must hold the tasks the order
+    names, and a one-order stream's task list must name its tasks (:func:`_check_stream_tasks`),
+    as the run's loading checks (a missing folder is the run's to say; a ``data.jsonl`` /
+    ``data.hf`` task is not the folder's)."""
     if not data.tasks and data.order != "default":
         if data.benchmark in ONE_ORDER:
             hint = "; the paper's orders 1-6 need data.benchmark=/path/to/CL_Benchmark" if data.benchmark == "embedded" else ""
@@ -35,11 +36,48 @@ def check_order(data, another: str = "give another with data.tasks", folder: boo
         if data.order not in ORDERS:
             raise SureclError(f"data.order: unknown order {data.order!r} (choose from {', '.join(ORDERS)} or default, or {another})")
     root = Path(data.benchmark).expanduser()
+    if folder and data.benchmark in ONE_ORDER and data.tasks:
+        _check_stream_tasks(data)
     if folder and data.benchmark not in ONE_ORDER and root.is_dir():
         own = _own_task_names(data) if data.tasks else set()
         picked = [n for n in data.tasks if n not in own]
         if picked or not data.tasks:  # a task list of data.jsonl / data.hf tasks alone reads no folder
             resolve_order(root, data.order, picked, data.allow_missing)
+
+
+def _check_stream_tasks(data) -> None:
+    """``data.tasks`` of a :data:`ONE_ORDER` stream against the names it knows without reading
+    a task (the tiny stream's, the embedded and instruct lists, the data.jsonl / data.hf tasks'):
+    a name it lacks or a name given twice, in the words the run's loading uses, so a sweep
+    stops before it plans a run that fails at every resume. Under ``data.allow_missing`` the
+    embedded benchmark, a folder, leaves out the names it lacks, as the run does."""
+    twice = sorted({n for n in data.tasks if data.tasks.count(n) > 1})
+    if twice:
+        raise SureclError(f"task named twice in the stream: {', '.join(twice)}")
+    own = _own_task_names(data) if data.jsonl or data.hf else set()
+    have = [n for n in _stream_order(data) if n not in own] + sorted(own)
+    unknown = [n for n in data.tasks if n not in have]
+    picked = [n for n in data.tasks if n not in own]  # the benchmark's share: one of them must be there
+    if not unknown or (data.benchmark == "embedded" and data.allow_missing and len(unknown) < len(picked)):
+        return
+    what = {"tiny": "the tiny benchmark", "instruct": "the instruct stream", "embedded": "the embedded benchmark"}.get(data.benchmark, "")
+    source = " or ".join([*([what] if what else []), *(["data.jsonl / data.hf"] if own or not what else [])])
+    raise SureclError(f"data.tasks: {source} has no task {', '.join(unknown)} (it has {', '.join(have) or 'none'})")
+
+
+def _stream_order(data) -> list[str]:
+    """The task names of a :data:`ONE_ORDER` benchmark, in its order, without building or reading one."""
+    if data.benchmark == "tiny":
+        return [t.name for t in _tiny(data)]
+    if data.benchmark == "instruct":
+        from surecl.data.instruct import INSTRUCT_ORDER
+
+        return list(INSTRUCT_ORDER)
+    if data.benchmark == "embedded":
+        from surecl.data.embedded import EMBEDDED_ORDER
+
+        return list(EMBEDDED_ORDER)
+    return []
 
 
 def _own_task_names(data) -> set[str]:

@@ -495,6 +495,9 @@ class SureTrainer(Trainer):
     def __init__(self, model=None, args=None, *trainer_args, sure: SureArguments | None = None, **kwargs):
         if model is None or args is None:
             raise SureclError("SureTrainer: pass model= (the base model) and args= (TrainingArguments)")
+        if sure is not None and not isinstance(sure, SureArguments):
+            raise SureclError(f"SureTrainer: sure= must be a SureArguments, not {type(sure).__name__}; build one: "
+                              "sure=SureArguments(buffer_size=..., ...) (from surecl.integrations.transformers; a dict d: SureArguments(**d))")
         if getattr(args, "n_gpu", 1) > 1:
             raise SureclError("SureTrainer: one GPU per process (torch.nn.DataParallel is not supported); run several GPUs with accelerate launch / torchrun")
         if getattr(args, "load_best_model_at_end", False):
