@@ -62,6 +62,8 @@ CASES = {
     "rows not a list": ([], put_json("SC/moods/train.json", {"a": 1}), ["expected a JSON list"]),
     "labels not a list": ([], put_json("SC/moods/labels.json", "pet"), ["labels.json", "list of label strings"]),
     "not utf-8": ([], put("TC/topics/train.json", b'[{"sentence": "caf\xe9", "label": "cool"}]'), ["not UTF-8"]),
+    "utf-16 (a Windows editor's Unicode)": ([], put("TC/topics/train.json", '[{"sentence": "hot", "label": "cool"}]'.encode("utf-16")),
+                                            ["topics/train.json", "looks like UTF-16, not UTF-8: save it as UTF-8"]),
     "lone surrogate escape": ([], put("TC/topics/train.json", b'[{"sentence": "bad \\ud800 text", "label": "cool"}]'),
                               ["topics/train.json row 0", "'sentence'", "invalid Unicode"]),
     "lone surrogate in labels.json": ([], put("SC/moods/labels.json", b'["ok", "\\udc00"]'), ["labels.json label 1", "invalid Unicode"]),

@@ -27,6 +27,24 @@ ORDERS: dict[str, list[str]] = {
 BENCHMARK_OF_ORDER = {"1": "Standard CL", "2": "Standard CL", "3": "Standard CL", "4": "LNT", "5": "LNT", "6": "LNT"}
 
 
+def wide_encoding(data: bytes) -> str:
+    """``"UTF-16"`` or ``"UTF-32"`` where the file starts with that encoding's byte-order mark,
+    or its first bytes hold NULs as that encoding writes ASCII (JSON's ``{"`` ...: one in every
+    two bytes, or three in four; Windows tools save "Unicode" text as UTF-16), else ``""``:
+    said as such, not as a bad byte or malformed JSON."""
+    if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        return "UTF-32"
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "UTF-16"
+    head = data[:64]
+    if len(head) < 4 or b"\x00" not in head:
+        return ""
+    if head[1:4] == b"\x00" * 3 or head[:3] == b"\x00" * 3:
+        return "UTF-32"
+    odd, even = head[1::2].count(0), head[0::2].count(0)
+    return "UTF-16" if min(odd, even) == 0 and max(odd, even) * 2 >= len(head) // 2 else ""
+
+
 def read_json(path: Path) -> Any:
     if path.exists() and not path.is_file():  # a directory or FIFO: reading one fails or blocks
         raise SureclError(f"{path}: is not a regular file")
@@ -34,6 +52,9 @@ def read_json(path: Path) -> Any:
         raw = path.read_bytes()
     except OSError as exc:
         raise SureclError(f"{path}: cannot read ({exc.strerror})") from None
+    wide = wide_encoding(raw)
+    if wide:
+        raise SureclError(f"{path}: looks like {wide}, not UTF-8: save it as UTF-8")
     try:
         text = raw.decode("utf-8-sig")  # a byte-order mark is dropped
     except UnicodeDecodeError as exc:

@@ -27,7 +27,7 @@ import json
 import unicodedata
 from pathlib import Path
 
-from surecl.data.cl_benchmark import parse_rows
+from surecl.data.cl_benchmark import parse_rows, wide_encoding
 from surecl.data.task import Example, Task, clean_label, user_instruction, warn_test_only_labels
 from surecl.errors import SureclError
 
@@ -110,24 +110,6 @@ def chat_example(messages, where: str) -> Example:
     return Example(sentence=asked, label=turns[-1][1], messages=tuple(turns))
 
 
-def _wide_encoding(data: bytes) -> str:
-    """``"UTF-16"`` or ``"UTF-32"`` where the file starts with that encoding's byte-order mark,
-    or its first bytes hold NULs as that encoding writes ASCII (JSON's ``{"`` ...: one in every
-    two bytes, or three in four; Windows tools save "Unicode" text as UTF-16), else ``""``:
-    said as such, not as a bad byte or malformed JSON."""
-    if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
-        return "UTF-32"
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        return "UTF-16"
-    head = data[:64]
-    if len(head) < 4 or b"\x00" not in head:
-        return ""
-    if head[1:4] == b"\x00" * 3 or head[:3] == b"\x00" * 3:
-        return "UTF-32"
-    odd, even = head[1::2].count(0), head[0::2].count(0)
-    return "UTF-16" if min(odd, even) == 0 and max(odd, even) * 2 >= len(head) // 2 else ""
-
-
 def read_jsonl(path: str | Path, what: str = "data.jsonl") -> tuple[dict, list[tuple[int, dict]]]:
     """The header (``{}`` without one) and every other line, as (line number, object), of a
     task file; a missing, unreadable or malformed file is one line naming it (``what``: the
@@ -143,7 +125,7 @@ def read_jsonl(path: str | Path, what: str = "data.jsonl") -> tuple[dict, list[t
         data = path.read_bytes()
     except OSError as exc:
         raise SureclError(f"{path}: cannot read ({exc.strerror})") from None
-    wide = _wide_encoding(data)
+    wide = wide_encoding(data)
     if wide:
         raise SureclError(f"{path}: looks like {wide}, not UTF-8: save it as UTF-8")
     try:
