@@ -176,6 +176,10 @@ def test_one_order_streams_pass_their_own_task_lists(tmp_path, overrides):
     ("config: []\nmethods: [seq_lora]\n", "config: expected text like tiny,seq_lora"),
     ("config: tiny\nmethods: [seq_lora]\norders: {null: [colors]}\n", "orders: order name None must be text or a number"),
     ("config: tiny\nmethods: [seq_lora]\norders: {yes: [colors]}\n", "orders: order name True must be text or a number"),
+    ("description: [a]\nmethods: [seq_lora]\n", "description: expected text, not list"),
+    ("methods: [seq_lora]\norder_benchmark: {null: LNT}\n", "order_benchmark: None: 'LNT' must map an order's name"),
+    ("methods: [seq_lora]\norder_benchmark: {s1: [LNT]}\n", "order_benchmark: 's1': \\['LNT'\\] must map"),
+    ("methods: [seq_lora]\norder_benchmark: {s1: }\n", "order_benchmark: 's1': None must map"),
 ])
 def test_plan_config_and_order_names_are_checked(tmp_path, text, words):
     f = tmp_path / "plan.yaml"
@@ -190,3 +194,6 @@ def test_plan_order_names_as_numbers_or_quoted_words_stay(tmp_path):
     assert load_plan(str(f)).config == ""  # an empty config: as before
     f.write_text("config: tiny\nmethods: [seq_lora]\norders: {1.5: [colors], 'null': [animals], 010: [weather]}\n")
     assert list(load_plan(str(f)).orders) == ["1.5", "null", "010"]
+    f.write_text("description: >-\n  two\n  lines\nmethods: [seq_lora]\norder_benchmark: {4: LNT, '4b': Standard CL}\n")
+    plan = load_plan(str(f))
+    assert (plan.description, plan.order_benchmark) == ("two lines", {"4": "LNT", "4b": "Standard CL"})

@@ -245,7 +245,10 @@ def load_plan(name_or_path: str) -> Plan:
     config = "" if data.get("config") is None else data["config"]
     if not isinstance(config, str):  # str() of a list would name a preset "['tiny'"
         raise SureclError(f"{source}: config: expected text like tiny,seq_lora (presets joined by commas), not {type(config).__name__}")
-    plan = Plan(description=str(data.get("description", "")), config=config)
+    description = "" if data.get("description") is None else data["description"]
+    if not isinstance(description, str):  # str() of a list would print "['a']" in every report
+        raise SureclError(f"{source}: description: expected text, not {type(description).__name__}")
+    plan = Plan(description=description, config=config)
     if "overrides" in data:
         plan.overrides = _strings(data["overrides"], f"{source}: overrides")
     if "orders" in data:
@@ -254,7 +257,11 @@ def load_plan(name_or_path: str) -> Plan:
     if "order_benchmark" in data:
         if not isinstance(data["order_benchmark"], dict):
             raise SureclError(f"{source}: order_benchmark must map order names to benchmark names")
-        plan.order_benchmark = {written(k): str(v) for k, v in data["order_benchmark"].items()}
+        for k, v in data["order_benchmark"].items():
+            if not isinstance(k, (str, int, float)) or isinstance(k, bool) or not isinstance(v, str) or not v.strip():
+                raise SureclError(f"{source}: order_benchmark: {k!r}: {v!r} must map an order's name (text or a number) to a "
+                                  "benchmark's name (text); quote a name YAML reads otherwise ('null', 'yes')")
+        plan.order_benchmark = {written(k): v for k, v in data["order_benchmark"].items()}
     if "seeds" in data:
         plan.seeds = _seeds(data["seeds"], f"{source}: seeds")
     if "methods" in data:
