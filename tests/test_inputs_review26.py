@@ -33,6 +33,7 @@ def _files(folder):
     ("plugins not a list", ["plugins: expected a list of Plugin", "int 3"]),
     ("plugins item not a Plugin", ["plugins: item 0", "not a Plugin"]),
     ("cache_dir a file", ["cache_dir:", "is a file, not a directory"]),
+    ("log_with one text", ["log_with: expected a list of tracker names", "str 'tensorboard'"]),
 ])
 def test_library_entry_refuses_in_one_line_before_writing(entry, case, words, tmp_path, tiny_cache, monkeypatch):
     """Each was a raw TypeError / FileExistsError / NotADirectoryError, and an empty out_dir
@@ -58,6 +59,8 @@ def test_library_entry_refuses_in_one_line_before_writing(entry, case, words, tm
         kw["plugins"] = [object()]
     elif case == "cache_dir a file":
         kw["cache_dir"] = "afile"
+    elif case == "log_with one text":
+        kw["log_with"] = "tensorboard"
     with pytest.raises(SureclError) as err:
         if entry == "run":
             run(cfg, out, **kw)

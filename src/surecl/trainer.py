@@ -77,7 +77,7 @@ class ContinualRun:
         self, cfg: RunConfig, out_dir: Path, *, progress: bool = True, cache_dir: Path | None = None, plugins: list[Plugin] = (),
         log_with: list[str] = (), model=None, tokenizer=None, tasks: list[Task] | None = None,
     ):
-        check_arguments(cfg, out_dir, plugins, cache_dir)
+        check_arguments(cfg, out_dir, plugins, cache_dir, log_with)
         with peers_stop_in_one_line():
             build_run(self, cfg, out_dir, progress=progress, cache_dir=cache_dir, plugins=plugins, log_with=log_with, model=model,
                       tokenizer=tokenizer, tasks=tasks)
@@ -314,12 +314,13 @@ class ContinualRun:
         return run_folder.restore(self)  # the newest valid checkpoint, into the run and its components
 
 
-def check_arguments(cfg, out_dir, plugins, cache_dir) -> None:
+def check_arguments(cfg, out_dir, plugins, cache_dir, log_with=()) -> None:
     """Refuse, in one line before anything is built or written, what a caller in Python may pass
     that the CLI never does: a config that is no :class:`RunConfig`, an output folder the CLI
     would refuse (:func:`surecl.files.check_out_dir`: an empty one, an unset variable's, is the
     current folder), plugins that are no list of :class:`~surecl.plugins.base.Plugin`, a cache
-    folder that is a file."""
+    folder that is a file, trackers that are no list of names (a bare ``"tensorboard"`` would be
+    read one letter at a time)."""
     if not isinstance(cfg, RunConfig):
         hint = f"surecl.build_config({cfg!r})" if isinstance(cfg, str) else "surecl.build_config(preset, overrides)"
         raise SureclError(f"cfg: expected a RunConfig, not {_found(cfg)}; build one with {hint}")
@@ -340,6 +341,8 @@ def check_arguments(cfg, out_dir, plugins, cache_dir) -> None:
     for k, plugin in enumerate(plugins):
         if not isinstance(plugin, Plugin):
             raise SureclError(f"plugins: item {k} is {_found(plugin)}, not a Plugin (an instance of a surecl.Plugin subclass)")
+    if not isinstance(log_with, (list, tuple)) or not all(isinstance(name, str) for name in log_with):
+        raise SureclError(f"log_with: expected a list of tracker names, e.g. [\"tensorboard\"], not {_found(log_with)}")
 
 
 def run(
