@@ -91,13 +91,34 @@ def test_report_refuses_surecl_records_outside_run_folders(tmp_path, capsys, lay
     rep = tmp_path / "rep"
     rep.mkdir()
     (rep / ".surecl-report.json").write_text(json.dumps({"files": ["report.md"]}))
-    for target, words in ((other / "results.json", "a surecl run's results.json"), (sweep / "sweep.json", "a sweep's plan"),
+    for target, words in ((other / "results.json", f"inside the run folder {other} (it holds results.json)"), (sweep / "sweep.json", "a sweep's plan"),
                           (rep / ".surecl-report.json", "surecl's own record")):
         before = target.read_bytes()
         assert code_of(["report", str(runs), "--layout", layout, "--csv", str(target)]) == 2
         err = one_error(capsys)
         assert words in err, err
         assert target.read_bytes() == before
+
+
+@pytest.mark.parametrize("target", ["report.md", "buffer.json", "results.json", "new.csv"])
+def test_a_run_folder_without_manifest_or_lock_is_still_a_run_folder(finished, tmp_path, capsys, target):
+    """A study's committed run folders hold results.json, report.md and buffer.json alone (no
+    manifest or lock, which git leaves out), as do runs made before those existed: ``--md`` into
+    such a folder replaced its report.md, ``--csv`` its buffer.json. Its results.json, or a run's
+    config.yaml, marks it too."""
+    run, _ = finished
+    runs = tmp_path / "runs"
+    put_run(runs)
+    for kept, mark in ((("results.json", "report.md", "buffer.json"), "results.json"), (("config.yaml", "report.md", "buffer.json"), "config.yaml")):
+        study = tmp_path / f"study-{mark}" / "seed0"
+        study.mkdir(parents=True)
+        for name in kept:
+            (study / name).write_bytes((run / name).read_bytes())
+        before = snapshot(study)
+        assert code_of(["report", str(runs), "--md" if target.endswith(".md") else "--csv", str(study / target)]) == 2
+        err = one_error(capsys)
+        assert f"inside the run folder {study} (it holds {mark})" in err, err
+        assert snapshot(study) == before
 
 
 def test_report_still_replaces_a_users_files(tmp_path, capsys):

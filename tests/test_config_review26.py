@@ -136,6 +136,24 @@ def test_a_sweep_refuses_a_tiny_task_list_before_it_writes_its_plan(tmp_path, ca
     assert not out.exists()
 
 
+@pytest.mark.parametrize("grid", [["a", "b"], ["b", "a"]])
+def test_a_sweep_checks_every_runs_task_files_not_only_the_first_with_that_order(tmp_path, capsys, grid):
+    """The check was made once per (benchmark, order, tasks): a grid over data.jsonl whose first
+    value holds the order's task passed the second, which holds another, unchecked."""
+    for folder, task in (("a", "mine"), ("b", "theirs")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"{task}.jsonl").write_text('{"text": "a b", "label": "x"}\n{"text": "c", "label": "y"}\n')
+    files = {"a": f"[{tmp_path / 'a' / 'mine.jsonl'}]", "b": f"[{tmp_path / 'b' / 'theirs.jsonl'}]"}
+    f = tmp_path / "plan.yaml"
+    f.write_text("config: tiny\nmethods: [seq_lora]\noverrides: [data.benchmark=none]\norders: {o1: [mine]}\n"
+                 f"grid: {{data.jsonl: [{', '.join(repr(files[g]) for g in grid)}]}}\n")
+    out = tmp_path / "out"
+    assert main(["sweep", "--plan", str(f), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data.jsonl / data.hf has no task mine (it has theirs)" in err[0], err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("overrides, words", [
     (["data.kind=generate", "data.tasks=[colors,nosuch]"], "the tiny benchmark has no task nosuch"),
     (["data.benchmark=embedded", "data.tasks=[newsgroups,nosuch]"], "the embedded benchmark has no task nosuch (it has newsgroups"),
@@ -197,3 +215,10 @@ def test_plan_order_names_as_numbers_or_quoted_words_stay(tmp_path):
     f.write_text("description: >-\n  two\n  lines\nmethods: [seq_lora]\norder_benchmark: {4: LNT, '4b': Standard CL}\n")
     plan = load_plan(str(f))
     assert (plan.description, plan.order_benchmark) == ("two lines", {"4": "LNT", "4b": "Standard CL"})
+
+
+def test_a_raw_text_override_is_not_read_as_yaml():
+    """``data.text_start`` (and ``replay.ratio``, ``preset``) are taken as written: a value that
+    reads as a YAML mapping with a repeated key is their text, not a refused mapping."""
+    assert build_config("tiny", ["data.text_start={a: 1, a: 2}"]).data.text_start == "{a: 1, a: 2}"
+    assert build_config("tiny", ["preset={x: 1, x: 2}"]).preset == "{x: 1, x: 2}"

@@ -124,6 +124,9 @@ def test_only_the_users_unread_replay_keys_warn(tmp_path):
     assert config_warnings(build_config("tiny,paper-t5")) == []
     # the same keys set by the user, on the command line or in their own file, do warn
     assert [w.split(" is not")[0] for w in config_warnings(build_config("tiny,paper-t5", ["replay.every=3"]))] == ["replay.every=3"]
+    # ... or inside a section's mapping; a mapping that sets another key leaves the preset's quiet
+    assert [w.split(" is not")[0] for w in config_warnings(build_config("tiny,paper-t5", ["replay={every: 3}"]))] == ["replay.every=3"]
+    assert config_warnings(build_config("tiny,paper-t5", ['replay={ratio: "1:2"}'])) == []
     own = tmp_path / "mine.yaml"
     own.write_text("kind: setting\nreplay: {batch_size: 6}\n")
     assert [w.split(" is not")[0] for w in config_warnings(build_config(f"tiny,{own},paper-t5"))] == ["replay.batch_size=6"]

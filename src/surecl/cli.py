@@ -324,10 +324,12 @@ def _check_order(cfg, path: str, checked: set) -> None:
     """One line for a planned run whose order its benchmark does not have
     (:func:`~surecl.data.loading.check_order`), before the sweep writes its plan: written
     there, the run would fail at every resume and stay a hole in every report."""
+    import dataclasses
+
     from surecl.data.loading import check_order
 
     data = cfg.data
-    key = (data.benchmark, data.order, tuple(data.tasks), data.allow_missing)
+    key = json.dumps(dataclasses.asdict(data), sort_keys=True, default=str)  # the whole section: its files name tasks too
     if key in checked:
         return
     checked.add(key)
@@ -625,9 +627,36 @@ def _check_report_files(args) -> None:
                               "replace its files); write it elsewhere")
 
 
+def _is_results(path: Path) -> bool:
+    """Whether ``path`` is a surecl run's results.json (a mapping with its config, tasks and matrix)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and {"config", "tasks", "accuracy_matrix"} <= set(data)
+
+
+def _run_files(folder: Path) -> list[str]:
+    """A run folder's own files where it holds no manifest or lock (a run made before them, or a
+    study's committed results.json and report.md): a surecl results.json or a run's config.yaml."""
+    from surecl.config import SAVED_HEAD
+
+    found = []
+    if (folder / "results.json").is_file() and _is_results(folder / "results.json"):
+        found.append("results.json")
+    try:
+        with open(folder / "config.yaml", encoding="utf-8") as f:
+            if f.read(len(SAVED_HEAD)) == SAVED_HEAD:
+                found.append("config.yaml")
+    except (OSError, ValueError):
+        pass
+    return found
+
+
 def _surecl_file(where: Path) -> str | None:
     """Why ``where``, a ``--md`` / ``--csv`` target, is a file surecl keeps (``is ...; ...``), or None:
-    a path inside any run folder (one holding the run's manifest or lock: its results.json,
+    a path inside any run folder (one holding the run's manifest or lock, or, made before those
+    or committed without them, a surecl results.json or a run's config.yaml: its results.json,
     config.yaml, report.md, ...; a name the run has not written yet would stop its rerun), a
     sweep's plan, a run's results.json in a folder without a manifest, surecl's own records.
     A report's tables (``--out-dir``'s) and any other file stay the user's to replace."""
@@ -635,7 +664,7 @@ def _surecl_file(where: Path) -> str | None:
     from surecl.report import PLAN_FILE, PLAN_KIND, PLAN_LOCK, REPORT_MARK
 
     for folder in where.parents:
-        marks = [n for n in (MANIFEST, LOCK) if os.path.lexists(folder / n)]
+        marks = [n for n in (MANIFEST, LOCK) if os.path.lexists(folder / n)] or _run_files(folder)
         if marks:
             return f"is inside the run folder {folder} (it holds {marks[0]}); a report never writes among a run's files"
     if where.name in (REPORT_MARK, PLAN_LOCK) and os.path.lexists(where):
@@ -647,7 +676,7 @@ def _surecl_file(where: Path) -> str | None:
             return None
         if where.name == PLAN_FILE and isinstance(data, dict) and data.get("kind") == PLAN_KIND:
             return "is a sweep's plan (surecl sweep wrote it; its report reads it); the report would replace it"
-        if where.name == "results.json" and isinstance(data, dict) and {"config", "tasks", "accuracy_matrix"} <= set(data):
+        if where.name == "results.json" and _is_results(where):
             return "is a surecl run's results.json; the report would replace it"
     return None
 

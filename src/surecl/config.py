@@ -616,18 +616,19 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
             raise SureclError(f"override {item!r} must look like key.sub=value")
         dotted, raw = item.split("=", 1)
         dotted = dotted.strip()
-        try:
-            value = safe_yaml(raw, f"override {dotted}") if raw.strip() else ""
-        except (yaml.YAMLError, RecursionError):
-            value = raw
-        if value is None:
-            value = raw
         if dotted == "preset":  # a row name as written (a grid value's quote or `` #`` included)
             value = raw.strip()
         elif dotted in RAW_STRING_KEYS:  # YAML 1.1 reads an unquoted 1:2 as the base-60 number 62
             value = raw.strip()
             if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":  # one pair of quotes around it, no more
                 value = value[1:-1]
+        else:
+            try:
+                value = safe_yaml(raw, f"override {dotted}") if raw.strip() else ""
+            except (yaml.YAMLError, RecursionError):
+                value = raw
+            if value is None:
+                value = raw
         nested: dict[str, Any] = {}
         cursor = nested
         parts = dotted.split(".")
@@ -850,6 +851,29 @@ def _config_arguments(config: Any, overrides: Any) -> tuple[list[str], list[str]
     return names, list(overrides)
 
 
+def _overrides_set(overrides: list[str], key: str) -> bool:
+    """Whether one of ``overrides`` sets the dotted ``key``: by its name, or inside a section's
+    mapping (``replay={every: 3}`` sets ``replay.every``)."""
+    for item in overrides:
+        dotted, _, raw = item.partition("=")
+        dotted = dotted.strip()
+        if dotted == key:
+            return True
+        if key.startswith(dotted + "."):
+            try:
+                value = safe_yaml(raw, f"override {dotted}")
+            except (SureclError, yaml.YAMLError, RecursionError):
+                continue  # applying it says what is wrong
+            for part in key[len(dotted) + 1:].split("."):
+                value = value.get(part, _ABSENT) if isinstance(value, dict) else _ABSENT
+            if value is not _ABSENT:
+                return True
+    return False
+
+
+_ABSENT = object()
+
+
 def build_config(config: str | os.PathLike | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Default tree <- presets/YAML files (comma-separated, applied in order) <- overrides.
 
@@ -889,7 +913,7 @@ def build_config(config: str | os.PathLike | None = None, overrides: list[str] |
             if isinstance(tree, dict) and leaf in tree:
                 set_by_preset[key] = source.startswith("preset ") or _written_by_a_run(name)
     overridden = {item.split("=", 1)[0].strip() for item in overrides or []}
-    cfg.__dict__["_preset_keys"] = frozenset(k for k, preset in set_by_preset.items() if preset and k not in overridden)
+    cfg.__dict__["_preset_keys"] = frozenset(k for k, preset in set_by_preset.items() if preset and not _overrides_set(overrides, k))
     for key, message in conflicts.items():
         if key not in overridden:  # an explicit override decides
             raise SureclError(message)

@@ -53,15 +53,16 @@ KINDS = ("classify", "text", "generate")
 def clean_label(text: str) -> str:
     """A label as every reader takes it: surrounding whitespace stripped and Unicode in its
     composed form (NFC), so that "café" typed as e + combining accent is the same class as "café".
-    A line break or control character inside stays: :meth:`Task.check` refuses it."""
+    A line break inside stays: :meth:`Task.check` refuses it."""
     return unicodedata.normalize("NFC", text.strip())
 
 
 def _breaks_line(label: str) -> bool:
-    """Whether a label holds a line break or another control character (category Cc, U+2028,
-    U+2029): an answer is scored on its first line (:func:`surecl.metrics.is_label`), so such a
-    label could never be answered right, or would match another that shares its first line."""
-    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in label)
+    """Whether a label holds a line break (``\n``): an answer is scored on its first line
+    (:func:`surecl.metrics.is_label`), so such a label could never be answered right, or would
+    match another that shares its first line. Other control characters (a tab, ``\r``, U+2028)
+    split no line there and are scored as written."""
+    return "\n" in label
 
 
 def warn_test_only_labels(task: str, train: list[Example], test: list[Example], fix: str) -> None:
@@ -227,13 +228,13 @@ class Task:
             raise SureclError(f"{where}task {self.name}: its labels list an empty label")
         broken = {x for x in self.labels if _breaks_line(x)}
         if broken:
-            mend = "write each label on one line without control characters (an answer is scored on its first line)"
+            mend = "write each label on one line (an answer is scored on its first line)"
             for split in ("train", "test"):
                 for i, ex in enumerate(getattr(self, split)):
                     if ex.label in broken:
-                        raise SureclError(f"{where}task {self.name} {split} row {i}: label {ex.label!r} holds a line break or control character; {mend}")
+                        raise SureclError(f"{where}task {self.name} {split} row {i}: label {ex.label!r} holds a line break; {mend}")
             k = next(k for k, x in enumerate(self.labels) if x in broken)
-            raise SureclError(f"{where}task {self.name}: label {k} of its labels, {self.labels[k]!r}, holds a line break or control character; {mend}")
+            raise SureclError(f"{where}task {self.name}: label {k} of its labels, {self.labels[k]!r}, holds a line break; {mend}")
         if len(set(self.labels)) != len(self.labels):
             raise SureclError(f"{where}task {self.name} lists a label twice")
         known = set(self.labels)
