@@ -219,3 +219,17 @@ def test_an_empty_log_with_is_refused(tmp_path, capsys, value):
                     "--dry-run", *SMALL]) == 2
     assert "--log-with: empty" in one_error(capsys)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("where", ["build_parser", "_imports"])
+def test_ctrl_c_while_the_command_starts_is_one_line(monkeypatch, capsys, where):
+    """A Ctrl-C before the command's own handling (its imports, the parser) ended in a
+    KeyboardInterrupt traceback and a death by SIGINT, not the run's "interrupted" line and 130."""
+    import surecl.cli as cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, where, interrupted)
+    assert cli.main(["list"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["surecl: interrupted; rerun the same command to resume"]

@@ -896,6 +896,14 @@ def _imports(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C while the command starts (imports, parsing), before its own handling
+        print("surecl: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _FINGERPRINTS.clear()  # data may have changed since an earlier command in this process
     modules = _imports(argv)
