@@ -11,7 +11,7 @@ Usage: cd bench && python batch_size.py [examples_per_task] [batch sizes ...]   
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 from common import interleaved_medians, load, real_items_by_task
 
@@ -19,9 +19,22 @@ from surecl.evaluate import generate_answers
 from surecl.replay.surprise import score_examples
 
 
+def batch(text: str) -> int:
+    """A batch size: 0 would stop the scorer with a traceback after the model loads, and less
+    would time no work at all."""
+    size = int(text)
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"batch size {text}: give 1 or more")
+    return size
+
+
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 16
-    sizes = [int(x) for x in sys.argv[2:]] or [4, 8, 16, 32]
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("examples_per_task", type=int, nargs="?", default=16, help="training examples of each embedded task (default 16)")
+    ap.add_argument("sizes", type=batch, nargs="*", metavar="batch_size", help="batch sizes to time (default 4 8 16 32)")
+    args = ap.parse_args()
+    n = args.examples_per_task
+    sizes = args.sizes or [4, 8, 16, 32]
     m = load("auto")
     by_task = real_items_by_task(m.tokenizer, n)
     pad = m.tokenizer.pad_token_id

@@ -14,10 +14,13 @@ Usage (from the repository root):
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 from statistics import fmean
+
+from surecl.errors import SureclError
 
 
 def rule_name(shadow: str) -> str:
@@ -26,24 +29,46 @@ def rule_name(shadow: str) -> str:
     return shadow.split(" (beta")[0]
 
 
-def main(argv: list[str]) -> int:
-    metric = "ap" if "--ap" in argv else "fp"
-    argv = [a for a in argv if a != "--ap"]
-    if not argv:
-        print(__doc__)
-        return 2
+def read_streams(args: list[str], metric: str) -> dict[str, dict[str, list[float]]]:
+    """Slow - fast per stream and rule, every file read before a line is printed, so a path
+    that is wrong is one line naming it, not a traceback under half a table."""
     streams: dict[str, dict[str, list[float]]] = {}
     names: dict[tuple[str, int], str] = {}
-    for arg in argv:
+    for arg in args:
         label, _, where = arg.rpartition("=")
         path = Path(where)
-        path = path / "ema_window.json" if path.is_dir() else path
-        for entry in json.loads(path.read_text()):
-            key = (label or path.parent.name, entry["steps_per_task"])
-            name = names.setdefault(key, f"{key[0]} ({key[1]} steps)")
-            per_rule = streams.setdefault(name, {})
-            for shadow, res in entry["shadows"].items():
-                per_rule.setdefault(rule_name(shadow), []).append(res[metric] - entry["fast"][metric])
+        try:
+            path = path / "ema_window.json" if path.is_dir() else path
+            entries = json.loads(path.read_text())
+        except OSError as exc:
+            raise SureclError(f"{path}: cannot read it ({exc.strerror or exc}); give an ema_window.json or the folder holding it") from None
+        except ValueError as exc:
+            raise SureclError(f"{path}: not JSON ({exc}); give an ema_window.json or the folder holding it") from None
+        try:
+            for entry in entries:
+                key = (label or path.parent.name, entry["steps_per_task"])
+                name = names.setdefault(key, f"{key[0]} ({key[1]} steps)")
+                per_rule = streams.setdefault(name, {})
+                for shadow, res in entry["shadows"].items():
+                    per_rule.setdefault(rule_name(shadow), []).append(res[metric] - entry["fast"][metric])
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise SureclError(f"{path}: not the records bench/ema_window.py writes ({type(exc).__name__}: {exc}); "
+                              "give an ema_window.json or the folder holding it") from None
+    return streams
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="+", metavar="PATH",
+                    help="an ema_window.json or the folder holding it, optionally as NAME=PATH")
+    ap.add_argument("--ap", action="store_true", help="AP (accuracy on each task right after it) instead of FP")
+    args = ap.parse_intermixed_args(argv)  # --ap anywhere among the paths
+    metric = "ap" if args.ap else "fp"
+    try:
+        streams = read_streams(args.paths, metric)
+    except SureclError as exc:
+        print(f"{ap.prog}: error: {exc}", file=sys.stderr)
+        return 2
     cols = list(streams)
     rules = sorted({r for s in streams.values() for r in s})
     rows = []

@@ -15,7 +15,7 @@ Run: ``python bench/scoring.py [n_examples] [rounds]`` (default 96 examples, 3 r
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 import torch.nn.functional as F
@@ -48,9 +48,21 @@ def padded_batched(model, items, pad_id, bs=32):
             model(input_ids=ids, attention_mask=mask, labels=labels)
 
 
+def positive(text: str) -> int:
+    """A count of rounds: 0 or less leaves no time to take a median of, a traceback after the
+    models load."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text}: give 1 or more")
+    return n
+
+
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 96
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("n_examples", type=int, nargs="?", default=96, help="examples scored, a quarter from each embedded task (default 96)")
+    ap.add_argument("rounds", type=positive, nargs="?", default=3, help="timed rounds of the four paths (default 3)")
+    args = ap.parse_args()
+    n, rounds = args.n_examples, args.rounds
     fp32 = load("fp32")
     fast = load("auto")
     # scored task by task, as the trainer does (a task's examples share its prompt prefix)

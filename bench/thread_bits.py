@@ -7,6 +7,7 @@ Run: ``python bench/thread_bits.py OUT`` (two runs of a few minutes each, one af
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -35,7 +36,10 @@ def run(out: Path, threads: int) -> dict:
 
 
 def main() -> None:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/thread-bits")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?", default="/tmp/thread-bits", metavar="OUT",
+                    help="folder of the two runs, OUT/t1 and OUT/t2 (default /tmp/thread-bits)")
+    root = Path(ap.parse_args().out)
     a, b = run(root / "t1", 1), run(root / "t2", 2)
     print(f"host: {a['host']['cpu']} {a['host']['cpu_flags']} torch {a['host']['torch']}, base {a['base_dtype']}")
     print(f"threads recorded: {a['threads']} and {b['threads']}")

@@ -17,6 +17,7 @@ bookkeeping. Run: ``cd bench && python train_step.py``.
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 import time
@@ -115,6 +116,8 @@ def sure_step_fn(model, items, tasks, pad_id, timings, *, max_tokens=0, share=Fa
 
 
 def main() -> None:
+    # no arguments: the parser answers --help and refuses any other word before the models load
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     probe = load("fp32")
     # 8 current examples of one task + 4 replayed from two others, as batch 8 / replay 4
     by_task = real_items_by_task(probe.tokenizer, 8)
