@@ -57,9 +57,21 @@ def positive(text: str) -> int:
     return n
 
 
+def examples(text: str) -> int:
+    """Examples scored, a quarter from each of the four embedded tasks: below 4 a task's share is
+    0, which reads as every row of the task (hours where the script means a handful)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if n < 4:
+        raise argparse.ArgumentTypeError(f"{text} examples: give 4 or more (a quarter from each of the four tasks)")
+    return n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("n_examples", type=int, nargs="?", default=96, help="examples scored, a quarter from each embedded task (default 96)")
+    ap.add_argument("n_examples", type=examples, nargs="?", default=96, help="examples scored, a quarter from each embedded task (default 96)")
     ap.add_argument("rounds", type=positive, nargs="?", default=3, help="timed rounds of the four paths (default 3)")
     args = ap.parse_args()
     n, rounds = args.n_examples, args.rounds

@@ -63,6 +63,7 @@ def error_line(script: str, code: int, out: str, err: str) -> str:
 @pytest.mark.parametrize(("script", "args", "says"), [
     ("batch_size", ["sixteen"], "invalid int value: 'sixteen'"),
     ("batch_size", ["16", "4", "0"], "batch size 0: give 1 or more"),
+    ("batch_size", ["0"], "examples per task 0: give 1 or more"),
     ("ema_summary", [], "the following arguments are required: PATH"),
     ("ema_summary", ["15=runs/ema_window", "--fp"], "unrecognized arguments: --fp"),
     ("ewc_lambda", ["--lam", "1e3"], "unrecognized arguments: --lam"),
@@ -71,6 +72,7 @@ def error_line(script: str, code: int, out: str, err: str) -> str:
     ("prompt_prefix", ["--bogus"], "unrecognized arguments: --bogus"),
     ("scoring", ["many"], "invalid int value: 'many'"),
     ("scoring", ["96", "0"], "0: give 1 or more"),
+    ("scoring", ["3"], "3 examples: give 4 or more"),
     ("scoring", ["96", "3", "2"], "unrecognized arguments: 2"),
     ("thread_bits", ["a", "b"], "unrecognized arguments: b"),
     ("thread_bits", ["--bogus"], "unrecognized arguments: --bogus"),

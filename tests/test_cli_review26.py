@@ -91,7 +91,7 @@ def test_report_refuses_surecl_records_outside_run_folders(tmp_path, capsys, lay
     rep = tmp_path / "rep"
     rep.mkdir()
     (rep / ".surecl-report.json").write_text(json.dumps({"files": ["report.md"]}))
-    for target, words in ((other / "results.json", f"inside the run folder {other} (it holds results.json)"), (sweep / "sweep.json", "a sweep's plan"),
+    for target, words in ((other / "results.json", "a surecl run's results.json"), (sweep / "sweep.json", "a sweep's plan"),
                           (rep / ".surecl-report.json", "surecl's own record")):
         before = target.read_bytes()
         assert code_of(["report", str(runs), "--layout", layout, "--csv", str(target)]) == 2
@@ -233,3 +233,21 @@ def test_ctrl_c_while_the_command_starts_is_one_line(monkeypatch, capsys, where)
     monkeypatch.setattr(cli, where, interrupted)
     assert cli.main(["list"]) == 130
     assert capsys.readouterr().err.strip().splitlines() == ["surecl: interrupted; rerun the same command to resume"]
+
+
+def test_a_copied_run_config_alone_does_not_make_a_run_folder(finished, tmp_path, capsys):
+    """A run's config.yaml (or results.json) copied into a project's folder, with no other file a
+    run writes beside it, refused every --md/--csv below that folder."""
+    run, _ = finished
+    runs = tmp_path / "runs"
+    put_run(runs)
+    project = tmp_path / "project"
+    (project / "reports").mkdir(parents=True)
+    (project / "config.yaml").write_bytes((run / "config.yaml").read_bytes())
+    (project / "results.json").write_bytes((run / "results.json").read_bytes())
+    assert main(["report", str(runs), "--md", str(project / "reports" / "table.md")]) == 0
+    assert (project / "reports" / "table.md").read_text().startswith("FP")
+    capsys.readouterr()
+    (project / "report.md").write_text("a run's report\n")  # now it is a run folder's set of files
+    assert code_of(["report", str(runs), "--md", str(project / "reports" / "table2.md")]) == 2
+    assert f"inside the run folder {project}" in one_error(capsys)

@@ -222,3 +222,14 @@ def test_a_raw_text_override_is_not_read_as_yaml():
     reads as a YAML mapping with a repeated key is their text, not a refused mapping."""
     assert build_config("tiny", ["data.text_start={a: 1, a: 2}"]).data.text_start == "{a: 1, a: 2}"
     assert build_config("tiny", ["preset={x: 1, x: 2}"]).preset == "{x: 1, x: 2}"
+
+
+def test_a_section_valued_override_decides_an_essential_key(tmp_path):
+    """The essential-key refusal says "set train.epochs on the command line"; written inside its
+    section's mapping (train={epochs: 3}) the override was still refused."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("kind: setting\ntrain: {epochs: 7}\n")
+    assert build_config(f"progressive_prompts,{mine}", ["train.epochs=3"]).train.epochs == 3
+    assert build_config(f"progressive_prompts,{mine}", ["train={epochs: 3}"]).train.epochs == 3
+    with pytest.raises(SureclError, match="sets train.epochs=7 over progressive_prompts's essential train.epochs=10"):
+        build_config(f"progressive_prompts,{mine}", ["train={lr: 0.1}"])  # a section override of another key decides nothing

@@ -638,9 +638,13 @@ def _is_results(path: Path) -> bool:
 
 def _run_files(folder: Path) -> list[str]:
     """A run folder's own files where it holds no manifest or lock (a run made before them, or a
-    study's committed results.json and report.md): a surecl results.json or a run's config.yaml."""
+    study's committed results.json and report.md): a surecl results.json or a run's config.yaml,
+    beside another file a run writes (a copied config.yaml or results.json alone in a project's
+    folder does not make it a run folder)."""
     from surecl.config import SAVED_HEAD
 
+    if not any(os.path.lexists(folder / name) for name in ("report.md", "buffer.json", "log.jsonl", "checkpoints", "adapters")):
+        return []
     found = []
     if (folder / "results.json").is_file() and _is_results(folder / "results.json"):
         found.append("results.json")

@@ -912,10 +912,9 @@ def build_config(config: str | os.PathLike | None = None, overrides: list[str] |
             tree = _renamed(body).get(section)
             if isinstance(tree, dict) and leaf in tree:
                 set_by_preset[key] = source.startswith("preset ") or _written_by_a_run(name)
-    overridden = {item.split("=", 1)[0].strip() for item in overrides or []}
     cfg.__dict__["_preset_keys"] = frozenset(k for k, preset in set_by_preset.items() if preset and not _overrides_set(overrides, k))
     for key, message in conflicts.items():
-        if key not in overridden:  # an explicit override decides
+        if not _overrides_set(overrides, key):  # an explicit override decides (by name or in its section's mapping)
             raise SureclError(message)
     apply_overrides(cfg, overrides or [])
     return validate(cfg)
