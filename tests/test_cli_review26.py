@@ -8,24 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_cli_review22 import SMALL, code_of, one_error
 
 from surecl.cli import main
-
-SMALL = ["data.tasks=[colors]", "data.n_train=4", "data.n_test=2", "train.epochs=1"]
-
-
-def code_of(argv: list[str]) -> int:
-    """The exit code of ``surecl <argv>``: what main returns, or what argparse exits with."""
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return e.code
-
-
-def one_error(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("surecl: error: "), err
-    return err[0]
 
 
 def put_run(root, order="1", seed=0, **values):

@@ -45,9 +45,9 @@ def wide_encoding(data: bytes) -> str:
     return "UTF-16" if min(odd, even) == 0 and max(odd, even) * 2 >= len(head) // 2 else ""
 
 
-def read_json(path: Path) -> Any:
-    if path.exists() and not path.is_file():  # a directory or FIFO: reading one fails or blocks
-        raise SureclError(f"{path}: is not a regular file")
+def read_bytes(path: Path) -> bytes:
+    """A data file's bytes; one line where it cannot be read or is UTF-16/32 text
+    (:func:`wide_encoding`), which the readers would call a bad byte or malformed JSON."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -55,6 +55,13 @@ def read_json(path: Path) -> Any:
     wide = wide_encoding(raw)
     if wide:
         raise SureclError(f"{path}: looks like {wide}, not UTF-8: save it as UTF-8")
+    return raw
+
+
+def read_json(path: Path) -> Any:
+    if path.exists() and not path.is_file():  # a directory or FIFO: reading one fails or blocks
+        raise SureclError(f"{path}: is not a regular file")
+    raw = read_bytes(path)
     try:
         text = raw.decode("utf-8-sig")  # a byte-order mark is dropped
     except UnicodeDecodeError as exc:

@@ -27,7 +27,7 @@ import json
 import unicodedata
 from pathlib import Path
 
-from surecl.data.cl_benchmark import parse_rows, wide_encoding
+from surecl.data.cl_benchmark import parse_rows, read_bytes
 from surecl.data.task import Example, Task, clean_label, user_instruction, warn_test_only_labels
 from surecl.errors import SureclError
 
@@ -121,13 +121,7 @@ def read_jsonl(path: str | Path, what: str = "data.jsonl") -> tuple[dict, list[t
         raise SureclError(f"{what}: {path} is a directory, not a JSONL file")
     if not path.is_file():  # reading a FIFO would block: say what it is instead
         raise SureclError(f"{what}: {path} is not a regular file (a FIFO, socket or device); give a JSONL file")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SureclError(f"{path}: cannot read ({exc.strerror})") from None
-    wide = wide_encoding(data)
-    if wide:
-        raise SureclError(f"{path}: looks like {wide}, not UTF-8: save it as UTF-8")
+    data = read_bytes(path)
     try:
         # utf-8-sig: a byte-order mark (as some Windows editors write) is dropped. Lines end at
         # "\n" only (a CRLF's "\r" is whitespace JSON skips): str.splitlines() would also split at
