@@ -13,37 +13,18 @@ from __future__ import annotations
 
 import argparse
 
-from common import interleaved_medians, load, real_items_by_task
+from common import at_least, interleaved_medians, load, real_items_by_task
 
 from surecl.evaluate import generate_answers
 from surecl.replay.surprise import score_examples
 
 
-def batch(text: str) -> int:
-    """A batch size: 0 would stop the scorer with a traceback after the model loads, and less
-    would time no work at all."""
-    size = int(text)
-    if size < 1:
-        raise argparse.ArgumentTypeError(f"batch size {text}: give 1 or more")
-    return size
-
-
-def per_task(text: str) -> int:
-    """Examples per task: 0 or less reads as every row of the task (``data.n_train``'s rule), hours
-    of timing where the script means a handful."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"examples per task {text}: give 1 or more")
-    return n
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("examples_per_task", type=per_task, nargs="?", default=16, help="training examples of each embedded task (default 16)")
-    ap.add_argument("sizes", type=batch, nargs="*", metavar="batch_size", help="batch sizes to time (default 4 8 16 32)")
+    # 0 examples would read as every row of a task (data.n_train's rule): hours of timing; a batch
+    # size of 0 would stop the scorer after the model loads
+    ap.add_argument("examples_per_task", type=at_least(1, "examples per task {text}: give 1 or more"), nargs="?", default=16, help="training examples of each embedded task (default 16)")
+    ap.add_argument("sizes", type=at_least(1, "batch size {text}: give 1 or more"), nargs="*", metavar="batch_size", help="batch sizes to time (default 4 8 16 32)")
     args = ap.parse_args()
     n = args.examples_per_task
     sizes = args.sizes or [4, 8, 16, 32]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -65,3 +66,20 @@ def n_matmul_params(model) -> int:
     """Parameters taking part in per-token matmuls (embedding lookups excluded)."""
     emb = model.get_input_embeddings().weight
     return sum(p.numel() for p in model.parameters() if p.dim() == 2 and p is not emb)
+
+
+def at_least(low: int, refusal: str):
+    """An argparse type: a whole number of at least ``low``, else one line, ``refusal`` with the
+    text given in place of ``{text}`` (a count past a script's meaning, such as 0 examples,
+    which surecl reads as every row, fails only after the models load, or runs for hours)."""
+
+    def whole(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(refusal.format(text=text))
+        return n
+
+    return whole

@@ -19,7 +19,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from common import interleaved_medians, load, matmul_rate, n_matmul_params, real_items_by_task
+from common import at_least, interleaved_medians, load, matmul_rate, n_matmul_params, real_items_by_task
 
 from surecl.data.encode import shared_prefix_len
 from surecl.replay.surprise import score_examples
@@ -48,31 +48,12 @@ def padded_batched(model, items, pad_id, bs=32):
             model(input_ids=ids, attention_mask=mask, labels=labels)
 
 
-def positive(text: str) -> int:
-    """A count of rounds: 0 or less leaves no time to take a median of, a traceback after the
-    models load."""
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text}: give 1 or more")
-    return n
-
-
-def examples(text: str) -> int:
-    """Examples scored, a quarter from each of the four embedded tasks: below 4 a task's share is
-    0, which reads as every row of the task (hours where the script means a handful)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if n < 4:
-        raise argparse.ArgumentTypeError(f"{text} examples: give 4 or more (a quarter from each of the four tasks)")
-    return n
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("n_examples", type=examples, nargs="?", default=96, help="examples scored, a quarter from each embedded task (default 96)")
-    ap.add_argument("rounds", type=positive, nargs="?", default=3, help="timed rounds of the four paths (default 3)")
+    # a quarter of the examples from each of the four tasks: below 4 a task's share is 0, which
+    # reads as every row (hours); 0 rounds leave no time to take a median of
+    ap.add_argument("n_examples", type=at_least(4, "{text} examples: give 4 or more (a quarter from each of the four tasks)"), nargs="?", default=96, help="examples scored, a quarter from each embedded task (default 96)")
+    ap.add_argument("rounds", type=at_least(1, "{text}: give 1 or more"), nargs="?", default=3, help="timed rounds of the four paths (default 3)")
     args = ap.parse_args()
     n, rounds = args.n_examples, args.rounds
     fp32 = load("fp32")

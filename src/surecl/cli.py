@@ -627,13 +627,17 @@ def _check_report_files(args) -> None:
                               "replace its files); write it elsewhere")
 
 
+RESULT_KEYS = ("config", "tasks", "accuracy_matrix")
+"""The keys that make a results.json a surecl run's."""
+
+
 def _is_results(path: Path) -> bool:
-    """Whether ``path`` is a surecl run's results.json (a mapping with its config, tasks and matrix)."""
+    """Whether ``path`` is a surecl run's results.json (a mapping with :data:`RESULT_KEYS`)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return False
-    return isinstance(data, dict) and {"config", "tasks", "accuracy_matrix"} <= set(data)
+    return isinstance(data, dict) and set(RESULT_KEYS) <= set(data)
 
 
 def _run_files(folder: Path) -> list[str]:
@@ -673,15 +677,15 @@ def _surecl_file(where: Path) -> str | None:
             return f"is inside the run folder {folder} (it holds {marks[0]}); a report never writes among a run's files"
     if where.name in (REPORT_MARK, PLAN_LOCK) and os.path.lexists(where):
         return f"is surecl's own record ({where.name}); the report would replace it"
-    if where.name in (PLAN_FILE, "results.json") and where.is_file():
+    if where.name == "results.json" and where.is_file() and _is_results(where):
+        return "is a surecl run's results.json; the report would replace it"
+    if where.name == PLAN_FILE and where.is_file():
         try:
             data = json.loads(where.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError):
             return None
-        if where.name == PLAN_FILE and isinstance(data, dict) and data.get("kind") == PLAN_KIND:
+        if isinstance(data, dict) and data.get("kind") == PLAN_KIND:
             return "is a sweep's plan (surecl sweep wrote it; its report reads it); the report would replace it"
-        if where.name == "results.json" and _is_results(where):
-            return "is a surecl run's results.json; the report would replace it"
     return None
 
 
@@ -695,7 +699,7 @@ def _check_results(paths: list[Path]) -> None:
                 res = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue  # the reader names unreadable files itself
-            missing = [k for k in ("config", "tasks", "accuracy_matrix") if not isinstance(res, dict) or k not in res]
+            missing = [k for k in RESULT_KEYS if not isinstance(res, dict) or k not in res]
             if missing or not isinstance(res.get("config"), dict):
                 raise SureclError(f"{path}: not a surecl results file (no {', '.join(missing) or 'config mapping'}); "
                                   "move it away or name the run folders to report")

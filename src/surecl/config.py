@@ -907,10 +907,10 @@ def build_config(config: str | os.PathLike | None = None, overrides: list[str] |
         for key in data.get("essential", []) or []:
             guarded[key] = (Path(name).stem, get_key(cfg, key))
             conflicts.pop(key, None)
+        tree = _renamed(body)
         for key in _SHADOWABLE:  # who last set each key another may leave unread
             section, leaf = key.split(".", 1)
-            tree = _renamed(body).get(section)
-            if isinstance(tree, dict) and leaf in tree:
+            if isinstance(tree.get(section), dict) and leaf in tree[section]:
                 set_by_preset[key] = source.startswith("preset ") or _written_by_a_run(name)
     cfg.__dict__["_preset_keys"] = frozenset(k for k, preset in set_by_preset.items() if preset and not _overrides_set(overrides, k))
     for key, message in conflicts.items():

@@ -144,11 +144,17 @@ def _order_override(order: str) -> str:
     return f"data.order={order}" if same else f"data.order='{order}'"
 
 
+def _order_key(name: Any) -> bool:
+    """Whether a mapping's key may name an order: text or a number, as a list of order names
+    takes them (not ``null`` or ``yes``, which YAML reads unquoted as None and True)."""
+    return isinstance(name, (str, int, float)) and not isinstance(name, bool)
+
+
 def _orders(value: Any, where: str) -> dict[str, list[str] | None]:
     if isinstance(value, dict):
         out = {}
         for name, tasks in value.items():
-            if not isinstance(name, (str, int, float)) or isinstance(name, bool):  # as a list of order names takes them
+            if not _order_key(name):  # as a list of order names takes them
                 raise SureclError(f"{where}: order name {name!r} must be text or a number (it names the runs' folders); "
                                   "quote it ('null', 'yes') to mean the text")
             name = written(name)
@@ -258,7 +264,7 @@ def load_plan(name_or_path: str) -> Plan:
         if not isinstance(data["order_benchmark"], dict):
             raise SureclError(f"{source}: order_benchmark must map order names to benchmark names")
         for k, v in data["order_benchmark"].items():
-            if not isinstance(k, (str, int, float)) or isinstance(k, bool) or not isinstance(v, str) or not v.strip():
+            if not _order_key(k) or not isinstance(v, str) or not v.strip():
                 raise SureclError(f"{source}: order_benchmark: {k!r}: {v!r} must map an order's name (text or a number) to a "
                                   "benchmark's name (text); quote a name YAML reads otherwise ('null', 'yes')")
         plan.order_benchmark = {written(k): v for k, v in data["order_benchmark"].items()}

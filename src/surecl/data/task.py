@@ -213,26 +213,23 @@ class Task:
             return
         if self.kind == "text":
             self._check_splits(where)
-            for split, rows in (("train", self.train), ("test", self.test)):
-                for i, ex in enumerate(rows):
-                    if not ex.sentence.strip():
-                        raise SureclError(f"{where}task {self.name} {split} row {i}: empty text")
+            row = self._first_row(lambda ex: not ex.sentence.strip())
+            if row:
+                raise SureclError(f"{where}task {self.name} {row[0]} row {row[1]}: empty text")
             return
         if not self.labels:
             raise SureclError(f"{where}task {self.name} has no labels")
         if any(not str(x).strip() for x in self.labels):
-            for split in ("train", "test"):
-                for i, ex in enumerate(getattr(self, split)):
-                    if not ex.label.strip():
-                        raise SureclError(f"{where}task {self.name} {split} row {i}: empty label (a classification row needs one of the task's labels)")
+            row = self._first_row(lambda ex: not ex.label.strip())
+            if row:
+                raise SureclError(f"{where}task {self.name} {row[0]} row {row[1]}: empty label (a classification row needs one of the task's labels)")
             raise SureclError(f"{where}task {self.name}: its labels list an empty label")
         broken = {x for x in self.labels if _breaks_line(x)}
         if broken:
             mend = "write each label on one line (an answer is scored on its first line)"
-            for split in ("train", "test"):
-                for i, ex in enumerate(getattr(self, split)):
-                    if ex.label in broken:
-                        raise SureclError(f"{where}task {self.name} {split} row {i}: label {ex.label!r} holds a line break; {mend}")
+            row = self._first_row(lambda ex: ex.label in broken)
+            if row:
+                raise SureclError(f"{where}task {self.name} {row[0]} row {row[1]}: label {row[2].label!r} holds a line break; {mend}")
             k = next(k for k, x in enumerate(self.labels) if x in broken)
             raise SureclError(f"{where}task {self.name}: label {k} of its labels, {self.labels[k]!r}, holds a line break; {mend}")
         if len(set(self.labels)) != len(self.labels):
@@ -251,6 +248,11 @@ class Task:
                 ex = getattr(self, split)[idx[0]]
                 more = f" ({len(idx)} such rows in {split}; data.invalid_labels=drop skips them)" if len(idx) > 1 else " (data.invalid_labels=drop skips such rows)"
                 raise SureclError(f"{where}task {self.name} {split} row {idx[0]}: label {ex.label!r} is not in its labels {self.labels}{more}")
+
+    def _first_row(self, holds) -> tuple[str, int, Example] | None:
+        """The first row, train then test, that ``holds`` (a test of an :class:`Example`): its
+        split, index and example, which a refusal names."""
+        return next(((split, i, ex) for split in ("train", "test") for i, ex in enumerate(getattr(self, split)) if holds(ex)), None)
 
     def _check_splits(self, where: str) -> None:
         if not self.train:

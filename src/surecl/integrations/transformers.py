@@ -439,8 +439,8 @@ class _JitSteps(TrainerCallback):
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.trainer._step_rng, self.trainer._in_step = _rng_states(), False
-        self.trainer._step_logged = self.trainer._logged()
+        self.trainer._keep_step()
+        self.trainer._in_step = False
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.trainer._in_step = True
@@ -1359,13 +1359,18 @@ class SureTrainer(Trainer):
     def _load_rng_state(self, checkpoint) -> None:
         super()._load_rng_state(checkpoint)
         if self._jit and checkpoint is not None:  # the resumed step starts from these
-            self._step_rng, self._step_logged = _rng_states(), self._logged()
+            self._keep_step()
 
     def _maybe_log_save_evaluate(self, *args, **kwargs):
         out = super()._maybe_log_save_evaluate(*args, **kwargs)
         if self._jit:  # the states a checkpoint saved here holds: the next step starts from them
-            self._step_rng, self._step_logged = _rng_states(), self._logged()
+            self._keep_step()
         return out
+
+    def _keep_step(self) -> None:
+        """Keep what a checkpoint of the last optimizer step holds, for a SIGTERM checkpoint saved
+        inside the next one (:class:`_JitSteps`): the random states and the logged counters."""
+        self._step_rng, self._step_logged = _rng_states(), self._logged()
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         if (Path(resume_from_checkpoint) / STATE_JSON).is_file():
