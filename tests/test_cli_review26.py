@@ -140,10 +140,12 @@ def test_a_sweep_into_a_run_folder_is_refused_before_it_trains(finished, capsys,
 
 
 @pytest.mark.parametrize("case", ["fp_ap", "one_task"])
-@pytest.mark.parametrize("out", ["--csv", "--md", None])
-def test_a_metric_no_run_has_is_one_line(tmp_path, capsys, case, out):
+@pytest.mark.parametrize(("layout", "out"), [*(("orders", o) for o in ("--csv", "--md", None)),
+                                             *(("paper", o) for o in ("--csv", "--md", None, "--out-dir"))])
+def test_a_metric_no_run_has_is_one_line(tmp_path, capsys, case, out, layout):
     """``--metric avg_incremental`` over eval.matrix=fp_ap runs, or ``bwt`` over a one-task
-    stream, printed a table of a header alone (and ``--csv`` wrote one) with exit code 0."""
+    stream, printed a table of a header alone (and ``--csv`` wrote one) with exit code 0; the
+    paper layout printed and wrote tables of dashes, every run "missing"."""
     runs = tmp_path / "runs"
     if case == "fp_ap":
         metric = "avg_incremental"
@@ -153,7 +155,7 @@ def test_a_metric_no_run_has_is_one_line(tmp_path, capsys, case, out):
         metric = "bwt"
         put_run(runs, tasks=["a"], accuracy_matrix=[[80.0]], bwt=None, forgetting=0.0)
     target = tmp_path / "t.out"
-    assert code_of(["report", str(runs), "--metric", metric, *([out, str(target)] if out else [])]) == 2
+    assert code_of(["report", str(runs), "--metric", metric, "--layout", layout, *([out, str(target)] if out else [])]) == 2
     err = one_error(capsys)
     assert f"no run has {metric}" in err and "null in results.json" in err, err
     assert ("eval.matrix=fp_ap" if case == "fp_ap" else "one-task stream") in err, err
