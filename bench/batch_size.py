@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import at_least, interleaved_medians, load, real_items_by_task
+from common import at_least, interleaved_medians, load, real_items_by_task, script
 
 from surecl.evaluate import generate_answers
 from surecl.replay.surprise import score_examples
@@ -53,4 +53,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

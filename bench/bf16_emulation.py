@@ -32,6 +32,7 @@ import contextlib
 import sys
 
 import torch
+from common import load, real_items, script
 from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
@@ -76,8 +77,6 @@ class EmulatedBF16Matmuls(TorchDispatchMode):
 def check(n: int) -> None:
     import statistics
     import time
-
-    from common import load, real_items
 
     print("SmolLM2's products (rows x inner x outer), relative error against float64, and elements equal:")
     gen = torch.Generator().manual_seed(0)
@@ -136,4 +135,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    script(lambda: main(sys.argv[1:]))

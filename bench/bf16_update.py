@@ -11,6 +11,7 @@ Run: ``python bench/bf16_update.py`` (the embedded SmolLM2-135M, fp32 on load; a
 from __future__ import annotations
 
 import torch
+from common import script
 
 from surecl.model import load_model
 from surecl.sections import ModelConfig
@@ -32,4 +33,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

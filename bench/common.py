@@ -1,10 +1,15 @@
-"""Shared set-up for the benchmarks: the embedded model and real prompts, timing helpers."""
+"""Shared set-up for the benchmarks: the embedded model and real prompts, timing helpers, and
+``script``, which ends a script on surecl's one-line errors as ``surecl`` does."""
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -13,7 +18,20 @@ from surecl.data.cl_benchmark import load_benchmark
 from surecl.data.embedded import ensure_embedded_benchmark
 from surecl.data.encode import TaskEncoder
 from surecl.data.task import prepare_stream
+from surecl.errors import SureclError
 from surecl.model import load_model
+
+
+def script(main: Callable[[], int | None]) -> NoReturn:
+    """Run a script's ``main`` and exit with its code; a SureclError (the embedded benchmark
+    that cannot be built offline, a model that does not load) is one line, ``<script>: error:
+    <message>``, and exit 2, as ``surecl`` says it, not a traceback."""
+    try:
+        code = main()
+    except SureclError as exc:
+        print(f"{Path(sys.argv[0]).name}: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
 
 
 def load(dtype: str):

@@ -29,11 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from common import script
 
 from surecl.checkpoint import write_json
 from surecl.config import build_config, same_config
@@ -143,11 +143,7 @@ def main() -> int:
         n_trains, seeds = [int(x) for x in args.n_train.split(",")], [int(x) for x in args.seeds.split(",")]
     except ValueError:
         ap.error("--n-train and --seeds take comma-separated integers")
-    try:
-        return measure(args, n_trains, seeds)
-    except SureclError as exc:
-        print(f"ema_window.py: {exc}", file=sys.stderr)
-        return 2
+    return measure(args, n_trains, seeds)
 
 
 def measure(args, n_trains: list[int], seeds: list[int]) -> int:
@@ -198,4 +194,4 @@ def print_table(done: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script(main)

@@ -19,6 +19,7 @@ import statistics as st
 import time
 
 import torch
+from common import script
 
 from surecl.adapters import DualLoRA
 from surecl.config import build_config
@@ -104,4 +105,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
+
+from common import script
 
 from surecl.config import config_from_dict
 from surecl.data.loading import load_stream
@@ -54,16 +55,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folders", nargs="+", metavar="RUN", help="a run folder (holding its results.json)")
     args = ap.parse_args()
-    try:
-        # every results.json read before the first stream loads: a wrong folder is one line at once
-        runs = [(folder, read_results(folder)) for folder in args.folders]
-        for folder, res in runs:
-            show(folder, res)
-    except SureclError as exc:
-        print(f"{ap.prog}: error: {exc}", file=sys.stderr)
-        return 2
+    # every results.json read before the first stream loads: a wrong folder is one line at once
+    runs = [(folder, read_results(folder)) for folder in args.folders]
+    for folder, res in runs:
+        show(folder, res)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script(main)

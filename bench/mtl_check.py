@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import script
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -112,4 +113,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import resource
 
-from common import load, real_items
+from common import load, real_items, script
 
 from surecl.adapters import DualLoRA
 from surecl.config import DualConfig, LoraConfig
@@ -61,4 +61,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

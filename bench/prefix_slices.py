@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import random
 
-from common import load, real_items_by_task
+from common import load, real_items_by_task, script
 
 from surecl.config import build_config
 from surecl.data.encode import _slices, bucketed_batches, micro_batch_positions, shared_prefix_len, uniform_batches
@@ -97,4 +97,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

@@ -13,7 +13,7 @@ import sys
 import time
 
 import torch
-from common import load, matmul_rate, n_matmul_params, real_items_by_task
+from common import load, matmul_rate, n_matmul_params, real_items_by_task, script
 from torch.profiler import ProfilerActivity, profile
 
 from surecl.adapters import DualLoRA
@@ -87,4 +87,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

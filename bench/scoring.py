@@ -19,7 +19,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from common import at_least, interleaved_medians, load, matmul_rate, n_matmul_params, real_items_by_task
+from common import at_least, interleaved_medians, load, matmul_rate, n_matmul_params, real_items_by_task, script
 
 from surecl.data.encode import shared_prefix_len
 from surecl.replay.surprise import score_examples
@@ -107,4 +107,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

@@ -24,10 +24,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import resource
-import sys
 import time
 import warnings
 from pathlib import Path
+
+from common import script
 
 from surecl.checkpoint import LOCK, run_lock
 from surecl.config import build_config
@@ -56,14 +57,11 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_intermixed_args()
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-    try:
-        if args.mode == "train":  # checked before the lock too, which would write its holder into another run's lock file
-            check_empty(args.out)
-        # train writes checkpoints and a manifest: only into a folder of its own, under the run lock
-        with run_lock(args.out) if args.mode == "train" else contextlib.nullcontext():
-            measure(args)
-    except SureclError as exc:
-        sys.exit(f"seq_ft_memory.py: {exc}")
+    if args.mode == "train":  # checked before the lock too, which would write its holder into another run's lock file
+        check_empty(args.out)
+    # train writes checkpoints and a manifest: only into a folder of its own, under the run lock
+    with run_lock(args.out) if args.mode == "train" else contextlib.nullcontext():
+        measure(args)
 
 
 def check_empty(out: Path) -> None:
@@ -120,4 +118,4 @@ def measure(args) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

@@ -20,12 +20,19 @@ ARGS = ["--config", "slow_surprise", "--quiet", "data.n_train=24", "data.n_test=
         "data.tasks=[tweets,reuters]"]
 
 
+def last_line(done: subprocess.CompletedProcess) -> str:
+    """What a failed run said last on stderr (surecl's error line), as text; or that it said
+    nothing (a process killed before it could), with its exit status."""
+    lines = done.stderr.strip().splitlines()
+    return lines[-1] if lines else f"it printed nothing on stderr (exit status {done.returncode})"
+
+
 def run(out: Path, threads: int) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     done = subprocess.run([sys.executable, "-m", "surecl.cli", "run", "--out", str(out), "--fresh", *ARGS], env=env,
                           capture_output=True, text=True)
     if done.returncode:
-        sys.exit(f"the run at {threads} threads failed: {done.stderr.strip().splitlines()[-1:]}")
+        sys.exit(f"the run at {threads} threads failed: {last_line(done)}")
     res = json.loads((out / "results.json").read_text())
     tensors = {}
     for f in sorted((out / "adapters").rglob("*.safetensors")):

@@ -23,7 +23,7 @@ import statistics
 import time
 
 import torch
-from common import interleaved_medians, load, real_items_by_task
+from common import interleaved_medians, load, real_items_by_task, script
 from peft import LoraConfig, get_peft_model
 
 from surecl.adapters import DualLoRA
@@ -149,4 +149,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -164,4 +165,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    script(main)
