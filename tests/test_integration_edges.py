@@ -134,14 +134,14 @@ def test_a_dict_of_datasets_is_evaluated_on_the_adapter_asked_for(trained):
         assert trainer.evaluate()["eval_b_loss"] == losses[SLOW]
     finally:
         trainer.eval_dataset = None
-    assert trainer.dual.active == FAST
+    assert trainer.dual.active == SLOW  # between tasks the slow adapter answers (trainer.model, generate, merge)
 
 
 def test_evaluation_inside_slow_weights_leaves_the_slow_adapter(trained):
     """evaluate (on either adapter) and surprise (fast adapter) inside ``with
     trainer.slow_weights():`` restore what was in place on entry: the rest of the block still
-    answers with the slow adapter, in eval mode; after it, the fast adapter and the mode
-    before. next_task inside the block is one line."""
+    answers with the slow adapter, in eval mode; after it, the slow adapter (what answers
+    between tasks) and the mode before. next_task inside the block is one line."""
     trainer, ds, losses = trained
     ids = torch.tensor([ds[0]["input_ids"]])
     mode = trainer.model.training
@@ -155,14 +155,14 @@ def test_evaluation_inside_slow_weights_leaves_the_slow_adapter(trained):
         with pytest.raises(SureclError, match="inside `with trainer.slow_weights\\(\\)`") as err:
             trainer.next_task(ds)
         assert "\n" not in str(err.value)
-    assert trainer.dual.model.active_adapter == FAST and trainer.model.training == mode
+    assert trainer.dual.model.active_adapter == SLOW and trainer.model.training == mode
 
 
 def test_predict_answers_with_the_evaluation_adapter(trained):
     trainer, ds, losses = trained
     assert trainer.predict(ds).metrics["test_loss"] == losses[SLOW]
     assert trainer.predict(ds, adapter=FAST).metrics["test_loss"] == losses[FAST]
-    assert trainer.dual.active == FAST
+    assert trainer.dual.active == SLOW
 
 
 # ---------------------------------------------------------------------- Trainer settings SuRe cannot honour

@@ -162,7 +162,7 @@ def test_evaluate_answers_with_the_slow_adapter(tiny_loaded, tmp_path):
     assert slow != fast
     with trainer.slow_weights() as model:
         assert model.active_adapter == "slow" and not model.training
-    assert trainer.dual.model.active_adapter == "fast"
+    assert trainer.dual.model.active_adapter == "slow"
 
 
 def test_settings_it_cannot_run_are_one_line_errors(tiny_loaded, tmp_path):

@@ -144,7 +144,7 @@ def test_slow_adapter_differs_and_evaluate_uses_it(chat_run):
     assert loss == pytest.approx(slow_nll, rel=1e-4)
     assert loss_fast == pytest.approx(fast_nll, rel=1e-4)
     assert loss != pytest.approx(loss_fast, rel=1e-3)
-    assert trainer.dual.model.active_adapter == "fast"
+    assert trainer.dual.model.active_adapter == "slow"
 
 
 # ---------------------------------------------------------------------- prompt/completion data

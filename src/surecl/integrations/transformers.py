@@ -15,15 +15,28 @@ task's (tokenised) training set. Each call is one task boundary:
    batches, collated by your collator, and the loss is the Trainer's own (token mean over the
    mixed batch: the core's ``replay.loss=joint``) or, with ``replay_loss="example"`` (every
    step) or ``"pair"`` (steps that replay), the paper's reference weighting over the whole
-   optimizer step (the core's :func:`surecl.step.pair_weights`);
+   optimizer step (the core's :func:`surecl.step.pair_weights`). Those two steps compute the
+   loss themselves, so a ``compute_loss`` you override in a subclass would never be called:
+   that combination is refused at construction (``joint`` calls it);
 3. after every optimizer step the slow LoRA adapter follows the fast one by the core's EMA
    (:meth:`surecl.adapters.DualLoRA.ema_step`: one update per step, or beta^n for a step of n
    new examples with ``unit="example"``), and with ``aging`` the step's replayed entries take
    their surprise under the updated fast adapter;
-4. ``trainer.evaluate(...)`` and ``trainer.predict(...)`` answer with the slow adapter
-   (``adapter="fast"`` for the fast one; for every dataset of a dict too), and
-   ``with trainer.slow_weights(): ...`` puts it in place for your own evaluation (an
-   ``evaluate`` inside leaves it in place).
+4. ``trainer.model`` answers with the slow adapter, the result, whenever no task trains: from
+   construction on, and again as soon as ``next_task`` returns (or raises), so its
+   ``generate``, a pipeline over it and ``merge_and_unload()`` take the slow adapter; only a
+   task's ``train()`` (its steps, and the Trainer's callbacks inside it) has the fast adapter
+   active (``dual=False``: the fast adapter always). ``trainer.evaluate(...)`` and
+   ``trainer.predict(...)`` answer with the slow adapter (``adapter="fast"`` for the fast one;
+   for every dataset of a dict too; other keywords, such as a mixed-in ``Seq2SeqTrainer``'s
+   ``max_new_tokens``, go to the parent), and ``with trainer.slow_weights(): ...`` /
+   ``trainer.weights("fast")`` put one in place for your own evaluation (an ``evaluate``
+   inside leaves it in place; ``next_task`` inside is refused). ``predict_with_generate=True``
+   needs a ``Seq2SeqTrainer`` mixed in (``class T(SureTrainer, Seq2SeqTrainer)``): a plain
+   Trainer would return teacher-forced logits, so it is refused.
+
+``SureArguments`` parse with ``HfArgumentParser`` (``--beta auto``, ``--beta 0.995``, every
+field's default when not given).
 
 Checkpoints are the Trainer's: each task trains under ``output_dir/task-<t>/`` and every
 ``checkpoint-N`` folder also holds ``sure_state.json`` (task index, buffer, EMA clock, policy
@@ -95,7 +108,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from transformers import Trainer, TrainerCallback, set_seed
+from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, set_seed
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -159,7 +172,8 @@ class SureArguments:
     optimizer step (all micro-batches of all processes), so gradient accumulation and several
     processes give the one-process step. With ``pair``, a step without replayed rows is ``joint``. ``pair``
     computes the loss itself from the model's logits and your collator's ``labels``, so it
-    cannot be combined with a ``compute_loss_func`` or label smoothing."""
+    cannot be combined with a ``compute_loss_func``, label smoothing or a ``compute_loss``
+    overridden in your subclass (which its steps would never call)."""
     replacement: bool = False
     """A step's replayed rows drawn each on its own, with replacement (``replay.replacement``,
     the paper's reference code), not as one draw without replacement."""
@@ -181,9 +195,12 @@ class SureArguments:
     are dropped first. ``policy="surprise"`` only (``random`` keeps no scores)."""
     dual: bool = True
     """The slow adapter (``dual.enabled``); ``False``: the fast adapter alone answers."""
-    beta: float | str = "auto"
+    beta: float | str | None = "auto"
     """EMA rate per update, or ``auto``: a window of ``window_tasks`` tasks of the first task's
-    updates (``dual.beta``)."""
+    updates (``dual.beta``). A number given as text (``"0.995"``) is read as that number, so
+    ``HfArgumentParser`` takes ``--beta 0.995`` and ``--beta auto`` (the ``None`` in the type is
+    there for it alone: it reads a ``X | str | None`` field as text, as ``TrainingArguments``'
+    ``dict | str | None`` ones; None itself is refused)."""
     window_tasks: float = 0.5
     bias_correction: bool = True
     unit: str = "step"
@@ -193,6 +210,13 @@ class SureArguments:
     lora_dropout: float = 0.1
     target_modules: list[str] | str = field(default_factory=lambda: ["q_proj", "v_proj"])
     """Layer names as PEFT matches them, or ``"all-linear"``: every linear layer but the output head."""
+
+    def __post_init__(self):
+        if isinstance(self.beta, str) and self.beta != "auto":  # the command line's words; another word: check() names it
+            try:
+                self.beta = float(self.beta)
+            except ValueError:
+                pass
 
     def replay_config(self) -> ReplayConfig:
         return ReplayConfig(
@@ -485,12 +509,16 @@ class SureTrainer(Trainer):
 
     ``model`` is the frozen base (a transformers model); the trainer wraps it in the core's
     :class:`~surecl.adapters.DualLoRA` (``fast`` adapter trained, ``slow`` = its EMA), so
-    ``trainer.model`` is a PEFT model. Every other argument is ``Trainer``'s; ``save_total_limit``
+    ``trainer.model`` is a PEFT model, answering with the slow adapter except inside a task's
+    ``train()``. Every other argument is ``Trainer``'s; ``save_total_limit``
     counts the running task's ``checkpoint-N`` folders, and a finished task's are removed once its
     ``sure-end`` is written (see the module docstring)."""
 
     _rows_of = ""
     """What a row index in a message counts (a subclass that prepares the rows says so)."""
+    _library_losses: tuple = (Trainer,)
+    """The classes whose ``compute_loss`` is the library's own, not a user's override (which
+    ``replay_loss="pair"`` / ``"example"`` steps would never call); ``SureSFTTrainer`` adds TRL's."""
 
     def __init__(self, model=None, args=None, *trainer_args, sure: SureArguments | None = None, **kwargs):
         if model is None or args is None:
@@ -543,6 +571,20 @@ class SureTrainer(Trainer):
                 f"SureArguments.replay_loss={self.sure.replay_loss!r} computes the loss itself (token NLL of the labels); it cannot be combined with "
                 "compute_loss_func, label_smoothing_factor, a TRL loss_type other than 'nll' or a model's router auxiliary loss "
                 "(output_router_logits)"
+            )
+        owner = next(c for c in type(self).__mro__ if "compute_loss" in vars(c))
+        if self.sure.replay_loss in ("pair", "example") and owner not in self._library_losses:
+            # those steps compute the loss in _pair_step: an override of compute_loss would silently never run
+            raise SureclError(
+                f"SureArguments.replay_loss={self.sure.replay_loss!r} computes each step's loss itself (token NLL of the labels), so "
+                f"{owner.__qualname__}.compute_loss, your override, would never be called in training; use replay_loss='joint' (its steps "
+                "call compute_loss), or remove the override (such a step's loss is the labels' token NLL alone: no other term enters it)"
+            )
+        if getattr(args, "predict_with_generate", False) and not isinstance(self, Seq2SeqTrainer):
+            # a plain Trainer's evaluate/predict return the teacher-forced logits, not generated ids
+            raise SureclError(
+                f"{type(self).__name__}: predict_with_generate=True needs a Seq2SeqTrainer (a plain Trainer's evaluate and predict do not "
+                f"generate); mix one in, class MyTrainer({type(self).__name__}, Seq2SeqTrainer): pass, or set predict_with_generate=False"
             )
         # from here the caller's model changes (frozen, adapters added in place): a failure below gives it back as it was
         grads = [p.requires_grad for p in model.parameters()]
@@ -604,6 +646,9 @@ class SureTrainer(Trainer):
         """With ``enable_jit_checkpoint``: the Trainer's counters then (:meth:`_logged`), which
         that checkpoint's ``trainer_state.json`` holds."""
         self._in_step = False
+        self._views = 0
+        """The ``weights()`` / ``slow_weights()`` blocks open now (evaluate's own included)."""
+        self.dual.activate(self.dual.eval_adapter)  # the result answers whenever no task trains (next_task)
         if jit is None:
             self.add_callback(_EmaCallback(self))
         else:  # a step's EMA and counts before the JIT checkpoint its on_step_end saves (which resumes after that step)
@@ -680,10 +725,10 @@ class SureTrainer(Trainer):
 
     def _next_task(self, train_dataset, resume_from_checkpoint):
         t = self.task
-        if self.dual.active != FAST:
+        if self._views:
             raise SureclError(
-                f"SureTrainer.next_task: called inside `with trainer.slow_weights()` (the {self.dual.active} adapter answers there, "
-                "and training would not reach the fast one); call it outside the with block"
+                "SureTrainer.next_task: called inside `with trainer.slow_weights()` or `trainer.weights(...)` (the model there is the view "
+                "you evaluate, which training would change under it); call it outside the with block"
             )
         self._check_dataset(train_dataset)
         data, labels = self._prepared(train_dataset)
@@ -745,10 +790,13 @@ class SureTrainer(Trainer):
         self.train_dataset = data
         self._in_next_task = True
         self._arm_jit_checkpoint()
+        self.dual.activate(FAST)  # the adapter the task trains; its steps and the Trainer's callbacks see it
         try:
             out = self.train(resume_from_checkpoint=checkpoint)
         finally:
             self._in_next_task = False
+            # trainer.model answers with the result again: generate, a pipeline, merge_and_unload
+            self.dual.activate(self.dual.eval_adapter)
             self.args.output_dir = str(self.root)  # save_model(), save_state() and a model card go where the user said
         if self.state.global_step < self.state.max_steps:  # stopped early: its end state would mark it finished for good
             raise SureclError(
@@ -1221,6 +1269,13 @@ class SureTrainer(Trainer):
         )
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.dual.active != FAST:  # a step taken outside next_task (called directly) trains the fast adapter all the same
+            was = self.dual.active
+            self.dual.activate(FAST)
+            try:
+                return self.training_step(model, inputs, num_items_in_batch)
+            finally:
+                self.dual.activate(was)
         self._local[0] += int(inputs.pop(NEW, 0))
         self._local[1] += int(inputs.pop(REPLAYED, 0))
         weights = inputs.pop(WEIGHT, None)
@@ -1297,31 +1352,44 @@ class SureTrainer(Trainer):
         if adapter is not None and adapter not in names:
             raise SureclError(f"{type(self).__name__}: adapter={adapter!r} is not one of this trainer's adapters; use "
                               f"{' or '.join(repr(n) for n in names)}{' (dual=False: there is no slow adapter)' if not self.sure.dual else ''}")
-        return self.dual.evaluating(adapter or self.dual.eval_adapter)
+        return self._view(adapter or self.dual.eval_adapter)
+
+    @contextlib.contextmanager
+    def _view(self, adapter: str):
+        """:meth:`DualLoRA.evaluating`, counted in :attr:`_views` (``next_task`` is refused inside)."""
+        self._views += 1
+        try:
+            with self.dual.evaluating(adapter) as model:
+                yield model
+        finally:
+            self._views -= 1
 
     def slow_weights(self) -> contextlib.AbstractContextManager:
         """``with trainer.slow_weights() as model:`` evaluate the slow adapter your own way."""
         return self.weights(SLOW if self.sure.dual else FAST)
 
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval", adapter: str | None = None):
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval", adapter: str | None = None, **gen_kwargs):
         """``Trainer.evaluate`` on the slow adapter (``adapter="fast"``: the fast one). A dict of
         datasets (given here or as ``eval_dataset`` at construction) is evaluated one dataset at
         a time, as the Trainer does (``<prefix>_<name>_*`` metrics), but here, so that
-        ``adapter`` holds for each (the Trainer's own loop calls ``evaluate`` without it)."""
+        ``adapter`` holds for each (the Trainer's own loop calls ``evaluate`` without it). Other
+        keywords go to the parent: a ``Seq2SeqTrainer`` mixed in takes ``max_new_tokens`` and the
+        other generation settings."""
         sets = eval_dataset if eval_dataset is not None else self.eval_dataset
         if isinstance(sets, dict):
             metrics: dict = {}
             for name, dataset in sets.items():  # a name selects a dataset given at construction (prepared there)
-                metrics.update(self.evaluate(dataset if eval_dataset is not None else name, ignore_keys, f"{metric_key_prefix}_{name}", adapter=adapter))
+                metrics.update(self.evaluate(dataset if eval_dataset is not None else name, ignore_keys, f"{metric_key_prefix}_{name}",
+                                             adapter=adapter, **gen_kwargs))
             return metrics
         with self.weights(adapter):
-            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix, **gen_kwargs)
 
-    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test", adapter: str | None = None):
+    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test", adapter: str | None = None, **gen_kwargs):
         """``Trainer.predict`` on the adapter ``evaluate`` answers with: the slow one
-        (``adapter="fast"``: the fast one)."""
+        (``adapter="fast"``: the fast one); other keywords go to the parent, as in :meth:`evaluate`."""
         with self.weights(adapter):
-            return super().predict(test_dataset, ignore_keys, metric_key_prefix)
+            return super().predict(test_dataset, ignore_keys, metric_key_prefix, **gen_kwargs)
 
     # ------------------------------------------------------------------ checkpoints
 

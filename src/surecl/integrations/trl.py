@@ -75,6 +75,10 @@ def _build():
         _rows_of = " of the dataset SFTTrainer prepared"
         """Row indices count the prepared rows: SFTTrainer drops the rows its truncation leaves
         without a loss token, and ``shuffle_dataset`` reorders them."""
+        _library_losses = (*SureTrainer._library_losses, SFTTrainer)
+        """SFTTrainer's ``compute_loss`` is the library's, not an override: accepted with every
+        ``replay_loss`` (a ``pair`` / ``example`` step computes its loss without it, so TRL's
+        ``mean_token_accuracy``, ``entropy`` and ``num_tokens`` are not logged for those steps)."""
 
         def __init__(self, model=None, args=None, *, sure: SureArguments | None = None, train_dataset=None, peft_config=None, **kwargs):
             if isinstance(model, str):
