@@ -685,9 +685,11 @@ def test_a_space_before_the_end_of_turn_never_becomes_a_stop_token():
 
 
 def test_predictions_of_a_cut_target_are_scored_as_the_matrix_scores_them(tmp_path, tiny_cache):
-    """predictions.jsonl: a generation test row whose target max_length cut has the kept part as
-    its gold (what the matrix scored) and the whole target as gold_full; its row scores average
-    to the matrix cell."""
+    """predictions.jsonl under ``eval.answer_budget=references`` (each test prompt leaves room
+    for its own reference, which max_length may cut): a row whose target was cut has the kept
+    part as its gold (what the matrix scored) and the whole target as gold_full; its row scores
+    average to the matrix cell. (Under the default the reference is scored whole:
+    test_generation_review27.)"""
     from statistics import fmean
 
     from surecl.cli import main
@@ -701,7 +703,8 @@ def test_predictions_of_a_cut_target_are_scored_as_the_matrix_scores_them(tmp_pa
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SURECL_CACHE", str(tiny_cache))
         assert main(["run", "--config", "tiny,seq_lora", "--quiet", "--out", str(out), "data.benchmark=none",
-                     f"data.jsonl=[{tmp_path / 'g.jsonl'}]", "model.max_length=24", "train.epochs=1"]) == 0
+                     f"data.jsonl=[{tmp_path / 'g.jsonl'}]", "model.max_length=24", "train.epochs=1",
+                     "eval.answer_budget=references"]) == 0
     preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     cut = next(p for p in preds if "gold_full" in p)
     assert cut["gold_full"] == long and long.startswith(cut["gold"]) and cut["gold"] != long

@@ -356,10 +356,10 @@ PROMPT_FORMAT = 1
 """The version of ``prompt.json``'s layout."""
 
 
-def _generation_spec(chat: bool, metric: str, eos: bool = False, references: str = "rows") -> dict:
+def _generation_spec(chat: bool, metric: str, eos: bool = False, references: str = "rows", budget: str = "references") -> dict:
     """How a generation task's rows were prompted, cut and scored (its ``prompt.json`` entry);
     ``eos``: the prompt ends with the EOS token (an encoder-decoder's input, ``model.encoder_eos``);
-    ``references``: ``eval.references``."""
+    ``references``: ``eval.references``; ``budget``: ``eval.answer_budget``."""
     if chat:
         out = {"prompt": "the tokenizer's chat template over the row's turns up to its last assistant turn, prompt_head "
                          "at the start of the first user turn (a prompt / response row: one user turn, prompt_head + input; "
@@ -380,6 +380,16 @@ def _generation_spec(chat: bool, metric: str, eos: bool = False, references: str
                              "longer than max_length leaves keeps at least max_length // 2 of its tokens"}
     if eos:
         out["prompt"] += "; then the EOS token (encoder_eos), counted in max_length and never cut"
+    if budget == "train":
+        out["truncation"] += ("; a test row's prompt is cut by the same rule as if its answer were max_new_tokens tokens long "
+                              "(eval.answer_budget=train): the same room for every test row of the task, whatever its own "
+                              "target, which is scored whole")
+        out["max_new_tokens_rule"] = ("the task's longest training target as encoded (a conversation's longest assistant turn, "
+                                      "with what ends it) + 1, at most eval.max_new_cap (a task without training rows: its own "
+                                      "longest test target + 1), unless eval.max_new_tokens sets it")
+    else:
+        out["max_new_tokens_rule"] = ("the task's longest test target as encoded + 1, at most eval.max_new_cap, unless "
+                                      "eval.max_new_tokens sets it (eval.answer_budget=references)")
     if metric == "exact_match":
         out["scoring"] = ("exact match after SQuAD's normalisation of prediction and target: lower-case, punctuation deleted, "
                           "the articles a / an / the removed, whitespace collapsed; a target that normalises to nothing "
@@ -415,13 +425,15 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
     for j, task in enumerate(ctx.tasks):
         entry = {"name": task.name, "group": task.group, "kind": task.kind}
         if task.kind == "generate":  # free text: no label set; the prompt as the run encoded each row
-            longest = max((len(e.answer) for e in ctx.test_sets[j]), default=0) + 1
+            from surecl.run_eval import new_token_budget
+
+            budget = new_token_budget(cfg, task, ctx.test_sets[j], None, ctx.train_sets[j])  # as evaluation generated
             chat = bool(getattr(tok, "chat_template", None)) and (cfg.data.template == "auto" or any(e.messages for e in task.test))
             entry.update(instruction=task.instruction, prompt_head=task_lead(task, cfg.data.task_prefix), metric=task.score_metric,
-                         template=cfg.data.template, chat_template=chat,
-                         max_new_tokens=cfg.eval.max_new_tokens or min(longest, cfg.eval.max_new_cap),
+                         template=cfg.data.template, chat_template=chat, max_new_tokens=budget, answer_budget=cfg.eval.answer_budget,
                          stop_ids=sorted(getattr(ctx, "stop_ids", None) or []),
-                         **_generation_spec(chat, task.score_metric, bool(ctx.is_seq2seq and cfg.model.encoder_eos), cfg.eval.references))
+                         **_generation_spec(chat, task.score_metric, bool(ctx.is_seq2seq and cfg.model.encoder_eos), cfg.eval.references,
+                                            cfg.eval.answer_budget))
         elif task.kind == "text":
             entry["metric"] = "perplexity"
         else:

@@ -188,6 +188,7 @@ CHOICES: dict[str, tuple[str, ...] | None] = {
     "train.batching": ("bucketed", "uniform"),
     "eval.matrix": ("full", "fp_ap"),
     "eval.references": ("rows", "max"),
+    "eval.answer_budget": ("train", "references"),
 }
 """Allowed values of the core string options; a registered section lists its own
 (:attr:`surecl.options.Options.choices`; :func:`choices` gives them all)."""
@@ -895,6 +896,8 @@ def build_config(config: str | os.PathLike | None = None, overrides: list[str] |
         body = {k: v for k, v in data.items() if k not in META_KEYS}
         if _written_by_a_run(name):
             body = _saved_run_sections(body, source)
+            if set(SAVED_TREE) <= set(body):  # a run's whole config: it ran the earlier behaviour of a key it lacks
+                body = earlier_behaviour(body)
         _apply_mapping(cfg, body, "", source)
         for key, (owner, value) in guarded.items():
             if get_key(cfg, key) != value and key not in conflicts:
@@ -921,10 +924,32 @@ def build_config(config: str | os.PathLike | None = None, overrides: list[str] |
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
-    """Rebuild a config saved in results/checkpoints."""
+    """Rebuild a config saved in results/checkpoints (a key it lacks that :data:`EARLIER_BEHAVIOUR`
+    names is read as the behaviour before the key, any other as its default)."""
     cfg = RunConfig()
-    _apply_mapping(cfg, data, "", "saved config")
+    _apply_mapping(cfg, earlier_behaviour(data), "", "saved config")
     return validate(cfg)
+
+
+EARLIER_BEHAVIOUR: dict[tuple[str, str], Any] = {("eval", "answer_budget"): "references"}
+"""Keys added with a default that changed what runs do: a saved config (results.json,
+``config.yaml``, a checkpoint) written before the key existed ran the value here, not the
+default, and is read so wherever it is compared with a new config (:func:`same_config`: a
+finished run skipped, a checkpoint resumed) or run again from its ``config.yaml``. Any other
+key a saved config lacks takes its default, which kept the earlier behaviour when it was added."""
+
+
+def earlier_behaviour(saved: Any) -> Any:
+    """``saved`` (a config tree as written by a run) with each :data:`EARLIER_BEHAVIOUR` key it
+    lacks set to the value its run ran."""
+    if not isinstance(saved, dict):
+        return saved
+    tree = dict(saved)
+    for (section, key), value in EARLIER_BEHAVIOUR.items():
+        part = tree.get(section, {})
+        if isinstance(part, dict) and key not in part:
+            tree[section] = {**part, key: value}
+    return tree
 
 
 def same_config(saved: dict[str, Any], cfg: RunConfig) -> bool:
@@ -932,7 +957,10 @@ def same_config(saved: dict[str, Any], cfg: RunConfig) -> bool:
 
     The saved tree is rebuilt first, so keys added to the config since then take their
     defaults: a finished or checkpointed run stays resumable when a later version adds an
-    option whose default keeps the old behaviour. A saved key that no longer exists, or a
+    option whose default keeps the old behaviour; a key whose default changed what runs do
+    takes the value the saved run ran instead (:data:`EARLIER_BEHAVIOUR`: a generation run
+    without ``eval.answer_budget`` ran ``references``), and counts only where a run reads it
+    (:func:`_read_only`). A saved key that no longer exists, or a
     saved value that no longer validates, is a different config. A section only one method
     reads (a registered section, :func:`surecl.registry.sections`) counts only for that method, and the dual learner's options
     only where they are read (:func:`_read_only`): a changed default of N-LoRA's strength or of
@@ -1010,12 +1038,29 @@ def read_view(trees: list[dict[str, Any]]) -> dict[str, Any]:
     without a registered method's or policy's own section when none of their methods and
     policies reads it, and without the options :func:`_read_only` drops. Two runs whose views
     are equal ran the same configuration."""
-    tree = dict(trees[0])
+    tree = earlier_behaviour(dict(trees[0]))
     used = {t.get("method") for t in trees} | {(t.get("replay") or {}).get("policy") for t in trees}
     for section, (_, readers) in registry.sections().items():
         if not used & set(readers):
             tree.pop(section, None)
     return _read_only(tree)
+
+
+def _may_generate(tree: dict[str, Any]) -> bool:
+    """Whether a run of ``tree`` may evaluate a generation task, the only kind that reads
+    ``eval.answer_budget``: a general-ability probe (its instruction part), a ``data.kind=generate``
+    stream, or a classification stream of the ``instruct`` benchmark or of ``data.jsonl`` /
+    ``data.hf`` tasks (a file may declare itself a generation task); a ``data.kind=text`` stream
+    reads every task as documents. Where unsure, it may."""
+    data = tree.get("data") if isinstance(tree.get("data"), dict) else {}
+    evaluation = tree.get("eval") if isinstance(tree.get("eval"), dict) else {}
+    if evaluation.get("general", EvalConfig.general) != "none":
+        return True
+    kind = data.get("kind", DataConfig.kind)
+    if kind in ("classify", "text"):
+        return kind == "classify" and (data.get("benchmark", DataConfig.benchmark) == "instruct" or bool(data.get("jsonl"))
+                                       or bool(data.get("hf")))
+    return True
 
 
 RESULT_NEUTRAL = (("train", "keep_checkpoints"), ("train", "checkpoint_every"), ("log_every",))
@@ -1026,14 +1071,17 @@ inside a task, how often log.jsonl gets a line): a resumed or finished run may d
 
 def _read_only(tree: dict[str, Any]) -> dict[str, Any]:
     """``tree`` without the dual learner's options a run does not read (all but ``enabled``
-    when the slow adapter is off, ``window_tasks`` when ``beta`` is a number) and without the
-    :data:`RESULT_NEUTRAL` options."""
+    when the slow adapter is off, ``window_tasks`` when ``beta`` is a number), without
+    ``eval.answer_budget`` where no generation task is evaluated (:func:`_may_generate`) and
+    without the :data:`RESULT_NEUTRAL` options."""
     dual = dict(tree.get("dual", {}))
     if not dual.get("enabled"):
         dual = {"enabled": dual.get("enabled", False)}
     elif dual.get("beta") != "auto":
         dual.pop("window_tasks", None)
     tree = {**tree, "dual": dual}
+    if isinstance(tree.get("eval"), dict) and not _may_generate(tree):
+        tree["eval"] = {k: v for k, v in tree["eval"].items() if k != "answer_budget"}
     for path in RESULT_NEUTRAL:
         if len(path) == 1:
             tree.pop(path[0], None)

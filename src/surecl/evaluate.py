@@ -305,9 +305,10 @@ def instances(examples) -> list[int]:
 
 def instance_rows(keys: list[int], prompts: list[list[int]]) -> dict[int, int]:
     """Per instance (``keys``, :func:`instances`), the row whose prompt answers it: the longest of
-    its rows' ``prompts`` (the first of those as long). A long input is cut to leave its target
-    room (:class:`~surecl.data.encode.TaskEncoder`), so an instance's rows may hold it cut at
-    different lengths: the one answer reads the most of it."""
+    its rows' ``prompts`` (the first of those as long). Under ``eval.answer_budget=references`` a
+    long input is cut to leave its own target room (:class:`~surecl.data.encode.TaskEncoder`),
+    so an instance's rows may hold it cut at different lengths: the one answer reads the most of
+    it (under ``train`` every row of a task leaves the same room, and its rows' prompts agree)."""
     best: dict[int, int] = {}
     for k, (key, prompt) in enumerate(zip(keys, prompts)):
         if key not in best or len(prompt) > len(prompts[best[key]]):

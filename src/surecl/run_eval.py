@@ -40,18 +40,36 @@ def _under(run, adapter: str | None, left_out: tuple, task: int, measure):
         run.eval_view, run.left_out = None, ()
 
 
-def new_token_budget(cfg, task: Task, items: list[Encoded], label_answers: dict | None) -> int:
-    """The tokens evaluation generates for each of ``task``'s test rows ``items``: a generation
-    task's longest answer and one more (at most ``eval.max_new_cap``), a labelled task's longest
-    label answer and one more under ``eval.mode=generate``, ``eval.max_new_tokens`` when set;
-    0 where nothing is generated (perplexity, ranking)."""
+def new_token_budget(cfg, task: Task, items: list[Encoded], label_answers: dict | None, train: list[Encoded] = ()) -> int:
+    """The tokens evaluation generates for each of ``task``'s test rows ``items``: for a
+    generation task, the longest training target as encoded (``train``, the task's encoded
+    training rows; a conversation's longest assistant turn) and one more, at most
+    ``eval.max_new_cap`` (``eval.answer_budget=train``; a task without training rows, the
+    general-ability probe's, its own test rows'), or the longest of ``items``' answers and one
+    more (``references``: every run before the key; a row's answer then depends on which other
+    rows the test sample drew); a labelled task's longest label answer and one more under
+    ``eval.mode=generate``; ``eval.max_new_tokens`` when set; 0 where nothing is generated
+    (perplexity, ranking)."""
     if task.kind == "text":
         return 0
     if task.kind == "generate":
-        return cfg.eval.max_new_tokens or min(max((len(e.answer) for e in items), default=0) + 1, cfg.eval.max_new_cap)
+        rows = train if cfg.eval.answer_budget == "train" and train else items
+        return cfg.eval.max_new_tokens or min(max((e.longest_turn for e in rows), default=0) + 1, cfg.eval.max_new_cap)
     if cfg.eval.mode == "rank" or not label_answers:
         return 0
     return cfg.eval.max_new_tokens or max(len(a) for a in label_answers.values()) + 1
+
+
+def encode_test(cfg, encoder, task: Task, train: list[Encoded]) -> list[Encoded]:
+    """``task``'s test rows as evaluation reads them (``train``: its encoded training rows).
+    Under ``eval.answer_budget=train`` a generation task's prompts are all cut to leave room for
+    its answer budget (:func:`new_token_budget`; a task without training rows reads its own
+    targets for it first), so neither a row's input nor its answer depends on its own or
+    another row's reference; under ``references`` each prompt leaves room for its own target."""
+    if task.kind != "generate" or cfg.eval.answer_budget == "references":
+        return encoder.encode(task, task.test, split="test")
+    own = [] if train or cfg.eval.max_new_tokens else encoder.encode(task, task.test, split="test")
+    return encoder.encode(task, task.test, split="test", reserve=new_token_budget(cfg, task, own, None, train))
 
 
 def score_task(run, task: Task, items: list[Encoded], j: int | None = None) -> float:
@@ -69,7 +87,8 @@ def score_task(run, task: Task, items: list[Encoded], j: int | None = None) -> f
             items,
         )
         return perplexity(nll, [len(e.answer) for e in items])
-    new_tokens = new_token_budget(cfg, task, items, run.label_answers[j] if j is not None else None)
+    train = run.train_sets.encoded[j] if j is not None else ()  # the probe's tasks have no training rows
+    new_tokens = new_token_budget(cfg, task, items, run.label_answers[j] if j is not None else None, train)
     if task.kind == "generate":  # free text, whatever eval.mode says of the labelled tasks
         predict = lambda part: generate_answers(  # noqa: E731
             model, run.tokenizer, part, is_seq2seq=run.is_seq2seq, max_new_tokens=new_tokens, batch_size=bs, device=device,

@@ -56,6 +56,7 @@ from surecl.processes import release_at_exit
 from surecl.registry import method_class, method_config, policy_class, policy_options
 from surecl.replay.buffer import OnlineQuotaBuffer
 from surecl.replay.policies import buffer_capacity, stream_quota_warning
+from surecl.run_eval import encode_test
 from surecl.run_folder import generators, set_generators
 from surecl.run_results import base_fingerprint
 from surecl.run_state import InputSets, RunState
@@ -203,14 +204,14 @@ def _build(run, cfg: RunConfig, cache_dir, *, plugins: dict[str, Plugin], model,
     # through InputSets, which puts the plugins' input prefix (if any) before each prompt.
     run.plugins, run.left_out = None, ()
     run.train_sets = InputSets([encoder.encode(t, t.train) for t in run.tasks], run.input_prefix)
-    run.test_sets = InputSets([encoder.encode(t, t.test, split="test") for t in run.tasks], run.input_prefix)
+    run.test_sets = InputSets([encode_test(cfg, encoder, t, rows) for t, rows in zip(run.tasks, run.train_sets.encoded)], run.input_prefix)
     run.label_answers = [{lab: encoder.answer_ids(lab) for lab in t.labels} for t in run.tasks]
     run.general = load_general_probe(cfg.eval.general, cfg.eval.general_n, cache_dir)
     if run.general and run.is_seq2seq and any(t.kind == "text" for t in run.general.tasks):
         raise SureclError(f"eval.general={cfg.eval.general}: its text part is scored by perplexity, which needs a causal LM; "
                           f"{cfg.model.name} is encoder-decoder: give eval.general a probe without text.jsonl (its instruct.jsonl alone) "
                           "or none")
-    run.general_sets = [encoder.encode(t, t.test, split="test") for t in run.general.tasks] if run.general else []
+    run.general_sets = [encode_test(cfg, encoder, t, []) for t in run.general.tasks] if run.general else []
     check_context(run, loaded.model.config)
     for (name, split), (n_cut, n) in encoder.cut.items():  # the stream's tasks and the probe's
         run.log(f"task {name}: {n_cut} of {n} {split} rows have a target or text longer than model.max_length={cfg.model.max_length} "
@@ -225,6 +226,8 @@ def _build(run, cfg: RunConfig, cache_dir, *, plugins: dict[str, Plugin], model,
             run.log(f"warning: task {name}: {alone} of {n} {split} conversations are cut to their last turns to fit "
                     f"model.max_length={cfg.model.max_length} tokens: their opening (the template's start and the instruction) "
                     "would take over half the room, so the model reads them without it: raise model.max_length")
+    for t, test, train in zip(run.tasks, run.test_sets.encoded, run.train_sets.encoded):
+        _say_long_references(run, t, test, train)
     generation = [t.name for t in run.tasks if t.kind == "generate"]
     probing = any(t.kind == "generate" for t in run.general.tasks) if run.general else False
     run.stop_ids = encoder.stop_ids() if generation or probing else None
@@ -371,9 +374,10 @@ def check_context(run, config) -> None:
     older T5 config's ``n_positions`` bounds nothing; none known: nothing to check). A causal model: prompt + answer
     and one generated token past the answer, and prompt + the tokens evaluation generates
     (:func:`~surecl.run_eval.new_token_budget`), for the stream's train and test rows and the
-    general probe's; under ``eval.mode=rank`` a classification task's test prompt and its
-    longest label's answer, which ranking reads after every prompt. GPT-2's learned positions stop with an index error past 1,024, a rotary
-    model's answers past its trained length mean little. An encoder-decoder (BART: learned
+    general probe's (a generation task's test reference is never read: :func:`_as_read`); under
+    ``eval.mode=rank`` a classification task's test prompt and its longest label's answer, which
+    ranking reads after every prompt. GPT-2's learned positions stop with an index error past
+    1,024, a rotary model's answers past its trained length mean little. An encoder-decoder (BART: learned
     positions on each side): the prompt on the encoder side, and on the decoder side the answer,
     or the tokens evaluation generates, or what the surprise a replay policy scores has the
     decoder read (:func:`_decoder_read`: ``replay.scope=sequence`` prompt + answer,
@@ -394,9 +398,9 @@ def check_context(run, config) -> None:
     method = method_class(run.cfg.method)
     prefix = method.longest_prefix(method_config(run.cfg), len(run.tasks))
     checked = [(f"task {t.name}", rows, 0, prefix, True) for t, rows in zip(run.tasks, run.train_sets.encoded)]
-    checked += [(f"task {t.name}", rows, new_token_budget(run.cfg, t, rows, answers), prefix, False)
-                for t, rows, answers in zip(run.tasks, run.test_sets.encoded, run.label_answers)]
-    checked += [(f"the general-ability probe's {t.name} part", rows, new_token_budget(run.cfg, t, rows, None), 0, False)
+    checked += [(f"task {t.name}", _as_read(t, rows), new_token_budget(run.cfg, t, rows, answers, train), prefix, False)
+                for t, rows, answers, train in zip(run.tasks, run.test_sets.encoded, run.label_answers, run.train_sets.encoded)]
+    checked += [(f"the general-ability probe's {t.name} part", _as_read(t, rows), new_token_budget(run.cfg, t, rows, None), 0, False)
                 for t, rows in zip(run.general.tasks, run.general_sets)] if run.general else []
     if run.is_seq2seq:
         _check_seq2seq_context(run, context, checked, method)
@@ -417,6 +421,32 @@ def check_context(run, config) -> None:
                               f"model.max_length (now {run.cfg.model.max_length}) by at least {longest - context}"
                               + (" or eval.max_new_tokens" if budget else "")
                               + (" or the method's prefix" + (" (prompts.length)" if method.name == "progressive_prompts" else "") if before else ""))
+
+
+def _say_long_references(run, task, test: list, train: list) -> None:
+    """Under ``eval.answer_budget=train`` a generation task's answers stop at its longest
+    training target (plus one token), whatever the references: say how many test references
+    are longer, which no answer can then match whole (``eval.max_new_tokens`` sets the budget)."""
+    if task.kind != "generate" or run.cfg.eval.answer_budget != "train" or not train:
+        return
+    from surecl.run_eval import new_token_budget
+
+    budget = new_token_budget(run.cfg, task, test, None, train)
+    long = sum(len(e.answer) > budget for e in test)
+    if long:
+        run.log(f"task {task.name}: {long} of {len(test)} test references are longer than its answer budget of {budget} tokens "
+                f"({'eval.max_new_tokens' if run.cfg.eval.max_new_tokens else 'its longest training target and one more'}"
+                f"{'' if run.cfg.eval.max_new_tokens else f', at most eval.max_new_cap={run.cfg.eval.max_new_cap}'}), so no answer "
+                "can match them whole: raise eval.max_new_tokens to generate more")
+
+
+def _as_read(task, rows: list) -> list:
+    """A task's test rows as evaluation reads them: a generation task's prompt alone (its
+    reference is never read: the answer budget is generated after the prompt, and under
+    ``eval.answer_budget=train`` the prompt is cut for that budget, not for the reference)."""
+    import dataclasses
+
+    return [dataclasses.replace(e, answer=[]) for e in rows] if task.kind == "generate" else rows
 
 
 def _check_seq2seq_context(run, context: int, checked: list, method) -> None:

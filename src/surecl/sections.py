@@ -31,7 +31,11 @@ class ModelConfig:
     token kept; instruction, options and the answer never, the answer coming on top). Generation
     and chat: prompt + target; a target longer than the prompt leaves is cut to
     ``max(max_length - prompt tokens, max_length // 2)`` tokens and the prompt then cut to the
-    rest (a prompt / response row's input at its end, a conversation from its start). Text: the
+    rest (a prompt / response row's input at its end; a conversation in its middle: its opening,
+    the template's start, any system turn and the first user turn up to the end of the
+    instruction, and its last turns stay, and only where that opening would take over half the
+    room is the conversation cut from its start). A generation task's test prompt leaves room
+    for the task's answer budget instead of its own target (``eval.answer_budget``). Text: the
     start token and the document's first ``max_length - 1`` tokens. Cut targets and inputs are
     counted and logged per task; a cut end is neither trained nor scored."""
     encoder_eos: bool = False
@@ -429,10 +433,26 @@ class EvalConfig:
     batch_size: int = 32
     max_new_tokens: int = 0
     """0 = the task's longest answer as encoded, what ends it included, plus one: a label's
-    tokens + 2 (the label's, its EOS and one more); a generation task's longest target with what
-    ends it (EOS, or the chat template's end of turn) plus one, at most ``eval.max_new_cap``."""
+    tokens + 2 (the label's, its EOS and one more); a generation task's answer budget
+    (``eval.answer_budget``: its longest training target with what ends it, EOS or the chat
+    template's end of turn, plus one), at most ``eval.max_new_cap``. Set, it is every task's
+    budget, under either ``eval.answer_budget``."""
     max_new_cap: int = 256
     """The most new tokens a generation task's answers get when ``eval.max_new_tokens`` is 0."""
+    answer_budget: str = "train"
+    """How a generation task's answer budget (the tokens generated per test row, unless
+    ``eval.max_new_tokens`` sets it) is set, and how much of each test prompt is kept:
+    ``train`` (default) = the task's longest training target as encoded (a conversation's
+    longest assistant turn, with what ends it) plus one, at most ``eval.max_new_cap`` (a task
+    with no training rows, such as the general-ability probe's fixed draw: its own longest
+    test target plus one); every test prompt of the task is cut to leave room for that same
+    budget (at most ``model.max_length // 2`` of it), and each reference is scored whole. So a
+    row's answer depends neither on which other rows the test sample drew nor on its own gold
+    answer's length. ``references`` = the task's longest test reference plus one, each test
+    prompt cut to leave room for its own reference (a reference cut to fit is scored as kept):
+    every run before the key ran it, and a saved config without the key (results.json,
+    config.yaml, a checkpoint) is read as it. Labelled tasks take their budget from the label
+    set either way."""
     ahead: bool = False
     """After each task also evaluate the next one, not yet trained (the matrix's cell above the
     diagonal): with the before-training row (``eval.before``, which forward transfer needs:

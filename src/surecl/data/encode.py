@@ -125,6 +125,19 @@ class Encoded:
         """How many answer tokens the loss and the label-scope surprise score."""
         return len(self.answer) if self.mask is None else sum(self.mask)
 
+    @property
+    def longest_turn(self) -> int:
+        """The tokens of the longest answer it holds, with what ends it: the whole answer, or a
+        training conversation's longest assistant turn (a run of scored tokens in ``mask``): how
+        long one generated answer of its task may need to be (``eval.answer_budget=train``)."""
+        if self.mask is None:
+            return len(self.answer)
+        longest = run = 0
+        for m in self.mask:
+            run = run + 1 if m else 0
+            longest = max(longest, run)
+        return longest
+
 
 class TaskEncoder:
     """Tokenises a task's examples once. A classification row's sentence is cut to fit
@@ -136,7 +149,10 @@ class TaskEncoder:
     tokens stay; where the opening would take over half the room, the conversation loses its
     start instead, counted in :attr:`start_cut`). A prompt / response row through a chat
     template keeps the template's start, the instruction and one input token whatever is cut
-    (its target gives way below ``max_length // 2`` for them)."""
+    (its target gives way below ``max_length // 2`` for them). A test row encoded with a
+    ``reserve`` (``eval.answer_budget=train``) is cut by the same rules as if its target were
+    ``reserve`` tokens long, so every test prompt of a task leaves the same room whatever its
+    own reference, which is scored whole."""
 
     def __init__(self, tokenizer, max_length: int, end_eos: bool = False, task_prefix: bool = False, template: str = "auto",
                  text_start: str = "auto"):
@@ -238,18 +254,23 @@ class TaskEncoder:
                                 "match, so it can never be counted right (eval.mode=rank compares token ids)")
         return warnings
 
-    def encode(self, task: Task, rows: list[Example], split: str = "train") -> list[Encoded]:
+    def encode(self, task: Task, rows: list[Example], split: str = "train", reserve: int | None = None) -> list[Encoded]:
         """``split`` ``test``: a chat row is encoded as its last turn's generation prompt and answer.
         A generation target or a text longer than ``max_length`` allows is cut, and counted in
         :attr:`cut`; a cut test target's ``label`` becomes the text of its kept tokens, so that
         evaluation scores the answer against what the model can be asked to generate (the cut
-        end is neither trained nor scored)."""
+        end is neither trained nor scored). ``reserve`` (a generation task's test rows,
+        ``eval.answer_budget=train``): every prompt is cut to leave room for ``reserve`` answer
+        tokens, the same for each row, instead of for its own target, and the target is scored
+        whole (:meth:`generation`). The counts of a (task, split) are those of its last encoding."""
         self._cuts = self._sentence_cuts = self._start_cuts = 0
+        for counts in (self.cut, self.sentence_cut, self.start_cut):
+            counts.pop((task.name, split), None)
         if task.kind == "generate":
             out = []
             for i, ex in enumerate(rows):
                 before = self._cuts  # a row whose target is cut adds one (a retried encoding counts its last try)
-                enc = self.generation(task, ex, split, i)
+                enc = self.generation(task, ex, split, i, reserve if split == "test" else None)
                 if self._cuts > before and split == "test":
                     enc = replace(enc, label=self.tok.decode(enc.answer, skip_special_tokens=True).strip())
                 out.append(enc)
@@ -275,8 +296,23 @@ class TaskEncoder:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tok, "chat_template", None))
 
-    def generation(self, task: Task, ex: Example, split: str, row: int) -> Encoded:
-        """One generation example (see the module docstring)."""
+    def generation(self, task: Task, ex: Example, split: str, row: int, reserve: int | None = None) -> Encoded:
+        """One generation example (see the module docstring). ``reserve`` (a test row): its
+        prompt is cut as a target of ``reserve`` tokens would cut it, whatever its own target's
+        length (so how much input the model reads does not depend on the gold answer), its
+        ``label`` is the whole target and its answer ids are the target as encoded without a
+        reserve (what the answer budget of a task without training rows reads); the target is
+        not counted in :attr:`cut`, since it is scored whole."""
+        if reserve is None:
+            return self._generation(task, ex, split, row, None)
+        counts = self._cuts, self._sentence_cuts, self._start_cuts
+        own = self._generation(task, ex, split, row, None)
+        self._cuts, self._sentence_cuts, self._start_cuts = counts
+        enc = self._generation(task, ex, split, row, max(reserve, 1))
+        self._cuts = counts[0]
+        return replace(enc, answer=own.answer, label=ex.label, mask=own.mask)
+
+    def _generation(self, task: Task, ex: Example, split: str, row: int, reserve: int | None) -> Encoded:
         where = f"task {task.name} {split} row {row}"
         if ex.messages or (self.template == "auto" and self.has_chat_template):
             if not self.has_chat_template:
@@ -284,7 +320,7 @@ class TaskEncoder:
             test = split == "test"
             lead = task_lead(task, self.task_prefix)
             if ex.messages:  # a conversation too long loses its middle (its opening and last turns are kept)
-                enc = self._chat(led_turns(ex.messages, lead), ex.label, test, where, lead=lead)
+                enc = self._chat(led_turns(ex.messages, lead), ex.label, test, where, lead=lead, reserve=reserve)
                 self._sentence_cuts += self._dropped > 0
                 return enc
             # a prompt / response row: where it does not fit, its input is cut at the end, as the
@@ -292,7 +328,7 @@ class TaskEncoder:
             turns = lambda text: (("user", lead + text), ("assistant", ex.label))  # noqa: E731
             body = self._ids(ex.sentence)
             cuts = self._cuts  # a target cut is counted once, by the last try
-            enc = self._chat(turns(ex.sentence), ex.label, test, where, keep_start=True)
+            enc = self._chat(turns(ex.sentence), ex.label, test, where, keep_start=True, reserve=reserve)
             keep = len(body)
             if self._dropped:  # what stays whatever is cut: the prompt with the input's first character
                 first, start = self._text_of(body, 1)
@@ -300,7 +336,7 @@ class TaskEncoder:
                 for _ in range(4):  # a cut text may tokenise a little differently once decoded: a few tries
                     keep, text = self._text_of(body, max(keep - self._dropped - 1, first))
                     self._cuts = cuts
-                    enc = self._chat(turns(text), ex.label, test, where, least=least, keep_start=True)
+                    enc = self._chat(turns(text), ex.label, test, where, least=least, keep_start=True, reserve=reserve)
                     if not self._dropped or keep <= first:  # (still over: a start too long for max_length stays whole)
                         break
             self._sentence_cuts += keep < len(body)
@@ -309,8 +345,9 @@ class TaskEncoder:
         tail = self._ids("\nAnswer:") + self._eos()
         body = self._ids(ex.sentence)
         answer = self._ids(" " + ex.label) + [self.tok.eos_token_id]
-        answer = self._fit_answer(answer, len(head) + len(body) + len(tail))
-        room = max(self.max_length - len(answer) - len(head) - len(tail), 1)
+        held = len(self._fit_answer([0] * reserve, len(head) + len(body) + len(tail), count=False)) if reserve else None
+        answer = self._fit_answer(answer, len(head) + len(body) + len(tail), count=not reserve)
+        room = max(self.max_length - (held if reserve else len(answer)) - len(head) - len(tail), 1)
         self._sentence_cuts += len(body) > room
         return Encoded(head + body[:room] + tail, answer, ex.label)
 
@@ -330,17 +367,18 @@ class TaskEncoder:
         """What ends every prompt: the EOS token with ``end_eos``, else nothing."""
         return [self.tok.eos_token_id] if self.end_eos else []
 
-    def _fit_answer(self, answer: list, prompt_len: int, least: int = 0) -> list:
+    def _fit_answer(self, answer: list, prompt_len: int, least: int = 0, count: bool = True) -> list:
         """The target, cut where ``prompt_len`` + its length exceeds ``max_length``: it keeps what
         ``max_length`` leaves beside the prompt, but at least its first ``max_length // 2`` tokens
         (the prompt is then cut to the rest); ``least``: prompt tokens that must stay, for which it
-        keeps fewer (one at least)."""
+        keeps fewer (one at least). ``count``: a cut counts in :attr:`cut` (not for a test row's
+        reserve, nor its target scored whole)."""
         if prompt_len + len(answer) <= self.max_length:
             return answer
         keep = max(self.max_length - prompt_len, self.max_length // 2)
         if least:
             keep = min(keep, max(self.max_length - least, 1))
-        self._cuts += keep < len(answer)
+        self._cuts += count and keep < len(answer)
         return answer[:keep]
 
     def render(self, turns, generation_prompt: bool, where: str) -> str:
@@ -436,19 +474,23 @@ class TaskEncoder:
         return lead if lead.strip() else ""
 
     def _chat(self, turns, target: str, test: bool, where: str, least: int = 0, keep_start: bool = False,
-              lead: str = "") -> Encoded:
+              lead: str = "", reserve: int | None = None) -> Encoded:
         """The conversation's row: where prompt and answer exceed ``max_length``, its prompt keeps
         its opening (:meth:`_opening`: the template's start and the first user turn up to the end
         of ``lead``, the instruction) and its last tokens, the middle cut (:attr:`_dropped` counts
         the tokens cut); an opening over half the room is cut too, the prompt then its last
         tokens alone (counted in :attr:`_start_cuts`). With ``keep_start`` the prompt is never
         cut (:attr:`_dropped` says how many tokens too long it is: the caller cuts its input);
-        ``least``: prompt tokens that must stay, for which the answer gives way (:meth:`_fit_answer`)."""
+        ``least``: prompt tokens that must stay, for which the answer gives way (:meth:`_fit_answer`);
+        ``reserve``: the prompt leaves room for that many answer tokens, not for its own answer
+        (:meth:`generation`)."""
         prompt, answer, mask = self._chat_parts(turns, test, where)
         eos = self._eos()  # ends the prompt (end_eos), kept whatever is cut
-        answer = self._fit_answer(answer, len(prompt) + len(eos), least + len(eos) if least else 0)
+        kept = least + len(eos) if least else 0
+        held = len(self._fit_answer([0] * reserve, len(prompt) + len(eos), kept, count=False)) if reserve else None
+        answer = self._fit_answer(answer, len(prompt) + len(eos), kept, count=not reserve)
         mask = mask[: len(answer)]
-        room = max(self.max_length - len(answer) - len(eos), 1)
+        room = max(self.max_length - (held if reserve else len(answer)) - len(eos), 1)
         self._dropped = max(len(prompt) - room, 0)
         if self._dropped and not keep_start:
             head = self._opening(turns, lead, prompt, where)
