@@ -414,7 +414,7 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
     import json
     import string
 
-    from surecl.data.encode import prompt_parts, start_ids, task_lead
+    from surecl.data.encode import new_token_budget, prompt_parts, start_ids, task_lead
 
     cfg = ctx.cfg
     tok = ctx.tokenizer
@@ -425,8 +425,6 @@ def prompt_spec(ctx, adapter: str, base_model: str) -> str:
     for j, task in enumerate(ctx.tasks):
         entry = {"name": task.name, "group": task.group, "kind": task.kind}
         if task.kind == "generate":  # free text: no label set; the prompt as the run encoded each row
-            from surecl.run_eval import new_token_budget
-
             budget = new_token_budget(cfg, task, ctx.test_sets[j], None, ctx.train_sets[j])  # as evaluation generated
             chat = bool(getattr(tok, "chat_template", None)) and (cfg.data.template == "auto" or any(e.messages for e in task.test))
             entry.update(instruction=task.instruction, prompt_head=task_lead(task, cfg.data.task_prefix), metric=task.score_metric,

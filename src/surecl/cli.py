@@ -580,12 +580,21 @@ def _check_null_metric(runs: list[dict], metric: str, any_left: bool) -> None:
 def _check_paper_metric(paths: list[Path], metric: str) -> None:
     """The paper layout, asked for a metric no run has (``bwt`` of one-task runs), printed and
     wrote tables of dashes with every run "missing" and exit code 0: the orders table's one line
-    (:func:`_check_null_metric`). Some runs without it stay in its "Missing runs" table."""
-    from surecl.report import read_results
+    (:func:`_check_null_metric`). Some runs without it stay in its "Missing runs" table, and
+    runs whose null is by design there (:data:`~surecl.report.NOT_APPLICABLE_WHY`: a one-stage
+    run's stream metrics, ``avg_incremental`` under ``eval.matrix=fp_ap``) get its tables'
+    "does not apply" caption instead."""
+    from surecl.report import DIAGONAL_ONLY, STREAM_ONLY, joint_run, read_results
+
+    def by_design(r: dict) -> bool:
+        ev = (r.get("config") or {}).get("eval")
+        matrix = r.get("accuracy_matrix")
+        return ((metric in DIAGONAL_ONLY and isinstance(ev, dict) and ev.get("matrix") == "fp_ap")
+                or (metric in STREAM_ONLY and isinstance(matrix, list) and joint_run(matrix)))
 
     runs = [r for p in paths for f in ([p] if p.is_file() else sorted(p.rglob("results.json")) if p.is_dir() else [])
             for _, r in read_results([f])]
-    if runs and all(r.get(metric) is None for r in runs):
+    if runs and all(r.get(metric) is None for r in runs) and not any(by_design(r) for r in runs):
         _check_null_metric(runs, metric, False)
 
 

@@ -364,6 +364,10 @@ config, :func:`config_warnings`, or from the tasks loaded: ``data.jsonl`` header
 _SHADOWABLE = tuple(ReplayConfig(buffer_fraction=0.5, ratio="1:2").unread())
 """The replay keys another key may leave unread (:meth:`ReplayConfig.unread`)."""
 
+_QUIET_WHEN_PRESET = (*_SHADOWABLE, "replay.policy", "method")
+"""The keys whose warning (:func:`config_warnings`) only a user's setting earns: a preset's or a
+saved config.yaml's value says nothing (``_preset_keys``)."""
+
 
 def config_warnings(cfg: RunConfig) -> list[str]:
     """What a valid config runs, but not as it may be meant: ``eval.ahead`` without
@@ -372,8 +376,10 @@ def config_warnings(cfg: RunConfig) -> list[str]:
     null; a replay key set off its default that another replaces (``ReplayConfig.unread``),
     where the user set it: on the command line or in their own YAML file, not where only
     surecl's presets did (``tiny`` sets ``replay.every``, which ``tiny,paper-t5``'s ratio
-    replaces by design) or a run's saved config.yaml restates them. The run logs each as a
-    warning before it starts."""
+    replaces by design) or a run's saved config.yaml restates them; a replay policy under a
+    method that is not ``continual`` (MTL: the run replays nothing, yet config.yaml and
+    results.json record the policy), unless presets alone set both the policy and the method.
+    The run logs each as a warning before it starts, and the dry run prints it."""
     warnings = []
     defaults = type(cfg.replay)()
     quiet = cfg.__dict__.get("_preset_keys", frozenset())
@@ -383,12 +389,21 @@ def config_warnings(cfg: RunConfig) -> list[str]:
         value = getattr(cfg.replay, key.split(".", 1)[1])
         if value != getattr(defaults, key.split(".", 1)[1]):
             warnings.append(f"{key}={value} is not read: {instead} (set only one of the two)")
+    if cfg.replay.policy != "none" and not {"replay.policy", "method"} <= quiet and not _continual(cfg.method):
+        warnings.append(f"replay.policy={cfg.replay.policy} is not read: method {cfg.method} is not continual (every task in one "
+                        "stage) and replays nothing, though config.yaml and results.json record the policy; set replay.policy=none")
     if cfg.eval.mode == "rank" and (cfg.data.kind == "generate" or cfg.data.benchmark == "instruct"):
         warnings.append(RANK_ON_GENERATION)
     if cfg.eval.ahead and not cfg.eval.before:
         warnings.append("eval.ahead=true without eval.before: the cells above the diagonal are evaluated, but forward transfer "
                         "(fwt) also needs the before-training row and stays null; set eval.before=true for it")
     return warnings
+
+
+def _continual(method: str) -> bool:
+    """Whether ``method`` trains a stream (its ``continual``): a method that is not (MTL) runs
+    without replay whatever ``replay.*`` says (:func:`surecl.run_setup.build_run`)."""
+    return bool(getattr(registry.method_class(method), "continual", True))
 
 
 def stream_warnings(cfg: RunConfig, tasks) -> list[str]:
@@ -911,9 +926,10 @@ def build_config(config: str | os.PathLike | None = None, overrides: list[str] |
             guarded[key] = (Path(name).stem, get_key(cfg, key))
             conflicts.pop(key, None)
         tree = _renamed(body)
-        for key in _SHADOWABLE:  # who last set each key another may leave unread
-            section, leaf = key.split(".", 1)
-            if isinstance(tree.get(section), dict) and leaf in tree[section]:
+        for key in _QUIET_WHEN_PRESET:  # who last set each key whose warning a user's setting alone earns
+            section, _, leaf = key.partition(".")
+            part = tree.get(section)
+            if (isinstance(part, dict) and leaf in part) if leaf else section in tree:
                 set_by_preset[key] = source.startswith("preset ") or _written_by_a_run(name)
     cfg.__dict__["_preset_keys"] = frozenset(k for k, preset in set_by_preset.items() if preset and not _overrides_set(overrides, k))
     for key, message in conflicts.items():

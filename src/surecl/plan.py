@@ -305,7 +305,7 @@ def describe(cfg: RunConfig, cache_dir: Path | None = None) -> str:
     model_line = _model_line(cfg, read[0] if read is not None else None, tasks + (probe.tasks if probe is not None else []))
     if read is not None:
         try:  # what the method's setup refuses before anything trains
-            method.check_model(*read)
+            method.check_run_model(cfg, *read)
         except SureclError as exc:
             model_line += f"\n  error: the run stops: {exc}"
     stages = method.stages(len(tasks))

@@ -135,14 +135,29 @@ def _buffer_label_lines(labels: dict[str, dict[str, int]] | None) -> list[str]:
     return [*lines, ""]
 
 
+def method_of(name) -> type | None:
+    """The registered method class named ``name`` (a results.json's ``config.method``), or None
+    where none is registered here (an outside method not loaded)."""
+    from surecl.registry import method_class
+
+    try:
+        return method_class(str(name))
+    except SureclError:
+        return None
+
+
 def _fast_section(results: dict, digits: int) -> list[str]:
-    """A dual run's fast adapter on the same trajectory: the non-dual method's row, paired."""
+    """A dual run's fast adapter on the same trajectory: the non-dual method's row, paired,
+    where the method's ``fast_is_solo`` holds; else what its ``fast_role`` says (I-LoRA's
+    plastic adapter, trained with the slow one's consistency term)."""
     fast = results.get("fast")
     if not fast:
         return []
+    from surecl.methods.base import fast_words
+
     diff = lambda k: None if results.get(k) is None or fast.get(k) is None else results[k] - fast[k]  # noqa: E731
     return [
-        "## Fast adapter (the same run without the slow learner)",
+        f"## Fast adapter ({fast_words(method_of(results['config'].get('method')))})",
         "",
         "| adapter | FP | AP | forgetting | BWT |",
         "|---|---|---|---|---|",
@@ -1374,6 +1389,10 @@ class PaperReport:
                  "an order in the order columns, over each seed's average across the orders in the average columns, over every "
                  "run of a row (orders and seeds) in the ablation and general-ability tables. Claims pair two rows' runs unit by "
                  "unit (their caption names the unit). Data draws: " + "; ".join(draw_words[d] for d in draws) + "."]
+        coupled = _coupled_fast_note(st, self.shown_rows)
+        if coupled:
+            head += ["", "**Fast rows that are not their method without the slow learner** (a `<row> (fast)` row is a dual "
+                     "run's fast adapter; for most methods it trains exactly as the method alone):" + coupled]
         if n_missing:
             head += ["", f"**{n_missing} expected run(s) missing**: cells marked {DAGGER} are computed from fewer runs; see \"Missing runs\"."]
         partial = st.partial_orders()
@@ -1499,6 +1518,22 @@ def _not_applicable_note(st: Study, metrics: list[str], rows: list[str]) -> str:
                    "so they are not missing runs." for (why, which), ms in said.items())
 
 
+def _coupled_fast_note(st: Study, rows: list[str]) -> str:
+    """A sentence per kind naming the fast rows among ``rows`` that are not their method without
+    the slow learner (the method's ``fast_is_solo`` False: I-LoRA's plastic adapter, trained
+    with the slow one's consistency term), in the method's words; "" when there are none."""
+    from surecl.methods.base import fast_words
+
+    said: dict[str, list[str]] = defaultdict(list)  # words -> rows
+    for row in rows:
+        if not row.endswith(FAST):
+            continue
+        methods = sorted({str(rec.config.get("method")) for key, rec in st.records.items() if key[0] == row and isinstance(rec.config, dict)})
+        for words in dict.fromkeys(fast_words(m) for m in map(method_of, methods) if m is not None and not m.fast_is_solo):
+            said[words].append(row)
+    return "".join(f" {', '.join(which)}: {words}." for words, which in said.items())
+
+
 def main_table(st: Study, metric: str, rows: list[str]) -> Table:
     d = _digits(st.kind)
     cols: list[tuple[str, str]] = [(f"Order-{o}" if o.isdigit() else o, f"order_{o}") for o in st.orders]
@@ -1539,7 +1574,7 @@ def main_table(st: Study, metric: str, rows: list[str]) -> Table:
                         "the ± only the k in every order." if wider else "."))
     if len(st.benchmarks) > 1:
         caption += " All avg = mean of the benchmark averages."
-    caption += _not_applicable_note(st, [metric], rows)
+    caption += _not_applicable_note(st, [metric], rows) + _coupled_fast_note(st, rows)
     empty = [f"{row} {name}" for row, cells in grid.items() for (name, _), c, os_ in zip(cols, cells, col_orders)
              if c.mean is None and not c.incomplete and not st.blank_by_design(row, os_, metric)]
     foot = _footer(st.missing(metric, rows), empty)
@@ -1565,7 +1600,7 @@ def forgetting_table(st: Study, rows: list[str]) -> Table:
     unit = _metric_unit(st.kind)
     caption = (f"AP, FP and forgetting = {how} ({unit}; forgetting: lower is better) per benchmark: mean over its orders "
                "(each order's mean over seeds). The CSV's std is the sample std (n − 1) over seeds of each seed's average "
-               "over the orders, as in the main table.") + _not_applicable_note(st, list(metrics), rows)
+               "over the orders, as in the main table.") + _not_applicable_note(st, list(metrics), rows) + _coupled_fast_note(st, rows)
     missing = sorted({(m.row, m.order, str(m.seed)): m for met in metrics for m in st.missing(met, rows)}.values(),
                      key=lambda m: (row_sort_key(m.row), order_key(m.order), str(m.seed)))
     foot = _footer(missing, empty)
@@ -1604,7 +1639,7 @@ def ablation_tables(st: Study, metric: str, rows: list[str]) -> list[Table]:
         abl_rows = [r for r, _ in cells.values()]
         caption = (f"{_LABEL[metric]} ({_unit(metric, st.kind)}) against {key}: mean ± sample std over all orders and seeds "
                    f"of each point (orders {', '.join(sorted({k[1] for k in st.records if k[0] in abl_rows}, key=order_key))})."
-                   + _not_applicable_note(st, [metric], abl_rows))
+                   + _not_applicable_note(st, [metric], abl_rows) + _coupled_fast_note(st, abl_rows))
         foot = _footer(st.missing(metric, abl_rows), empty)
         md = caption + "\n\n" + _md([key] + cols, body) + ("\n\n" + foot if foot else "")
         png = _ablation_png(key, values, cols, cells, metric, st.kind)
@@ -1995,6 +2030,7 @@ def claims_table(st: Study, metric: str, claims: list[tuple[str, str]], level: f
                     "no verdict is drawn (its p-values stay in the table).")
     if absent:
         caption += " Left out: " + "; ".join(f"the sweep plans' claim '{c}': {why}" for c, why in absent) + "."
+    caption += _coupled_fast_note(st, list(dict.fromkeys(x for c in claims for x in c)))
     return Table("claims", f"Claims ({_LABEL[metric]}, paired)", caption + "\n\n" + _md(header, body), _csv(csv_rows))
 
 

@@ -11,7 +11,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from surecl.data.encode import Encoded
+from surecl.data.encode import Encoded, new_token_budget  # (the budget lives beside the encoder: card.py reads it too)
 from surecl.data.task import Task
 from surecl.evaluate import generate_answers, instance_rows, instances, perplexity, rank_answers, task_score
 from surecl.plugins.base import GENERAL_PROBE, Stage
@@ -38,26 +38,6 @@ def _under(run, adapter: str | None, left_out: tuple, task: int, measure):
             return measure()
     finally:
         run.eval_view, run.left_out = None, ()
-
-
-def new_token_budget(cfg, task: Task, items: list[Encoded], label_answers: dict | None, train: list[Encoded] = ()) -> int:
-    """The tokens evaluation generates for each of ``task``'s test rows ``items``: for a
-    generation task, the longest training target as encoded (``train``, the task's encoded
-    training rows; a conversation's longest assistant turn) and one more, at most
-    ``eval.max_new_cap`` (``eval.answer_budget=train``; a task without training rows, the
-    general-ability probe's, its own test rows'), or the longest of ``items``' answers and one
-    more (``references``: every run before the key; a row's answer then depends on which other
-    rows the test sample drew); a labelled task's longest label answer and one more under
-    ``eval.mode=generate``; ``eval.max_new_tokens`` when set; 0 where nothing is generated
-    (perplexity, ranking)."""
-    if task.kind == "text":
-        return 0
-    if task.kind == "generate":
-        rows = train if cfg.eval.answer_budget == "train" and train else items
-        return cfg.eval.max_new_tokens or min(max((e.longest_turn for e in rows), default=0) + 1, cfg.eval.max_new_cap)
-    if cfg.eval.mode == "rank" or not label_answers:
-        return 0
-    return cfg.eval.max_new_tokens or max(len(a) for a in label_answers.values()) + 1
 
 
 def encode_test(cfg, encoder, task: Task, train: list[Encoded]) -> list[Encoded]:

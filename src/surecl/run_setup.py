@@ -373,7 +373,7 @@ def check_context(run, config) -> None:
     encoder-decoder's ``max_position_embeddings`` alone: T5's positions are relative, and an
     older T5 config's ``n_positions`` bounds nothing; none known: nothing to check). A causal model: prompt + answer
     and one generated token past the answer, and prompt + the tokens evaluation generates
-    (:func:`~surecl.run_eval.new_token_budget`), for the stream's train and test rows and the
+    (:func:`~surecl.data.encode.new_token_budget`), for the stream's train and test rows and the
     general probe's (a generation task's test reference is never read: :func:`_as_read`); under
     ``eval.mode=rank`` a classification task's test prompt and its longest label's answer, which
     ranking reads after every prompt. GPT-2's learned positions stop with an index error past
@@ -385,7 +385,7 @@ def check_context(run, config) -> None:
     The method's longest input prefix (:meth:`~surecl.methods.Method.longest_prefix`: Progressive
     Prompts' soft prompts) goes before the stream's rows (an encoder-decoder's encoder input).
     ``model.max_length`` bounds the prompt, not the answer after it."""
-    from surecl.run_eval import new_token_budget
+    from surecl.data.encode import new_token_budget
 
     # an encoder-decoder's absolute positions are its max_position_embeddings (BART, Pegasus,
     # Marian); T5's are relative, though older T5 configs still carry n_positions=512
@@ -429,7 +429,7 @@ def _say_long_references(run, task, test: list, train: list) -> None:
     are longer, which no answer can then match whole (``eval.max_new_tokens`` sets the budget)."""
     if task.kind != "generate" or run.cfg.eval.answer_budget != "train" or not train:
         return
-    from surecl.run_eval import new_token_budget
+    from surecl.data.encode import new_token_budget
 
     budget = new_token_budget(run.cfg, task, test, None, train)
     long = sum(len(e.answer) > budget for e in test)

@@ -422,9 +422,11 @@ class EvalConfig:
     shows what training added."""
     fast: bool = True
     """In a dual run, also evaluate the fast adapter after every task: ``results.json`` gets
-    its matrix under ``fast`` beside the slow one's. The fast adapter is trained exactly as
-    the same method without the dual learner, so one run gives both rows on one trajectory
-    (paired comparison); costs a second evaluation."""
+    its matrix under ``fast`` beside the slow one's. For most methods the fast adapter is
+    trained exactly as the same method without the dual learner, so one run gives both rows
+    on one trajectory (paired comparison); not for a method whose training reads the slow
+    adapter (``Method.fast_is_solo`` False: I-LoRA's fast row is its plastic adapter, trained
+    with the slow one's consistency term), as its report says. Costs a second evaluation."""
     matrix: str = "full"
     """Which cells of the accuracy matrix to fill: ``full`` (every task seen so far, after
     every task: N(N+1)/2 evaluations) or ``fp_ap`` (only what FP, AP, forgetting and BWT need:

@@ -335,12 +335,20 @@ def grid_points(grid: dict[str, list[str]]) -> list[list[str]]:
 def check_grid_read(runs: list[PlannedRun], configs: list) -> None:
     """One line, before anything trains, for a grid axis over a key a planned run does not read
     (``ReplayConfig.unread``: ``replay.buffer_size`` under ``replay.buffer_fraction``,
-    ``replay.every`` / ``replay.batch_size`` under ``replay.ratio``): its rows would be one run
+    ``replay.every`` / ``replay.batch_size`` under ``replay.ratio``; any ``replay.*`` key under a
+    method that is not ``continual``, MTL, which replays nothing): its rows would be one run
     under several names, a row named for a value it never used. ``configs``: each run's config."""
+    from surecl.registry import method_class
+
     for r, cfg in zip(runs, configs):
         unread = cfg.replay.unread()
+        continual = getattr(method_class(cfg.method), "continual", True)
         for point in r.point:
             key = point.split("=", 1)[0].strip()
+            if not continual and key.startswith("replay."):
+                raise SureclError(f"sweep: grid key {key} is not read by run {r.path} (method {cfg.method} is not continual and "
+                                  f"replays nothing), so its rows would be one run under several names; give {r.method} a group "
+                                  "without the replay axis")
             if key in unread:
                 raise SureclError(f"sweep: grid key {key} is not read by run {r.path} ({unread[key]}), so its rows would be one run "
                                   f"under several names; drop the axis, or unset {unread[key].split('=', 1)[0]}")

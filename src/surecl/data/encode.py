@@ -806,3 +806,23 @@ def collate(items: list[Encoded], pad_id: int, is_seq2seq: bool, with_answer: bo
                     scored[r, k - len(e.answer) :] = torch.tensor(e.mask, dtype=torch.float)
             out["answer_mask"] = scored
     return out
+
+
+def new_token_budget(cfg, task: Task, items: list[Encoded], label_answers: dict | None, train: list[Encoded] = ()) -> int:
+    """The tokens evaluation generates for each of ``task``'s test rows ``items``: for a
+    generation task, the longest training target as encoded (``train``, the task's encoded
+    training rows; a conversation's longest assistant turn) and one more, at most
+    ``eval.max_new_cap`` (``eval.answer_budget=train``; a task without training rows, the
+    general-ability probe's, its own test rows'), or the longest of ``items``' answers and one
+    more (``references``: every run before the key; a row's answer then depends on which other
+    rows the test sample drew); a labelled task's longest label answer and one more under
+    ``eval.mode=generate``; ``eval.max_new_tokens`` when set; 0 where nothing is generated
+    (perplexity, ranking)."""
+    if task.kind == "text":
+        return 0
+    if task.kind == "generate":
+        rows = train if cfg.eval.answer_budget == "train" and train else items
+        return cfg.eval.max_new_tokens or min(max((e.longest_turn for e in rows), default=0) + 1, cfg.eval.max_new_cap)
+    if cfg.eval.mode == "rank" or not label_answers:
+        return 0
+    return cfg.eval.max_new_tokens or max(len(a) for a in label_answers.values()) + 1

@@ -33,6 +33,13 @@ The hooks it may implement beyond a plugin's:
 * ``continual``  - False for MTL: no intermediate rows, no forgetting to measure, no replay.
 * ``fast_eval``  - whether a dual run may also evaluate its fast adapter (``eval.fast``):
   by default where the learner answers (``answers == "learner"``).
+* ``fast_is_solo``  - whether that fast adapter is trained exactly as the method without the
+  dual learner, so a dual run's fast row is the non-dual method's, paired (default True).
+  False where the method's training reads the slow adapter (I-LoRA's consistency term pulls
+  the fast adapter toward the slow one at every step, and the method refuses
+  ``dual.enabled=false``); ``fast_role`` then says what the fast row is, and the reports
+  (report.md's fast section, the paper layout's captions) say it in those words
+  (:func:`fast_words`).
 * ``setup(ctx)``  - once, after the model and the learner's adapters exist and before the
   optimizer is built and the model handed to ``accelerate``: a method may attach modules of
   its own to ``ctx.model`` (so they move to the device and take part in DDP's all-reduce),
@@ -41,6 +48,10 @@ The hooks it may implement beyond a plugin's:
   run, judged from its transformers config alone: the dry run calls it wherever it can read
   the model's config without loading weights, and a method calls it from its ``setup``, so a
   run stops on it before anything trains. Default: nothing to check.
+* ``check_run_model(cfg, config, seq2seq)``  - ``check_model`` with the run's whole config
+  beside the model's, for a refusal that also reads core keys (N-LoRA's ``nlora.l1_of=ab``
+  against the layers ``lora.target_modules`` names, on a meta-device copy of the model).
+  Default: ``check_model(config, seq2seq)``; the dry run is to call this one.
 * ``parameters(ctx)``  - the parameters the optimizer trains (and gradient clipping bounds),
   as ``trains`` says: by default the learner's fast adapter (``ctx.adapters.fast_params``) or
   the base weights (``ctx.adapters.base_parameters()``); a method that trains its own modules
@@ -104,6 +115,13 @@ class Method(Plugin):
     fresh_optimizer: ClassVar[bool] = False
     """Whether it starts the optimizer afresh at each task after the first (its ``before_task``
     calls ``ctx.reset_optimizer()``), whatever ``train.fresh_optimizer`` says: the dry run says so."""
+    fast_is_solo: ClassVar[bool] = True
+    """Whether a dual run's fast adapter trains exactly as this method without the dual learner
+    (the fast row is the non-dual method's, on the same trajectory): False where the training
+    reads the slow adapter, so the fast row is not the method without the slow learner."""
+    fast_role: ClassVar[str] = ""
+    """Where :attr:`fast_is_solo` is False: what the fast adapter is, in words, for the reports
+    (empty: a generic sentence)."""
     prefix_note = ""
     """What ``input_prefix`` puts before every prompt, in words, for the exported ``prompt.json``
     (empty: nothing)."""
@@ -124,6 +142,12 @@ class Method(Plugin):
     def check_model(self, config, seq2seq: bool) -> None:
         """Refuse (``SureclError`` naming the key) options this model cannot run, from its
         transformers ``config`` (``seq2seq``: an encoder-decoder)."""
+
+    def check_run_model(self, cfg, config, seq2seq: bool) -> None:
+        """:meth:`check_model`, with the run's config ``cfg`` beside the model's transformers
+        ``config``, for a refusal that also depends on core keys (``lora.target_modules``):
+        the dry run's check, where it reads the model's config without weights."""
+        self.check_model(config, seq2seq)
 
     def parameters(self, ctx) -> list:
         """The parameters the optimizer trains (tensors or param groups), as :attr:`trains`
@@ -168,10 +192,29 @@ def check_declarations(cls: type, name: str | None = None) -> None:
         raise SureclError(f"method {name}: trains={cls.trains!r} is not one of {', '.join(TRAINS)}")
     if cls.answers not in ANSWERS:
         raise SureclError(f"method {name}: answers={cls.answers!r} is not one of {', '.join(ANSWERS)}")
+    if not isinstance(cls.fast_is_solo, bool):
+        raise SureclError(f"method {name}: fast_is_solo must be True or False, not {cls.fast_is_solo!r}")
+    if not isinstance(cls.fast_role, str):
+        raise SureclError(f"method {name}: fast_role must be a text, not {cls.fast_role!r}")
     for what in ("state", "exports"):
         value = getattr(cls, what)
         if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
             raise SureclError(f"method {name}: {what} must be a tuple of non-empty strings, not {value!r}")
+
+
+SOLO_FAST = "the same run without the slow learner"
+"""What a dual run's fast row is where the method's :attr:`Method.fast_is_solo` holds."""
+
+
+def fast_words(method) -> str:
+    """What a dual run's fast row is, in words, for a method class or instance (None: a method
+    not registered here, said without claiming either): the same run without the slow learner,
+    or, where :attr:`Method.fast_is_solo` is False, its :attr:`Method.fast_role`."""
+    if method is None:
+        return "the fast adapter of the same run"
+    if getattr(method, "fast_is_solo", True):
+        return SOLO_FAST
+    return getattr(method, "fast_role", "") or "the fast adapter, trained with the slow one (not the method without the slow learner)"
 
 
 def learner_of(method) -> dict:
@@ -180,4 +223,4 @@ def learner_of(method) -> dict:
     return {"trains": method.trains, "answers": method.answers, "state": list(method.state), "exports": list(method.exports)}
 
 
-__all__ = ["ANSWERS", "TRAINS", "Method", "Stage", "check_declarations", "learner_of"]
+__all__ = ["ANSWERS", "SOLO_FAST", "TRAINS", "Method", "Stage", "check_declarations", "fast_words", "learner_of"]

@@ -32,11 +32,18 @@ from surecl.methods.ilora.config import ILoRAConfig
 class ILoRA(Method):
     name = "ilora"
     Config = ILoRAConfig
+    fast_is_solo = False  # the consistency term reads the slow adapter at every step
+    fast_role = "the fast (plastic) adapter, trained with the slow one's consistency term (not the method without the slow learner)"
 
     @classmethod
     def validate_config(cls, cfg) -> None:
         if not cfg.dual.enabled:
             raise SureclError("dual.enabled: method ilora needs the dual learner (its stable LoRA is the slow EMA adapter); use --config ilora or set dual.enabled=true")
+        if getattr(getattr(cfg, "ilora", None), "rows", None) == "replayed" and cfg.replay.policy == "none":
+            # the term would never run: the run would be the plain dual learner under I-LoRA's name
+            raise SureclError("ilora.rows: 'replayed' computes the consistency term on replayed rows only, and replay.policy=none "
+                              "replays none, so the term would never run; set a replay policy (ilora_llmcl's: replay.policy=reservoir) "
+                              "or ilora.rows=all (ilora.consistency_weight=0 turns the term off on purpose)")
 
     def __init__(self, config: ILoRAConfig | None = None) -> None:
         super().__init__(config)

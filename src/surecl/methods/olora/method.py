@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from surecl.adapters import task_seed
+from surecl.adapters import adaptable_layers, names_layer, resolve_targets, task_seed
 from surecl.errors import SureclError
 from surecl.methods.base import Method, Stage
 from surecl.methods.olora.config import NLoRAConfig, OLoRAConfig
@@ -196,6 +196,31 @@ class TaskLoRAs(Method):
                 layer.past_b[:, :n].copy_(tensors[f"{layer.name}/B"])
 
 
+PEFT_PREFIX = "base_model.model."
+"""What PEFT's model puts before the wrapped model's module names."""
+
+
+def meta_model(config, seq2seq: bool, trust_remote_code: bool = False) -> torch.nn.Module | None:
+    """The model of transformers ``config`` on the meta device (no weights, no memory), or None
+    where transformers cannot build it from the config alone."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+    try:
+        with torch.device("meta"):
+            return auto.from_config(config, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None
+
+
+def in_out(module: torch.nn.Module) -> tuple[int, int]:
+    """A LoRA-adaptable layer's (input, output) widths: ``nn.Linear``'s, or transformers'
+    ``Conv1D`` (GPT-2), whose weight is stored ``(in, out)``."""
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features, module.out_features
+    return tuple(module.weight.shape)
+
+
 def stage_values(ctx, entries: list[str], key: str, default: tuple[float, ...]) -> tuple[float, ...]:
     """The per-task values ``entries`` (``"<task>:<v1>[:<v2>]"``) give the first task of the stage
     being trained that they name, else ``default`` (also outside a run's stage)."""
@@ -242,13 +267,31 @@ class NLoRA(TaskLoRAs):
     def setup(self, ctx) -> None:
         super().setup(ctx)
         if self.config.l1_of == "ab":
-            for layer in self.layers:
-                out_width, in_width = layer.fast_b.shape[0], layer.fast_a.shape[1]
-                if out_width != in_width:
-                    raise SureclError(
-                        f"nlora.l1_of: 'ab' multiplies A (r x in) by B (out x r), which needs in == out, but {layer.name} maps "
-                        f"{in_width} to {out_width}; use nlora.l1_of=delta or square lora.target_modules"
-                    )
+            self.refuse_unsquare((layer.name.removeprefix(PEFT_PREFIX), layer.fast_a.shape[1], layer.fast_b.shape[0]) for layer in self.layers)
+
+    def check_run_model(self, cfg, config, seq2seq: bool) -> None:
+        """``nlora.l1_of=ab`` against the layers ``lora.target_modules`` names in a meta-device
+        copy of the model built from its ``config`` (no weights): the dry run's line, the one
+        :meth:`setup` says after the model is loaded."""
+        super().check_run_model(cfg, config, seq2seq)
+        if self.config.l1_of != "ab" or config is None:
+            return
+        model = meta_model(config, seq2seq, cfg.model.trust_remote_code)
+        if model is None:  # (the dry run's model line says why the model cannot be built)
+            return
+        targets = resolve_targets(model, list(cfg.lora.target_modules))
+        self.refuse_unsquare((name, *in_out(module)) for name, module in adaptable_layers(model) if any(names_layer(name, t) for t in targets))
+
+    @staticmethod
+    def refuse_unsquare(layers) -> None:
+        """One line for the first of ``layers`` (``(name, in width, out width)``, in the model's
+        order) that is not square: the code's ``A_t B_t`` is ``(r, in) @ (out, r)``."""
+        for name, in_width, out_width in layers:
+            if out_width != in_width:
+                raise SureclError(
+                    f"nlora.l1_of: 'ab' multiplies A (r x in) by B (out x r), which needs in == out, but {name} maps "
+                    f"{in_width} to {out_width}; use nlora.l1_of=delta or square lora.target_modules"
+                )
 
     def strength(self, ctx) -> float:
         """lambda_l1 of the task being trained (``nlora.per_task``, else ``nlora.lambda_l1``)."""

@@ -87,6 +87,13 @@ class PromptModule(nn.Module):
         return torch.cat([self.reparameterised(), self.frozen])
 
 
+def token_vectors(embedding: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    """What ``embedding`` outputs for the (real, non-negative) token ``ids``: its forward, hooks
+    and all (the method's own hooks pass real tokens through), as the model's input reads them."""
+    with torch.no_grad():
+        return embedding(ids).detach()
+
+
 class ProgressivePrompts(Method):
     name = "progressive_prompts"
     trains = "own"
@@ -205,13 +212,19 @@ class ProgressivePrompts(Method):
         """A new prompt, initialised from the embeddings of random vocabulary tokens (as the
         reference does), a fresh MLP, fresh AdamW state for them. Drawn from the run's seed
         and the stage alone (a forked RNG): every process draws the same, a resumed run draws
-        it again, and the run's own random stream is left as it was."""
+        it again, and the run's own random stream is left as it was.
+
+        The vectors are the embedding module's own output for those tokens, what a real token
+        enters the model as: the prompt replaces that output (:meth:`_swap_vectors`), so a model
+        that scales it (Gemma's ``embed_scale``, mBART's and Pegasus' ``scale_embedding``:
+        sqrt(d) times the table's rows) starts its prompt at the scale of its tokens, not
+        1/sqrt(d) of it. For a plain ``nn.Embedding`` the output is the table's rows, bit for bit."""
         module = self.module
         device = module.current.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(task_seed(ctx.streams_seed, stage.row, 1))
             ids = torch.randint(self.embedding.num_embeddings, (self.config.length,))
-            module.current.copy_(self.embedding.weight[ids.to(self.embedding.weight.device)].float())
+            module.current.copy_(token_vectors(self.embedding, ids.to(self.embedding.weight.device)).float())
             if module.mlp is not None:
                 module.mlp.reset()
         ctx.reset_optimizer()
