@@ -682,31 +682,3 @@ def test_a_space_before_the_end_of_turn_never_becomes_a_stop_token():
     assert tok.convert_ids_to_tokens(tok(" ", add_special_tokens=False)["input_ids"]) == [" "]
     stops = TaskEncoder(tok, max_length=64).stop_ids()
     assert stops == [tok.eos_token_id], tok.convert_ids_to_tokens(stops)
-
-
-def test_predictions_of_a_cut_target_are_scored_as_the_matrix_scores_them(tmp_path, tiny_cache):
-    """predictions.jsonl under ``eval.answer_budget=references`` (each test prompt leaves room
-    for its own reference, which max_length may cut): a row whose target was cut has the kept
-    part as its gold (what the matrix scored) and the whole target as gold_full; its row scores
-    average to the matrix cell. (Under the default the reference is scored whole:
-    test_generation_review27.)"""
-    from statistics import fmean
-
-    from surecl.cli import main
-
-    long = " ".join(["blue", "cat"] * 30)
-    rows = [{"prompt": "cat", "response": "blue"}, {"prompt": "blue", "response": "cat"},
-            {"prompt": "cat", "response": long, "split": "test"}, {"prompt": "blue", "response": "cat", "split": "test"}]
-    (tmp_path / "g.jsonl").write_text(json.dumps({"task": "g", "kind": "generate", "metric": "rouge_l"}) + "\n"
-                                      + "".join(json.dumps(r) + "\n" for r in rows))
-    out = tmp_path / "run"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SURECL_CACHE", str(tiny_cache))
-        assert main(["run", "--config", "tiny,seq_lora", "--quiet", "--out", str(out), "data.benchmark=none",
-                     f"data.jsonl=[{tmp_path / 'g.jsonl'}]", "model.max_length=24", "train.epochs=1",
-                     "eval.answer_budget=references"]) == 0
-    preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
-    cut = next(p for p in preds if "gold_full" in p)
-    assert cut["gold_full"] == long and long.startswith(cut["gold"]) and cut["gold"] != long
-    matrix = json.loads((out / "results.json").read_text())["accuracy_matrix"]
-    assert fmean(p["score"] for p in preds) == pytest.approx(matrix[-1][0], abs=1e-3)
