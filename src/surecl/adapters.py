@@ -85,6 +85,25 @@ def adaptable_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]
     return [(n, m) for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))]
 
 
+def layer_widths(module: torch.nn.Module) -> tuple[int, int]:
+    """An adaptable layer's (input, output) widths: ``nn.Linear``'s, or transformers' ``Conv1D``
+    (GPT-2), whose weight is stored ``(in, out)``."""
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features, module.out_features
+    return tuple(module.weight.shape)
+
+
+def meta_model(config, seq2seq: bool, trust_remote_code: bool = False) -> torch.nn.Module:
+    """The model of transformers ``config`` on the meta device (no weights, no memory), whose
+    layers the dry run reads; transformers' ``OSError`` / ``ValueError`` where it cannot be
+    built from the config alone."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+    with torch.device("meta"):
+        return auto.from_config(config, trust_remote_code=trust_remote_code)
+
+
 def layer_names(layers: list[tuple[str, torch.nn.Module]], shown: int = 12) -> str:
     """The layers' short names (the last part of each name), each once in model order, the
     first ``shown`` of them: what a message suggests for ``lora.target_modules``."""

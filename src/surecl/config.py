@@ -389,7 +389,7 @@ def config_warnings(cfg: RunConfig) -> list[str]:
         value = getattr(cfg.replay, key.split(".", 1)[1])
         if value != getattr(defaults, key.split(".", 1)[1]):
             warnings.append(f"{key}={value} is not read: {instead} (set only one of the two)")
-    if cfg.replay.policy != "none" and not {"replay.policy", "method"} <= quiet and not _continual(cfg.method):
+    if cfg.replay.policy != "none" and not {"replay.policy", "method"} <= quiet and not is_continual(cfg.method):
         warnings.append(f"replay.policy={cfg.replay.policy} is not read: method {cfg.method} is not continual (every task in one "
                         "stage) and replays nothing, though config.yaml and results.json record the policy; set replay.policy=none")
     if cfg.eval.mode == "rank" and (cfg.data.kind == "generate" or cfg.data.benchmark == "instruct"):
@@ -400,9 +400,10 @@ def config_warnings(cfg: RunConfig) -> list[str]:
     return warnings
 
 
-def _continual(method: str) -> bool:
+def is_continual(method: str) -> bool:
     """Whether ``method`` trains a stream (its ``continual``): a method that is not (MTL) runs
-    without replay whatever ``replay.*`` says (:func:`surecl.run_setup.build_run`)."""
+    without replay whatever ``replay.*`` says (:func:`surecl.run_setup.build_run`); the sweep's
+    grid check reads it too."""
     return bool(getattr(registry.method_class(method), "continual", True))
 
 

@@ -187,20 +187,16 @@ def _model_line(cfg: RunConfig, config=None, tasks=()) -> str:
     folder = Path(name).expanduser()  # as the loader reads it (surecl.model.load_model)
     if not (folder / "config.json").is_file():
         return f"model: {name} (not a local folder: loaded by name at run time; LoRA targets not checked)"
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from surecl.adapters import adaptable_layers, layer_names, meta_model, names_layer, resolve_targets
 
     config = config if config is not None else _read_config(folder, cfg)
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
-    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
     try:
-        with torch.device("meta"):
-            model = auto.from_config(config, trust_remote_code=cfg.model.trust_remote_code)
+        model = meta_model(config, seq2seq, cfg.model.trust_remote_code)
     except (OSError, ValueError) as exc:
         from surecl.model import cannot_load  # (surecl.model imports torch: not at plan's import)
 
         raise SureclError(cannot_load(cfg.model.name, exc)) from None
-    from surecl.adapters import adaptable_layers, layer_names, names_layer, resolve_targets
 
     layers = adaptable_layers(model)  # linear layers and GPT-2's Conv1D, as PEFT adapts them
     targets = resolve_targets(model, cfg.lora.target_modules)

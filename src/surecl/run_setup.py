@@ -23,7 +23,7 @@ from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
 from surecl.adapters import DualLoRA, beta_per_step, resolve_beta, task_seed
 from surecl.config import RunConfig, check_again, stream_warnings
-from surecl.data.encode import TaskEncoder, check_read_ids, check_row_ids
+from surecl.data.encode import TaskEncoder, check_read_ids, check_row_ids, new_token_budget
 from surecl.data.general import load_general_probe
 from surecl.data.loading import (
     caller_stream,
@@ -385,8 +385,6 @@ def check_context(run, config) -> None:
     The method's longest input prefix (:meth:`~surecl.methods.Method.longest_prefix`: Progressive
     Prompts' soft prompts) goes before the stream's rows (an encoder-decoder's encoder input).
     ``model.max_length`` bounds the prompt, not the answer after it."""
-    from surecl.data.encode import new_token_budget
-
     # an encoder-decoder's absolute positions are its max_position_embeddings (BART, Pegasus,
     # Marian); T5's are relative, though older T5 configs still carry n_positions=512
     context = model_positions(SimpleNamespace(max_position_embeddings=getattr(config, "max_position_embeddings", None))
@@ -429,8 +427,6 @@ def _say_long_references(run, task, test: list, train: list) -> None:
     are longer, which no answer can then match whole (``eval.max_new_tokens`` sets the budget)."""
     if task.kind != "generate" or run.cfg.eval.answer_budget != "train" or not train:
         return
-    from surecl.data.encode import new_token_budget
-
     budget = new_token_budget(run.cfg, task, test, None, train)
     long = sum(len(e.answer) > budget for e in test)
     if long:

@@ -338,11 +338,11 @@ def check_grid_read(runs: list[PlannedRun], configs: list) -> None:
     ``replay.every`` / ``replay.batch_size`` under ``replay.ratio``; any ``replay.*`` key under a
     method that is not ``continual``, MTL, which replays nothing): its rows would be one run
     under several names, a row named for a value it never used. ``configs``: each run's config."""
-    from surecl.registry import method_class
+    from surecl.config import is_continual
 
     for r, cfg in zip(runs, configs):
         unread = cfg.replay.unread()
-        continual = getattr(method_class(cfg.method), "continual", True)
+        continual = is_continual(cfg.method)
         for point in r.point:
             key = point.split("=", 1)[0].strip()
             if not continual and key.startswith("replay."):

@@ -345,9 +345,8 @@ class TaskEncoder:
         tail = self._ids("\nAnswer:") + self._eos()
         body = self._ids(ex.sentence)
         answer = self._ids(" " + ex.label) + [self.tok.eos_token_id]
-        held = len(self._fit_answer([0] * reserve, len(head) + len(body) + len(tail), count=False)) if reserve else None
         answer = self._fit_answer(answer, len(head) + len(body) + len(tail), count=not reserve)
-        room = max(self.max_length - (held if reserve else len(answer)) - len(head) - len(tail), 1)
+        room = max(self.max_length - self._held(answer, reserve, len(head) + len(body) + len(tail)) - len(head) - len(tail), 1)
         self._sentence_cuts += len(body) > room
         return Encoded(head + body[:room] + tail, answer, ex.label)
 
@@ -380,6 +379,12 @@ class TaskEncoder:
             keep = min(keep, max(self.max_length - least, 1))
         self._cuts += count and keep < len(answer)
         return answer[:keep]
+
+    def _held(self, answer: list, reserve: int | None, prompt_len: int, least: int = 0) -> int:
+        """The answer tokens a prompt of ``prompt_len`` leaves room for: the kept ``answer``'s, or
+        with a ``reserve`` (a test row under ``eval.answer_budget=train``) what :meth:`_fit_answer`
+        would keep of a target that long, the same for every row of the task."""
+        return len(self._fit_answer([0] * reserve, prompt_len, least, count=False)) if reserve else len(answer)
 
     def render(self, turns, generation_prompt: bool, where: str) -> str:
         try:
@@ -487,10 +492,9 @@ class TaskEncoder:
         prompt, answer, mask = self._chat_parts(turns, test, where)
         eos = self._eos()  # ends the prompt (end_eos), kept whatever is cut
         kept = least + len(eos) if least else 0
-        held = len(self._fit_answer([0] * reserve, len(prompt) + len(eos), kept, count=False)) if reserve else None
         answer = self._fit_answer(answer, len(prompt) + len(eos), kept, count=not reserve)
         mask = mask[: len(answer)]
-        room = max(self.max_length - (held if reserve else len(answer)) - len(eos), 1)
+        room = max(self.max_length - self._held(answer, reserve, len(prompt) + len(eos), kept) - len(eos), 1)
         self._dropped = max(len(prompt) - room, 0)
         if self._dropped and not keep_start:
             head = self._opening(turns, lead, prompt, where)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from surecl.adapters import adaptable_layers, names_layer, resolve_targets, task_seed
+from surecl.adapters import adaptable_layers, layer_widths, meta_model, names_layer, resolve_targets, task_seed
 from surecl.errors import SureclError
 from surecl.methods.base import Method, Stage
 from surecl.methods.olora.config import NLoRAConfig, OLoRAConfig
@@ -200,27 +200,6 @@ PEFT_PREFIX = "base_model.model."
 """What PEFT's model puts before the wrapped model's module names."""
 
 
-def meta_model(config, seq2seq: bool, trust_remote_code: bool = False) -> torch.nn.Module | None:
-    """The model of transformers ``config`` on the meta device (no weights, no memory), or None
-    where transformers cannot build it from the config alone."""
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
-
-    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
-    try:
-        with torch.device("meta"):
-            return auto.from_config(config, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError):
-        return None
-
-
-def in_out(module: torch.nn.Module) -> tuple[int, int]:
-    """A LoRA-adaptable layer's (input, output) widths: ``nn.Linear``'s, or transformers'
-    ``Conv1D`` (GPT-2), whose weight is stored ``(in, out)``."""
-    if isinstance(module, torch.nn.Linear):
-        return module.in_features, module.out_features
-    return tuple(module.weight.shape)
-
-
 def stage_values(ctx, entries: list[str], key: str, default: tuple[float, ...]) -> tuple[float, ...]:
     """The per-task values ``entries`` (``"<task>:<v1>[:<v2>]"``) give the first task of the stage
     being trained that they name, else ``default`` (also outside a run's stage)."""
@@ -276,11 +255,12 @@ class NLoRA(TaskLoRAs):
         super().check_run_model(cfg, config, seq2seq)
         if self.config.l1_of != "ab" or config is None:
             return
-        model = meta_model(config, seq2seq, cfg.model.trust_remote_code)
-        if model is None:  # (the dry run's model line says why the model cannot be built)
+        try:
+            model = meta_model(config, seq2seq, cfg.model.trust_remote_code)
+        except (OSError, ValueError):  # (the dry run's model line says why the model cannot be built)
             return
         targets = resolve_targets(model, list(cfg.lora.target_modules))
-        self.refuse_unsquare((name, *in_out(module)) for name, module in adaptable_layers(model) if any(names_layer(name, t) for t in targets))
+        self.refuse_unsquare((name, *layer_widths(module)) for name, module in adaptable_layers(model) if any(names_layer(name, t) for t in targets))
 
     @staticmethod
     def refuse_unsquare(layers) -> None:
